@@ -1,0 +1,27 @@
+"""keras_gelu: GELU layers for Keras 3 and tf-keras that ship to TFLite.
+
+Which Keras is used follows `tf.keras`: tf-keras when TF_USE_LEGACY_KERAS is
+set to 1/true, Keras 3 otherwise (see `keras_gelu.flavour`).
+"""
+
+from keras_gelu.activations import GELUActivation
+from keras_gelu.activations import gelu
+from keras_gelu.activations import gelu_exact
+from keras_gelu.activations import gelu_sigmoid
+from keras_gelu.activations import gelu_tanh
+from keras_gelu.flavour import KERAS_FLAVOUR
+from keras_gelu.layers import GELU
+from keras_gelu.layers import LearnableGELU
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GELU",
+    "GELUActivation",
+    "KERAS_FLAVOUR",
+    "LearnableGELU",
+    "gelu",
+    "gelu_exact",
+    "gelu_sigmoid",
+    "gelu_tanh",
+]

@@ -1,0 +1,147 @@
+"""GELU and its approximations as pure TensorFlow math.
+
+Every form here is a *gated* identity, y = x * g(x), where the gate g rises
+from 0 to 1:
+
+=========  ====================================  ==========================
+form       gate g(x)                             derivative of the gate
+=========  ====================================  ==========================
+exact      Phi(x) = 0.5 * erfc(-x / sqrt(2))     phi(x) = exp(-x^2/2)/sqrt(2 pi)
+tanh       sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3))  g (1 - g) * that scale * (1 + 3*0.044715 x^2)
+sigmoid    sigmoid(1.702 x)                      g (1 - g) * 1.702
+=========  ====================================  ==========================
+
+The tanh form is usually written 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)));
+since 0.5 (1 + tanh(u)) == sigmoid(2u) exactly, we write it with a sigmoid,
+which has no cancellation for negative x and lowers to TFLite's LOGISTIC, an op
+every runtime has.
+
+The functions take and return tensors of the *compute* dtype (float32 or
+float64); the kernels decide which dtype that is. They are written so that
+
+* -inf maps to 0, +inf to +inf and NaN to NaN (tf.nn.gelu gives NaN at -inf);
+* the derivative is finite for every finite input and is 0 at -inf and 1 at
+  +inf (tf.nn.gelu's is NaN at +inf).
+
+How: the forward pass clamps -inf to the lowest finite value, which changes no
+finite input and turns the NaN of -inf * 0 into -0. The derivative recovers the
+gate from the forward output (g = y / x, saving an erfc or exp) and multiplies
+x only into factors that have already underflowed to 0 wherever x is huge.
+"""
+
+import math
+
+import tensorflow as tf
+
+SQRT_HALF = 1.0 / math.sqrt(2.0)  # 0.70710677 in float32, the constant tf.nn.gelu uses
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)  # phi(0), the normal density at 0
+TANH_SCALE = math.sqrt(2.0 / math.pi)  # 0.7978846 in float32
+TANH_CUBIC = 0.044715
+SIGMOID_OF_TANH_SCALE = 2.0 * TANH_SCALE  # 1.5957691: 0.5(1+tanh(u)) == sigmoid(2u)
+SIGMOID_SLOPE = 1.702  # Hendrycks & Gimpel's fit; it is NOT 1/sqrt(2/pi) (= 1.2533)
+
+# Below this magnitude y / x loses the gate to subnormal rounding; the gate is
+# 0.5 + O(1e-30) there, so we use 0.5.
+_GATE_AT_ZERO_BELOW = 1e-30
+# Above this every fixed form's gate is 1 in float32 and float64 alike; it also
+# keeps +inf / +inf out of the recovered gate.
+_GATE_IS_ONE_ABOVE = 1e30
+# Beyond this |x| the tanh form's gate slope g(1 - g) is exactly 0 (its
+# argument exceeds 1e17), so the polynomial factor may be held here instead
+# of overflowing to inf and meeting that 0.
+_TANH_POLY_CLIP = 1e6
+
+
+def _const(value, like):
+    return tf.constant(value, dtype=like.dtype)
+
+
+def _without_minus_inf(x):
+    """x with -inf replaced by the lowest finite value: equal to x for finite x."""
+    return tf.maximum(x, _const(x.dtype.min, x))
+
+
+def _finite(x):
+    """x with +-inf replaced by the largest finite values; NaN stays NaN."""
+    return tf.clip_by_value(x, _const(x.dtype.min, x), _const(x.dtype.max, x))
+
+
+def exact_forward(x):
+    """x * Phi(x), spelled 0.5 * x * erfc(-x * 0.70710677) like tf.nn.gelu.
+
+    That spelling keeps full relative accuracy for negative x (erfc, unlike
+    1 + erf, does not cancel) and is the one TFLite's converter fuses into its
+    builtin GELU op.
+    """
+    x = _without_minus_inf(x)
+    return _const(0.5, x) * x * tf.math.erfc(-x * _const(SQRT_HALF, x))
+
+
+def tanh_forward(x):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as x * sigmoid(2u)."""
+    x = _without_minus_inf(x)
+    inner = x + _const(TANH_CUBIC, x) * (x * x * x)
+    return x * tf.math.sigmoid(_const(SIGMOID_OF_TANH_SCALE, x) * inner)
+
+
+def sigmoid_forward(x):
+    """x * sigmoid(1.702 x)."""
+    x = _without_minus_inf(x)
+    return x * tf.math.sigmoid(_const(SIGMOID_SLOPE, x) * x)
+
+
+def _gate_from_output(x, y):
+    """g(x) = y / x, with the limits at 0 and +inf of the fixed forms."""
+    gate = y / _finite(x)
+    gate = tf.where(x > _const(_GATE_IS_ONE_ABOVE, x), tf.ones_like(x), gate)
+    return tf.where(
+        tf.abs(x) < _const(_GATE_AT_ZERO_BELOW, x), tf.fill(tf.shape(x), _const(0.5, x)), gate
+    )
+
+
+def exact_derivative(x, y):
+    """d/dx x Phi(x) = Phi(x) + x phi(x)."""
+    x_finite = _finite(x)
+    density = _const(INV_SQRT_2PI, x) * tf.exp(_const(-0.5, x) * x_finite * x_finite)
+    return _gate_from_output(x, y) + x_finite * density
+
+
+def tanh_derivative(x, y):
+    """d/dx x g(x) = g + x g (1 - g) 1.5957691 (1 + 3 * 0.044715 x^2)."""
+    gate = _gate_from_output(x, y)
+    x_poly = tf.clip_by_value(x, _const(-_TANH_POLY_CLIP, x), _const(_TANH_POLY_CLIP, x))
+    inner_slope = _const(SIGMOID_OF_TANH_SCALE, x) * (
+        _const(1.0, x) + _const(3.0 * TANH_CUBIC, x) * x_poly * x_poly
+    )
+    return gate + _finite(x) * ((gate * (_const(1.0, x) - gate)) * inner_slope)
+
+
+def sigmoid_derivative(x, y):
+    """d/dx x sigmoid(a x) = g + x a g (1 - g)."""
+    gate = _gate_from_output(x, y)
+    return gate + _finite(x) * (_const(SIGMOID_SLOPE, x) * (gate * (_const(1.0, x) - gate)))
+
+
+def learnable_forward(x, alpha, beta):
+    """x * sigmoid(alpha x + beta), for any real alpha and beta.
+
+    The gate is computed from finite x; the product is taken as 0 wherever the
+    gate is exactly 0, which is the limit of x * sigmoid(alpha x + beta) as the
+    exponential decay beats the linear growth (x -> -inf with alpha > 0, or
+    x -> +inf with alpha < 0).
+    """
+    gate = tf.math.sigmoid(alpha * _finite(x) + beta)
+    return tf.where(tf.equal(gate, _const(0.0, x)), tf.zeros_like(x), x * gate)
+
+
+def learnable_partials(x, alpha, beta):
+    """Partial derivatives of x sigmoid(alpha x + beta) by x, alpha and beta.
+
+    Returned at the full broadcast shape; the caller sums them down to the
+    parameters' shapes.
+    """
+    x_finite = _finite(x)
+    gate = tf.math.sigmoid(alpha * x_finite + beta)
+    gate_slope = gate * (_const(1.0, x) - gate)
+    by_beta = x_finite * gate_slope
+    return gate + alpha * by_beta, x_finite * by_beta, by_beta

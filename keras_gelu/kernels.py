@@ -1,0 +1,111 @@
+"""Fast, mixed-precision-safe kernels built from the formulas.
+
+Why XLA: TensorFlow runs 0.5 * x * erfc(-x/sqrt(2)) as four separate kernels,
+each reading and writing the whole tensor, and its automatic gradient adds a
+dozen more. Compiling the forward pass and the hand-written derivative as two
+small XLA functions fuses each into a single loop over memory. The functions
+are called from the ordinary (non-XLA) graph, so nothing else in the user's
+model has to be compiled; under whole-model `jit_compile=True` they are simply
+inlined.
+
+Why the gradient takes y: the backward pass recovers the gate as y / x from
+the forward output that training keeps anyway, instead of recomputing erfc.
+
+Half-precision inputs (float16, bfloat16) are computed in float32 and rounded
+once at the end, so results are within an ulp of the true value; float32 and
+float64 are computed in their own dtype.
+"""
+
+import tensorflow as tf
+
+from keras_gelu import formulas
+
+_HALF_DTYPES = (tf.float16, tf.bfloat16)
+
+
+def _xla(fn):
+    return tf.function(fn, jit_compile=True, autograph=False, reduce_retracing=True)
+
+
+def compute_dtype_for(dtype):
+    """The dtype a GELU of `dtype` inputs is evaluated in."""
+    dtype = tf.as_dtype(dtype)
+    return tf.float32 if dtype in _HALF_DTYPES else dtype
+
+
+def _as_float_tensor(x):
+    x = tf.convert_to_tensor(x)
+    if not x.dtype.is_floating:
+        x = tf.cast(x, tf.float32)
+    return x
+
+
+def _gated_activation(forward, derivative):
+    """An elementwise activation with an XLA forward and backward pass."""
+    forward_xla = _xla(forward)
+    backward_xla = _xla(lambda upstream, x, y: upstream * derivative(x, y))
+
+    @tf.custom_gradient
+    def activation_in_compute_dtype(x):
+        y = forward_xla(x)
+
+        def grad(upstream):
+            return backward_xla(upstream, x, y)
+
+        return y, grad
+
+    def activation(x):
+        x = _as_float_tensor(x)
+        compute_dtype = compute_dtype_for(x.dtype)
+        y = activation_in_compute_dtype(tf.cast(x, compute_dtype))
+        return tf.cast(y, x.dtype)
+
+    return activation
+
+
+exact = _gated_activation(formulas.exact_forward, formulas.exact_derivative)
+tanh = _gated_activation(formulas.tanh_forward, formulas.tanh_derivative)
+sigmoid = _gated_activation(formulas.sigmoid_forward, formulas.sigmoid_derivative)
+
+
+def _sum_to_shape(grad, shape):
+    """Sum a gradient taken at the broadcast shape back down to `shape`."""
+    _, reduce_axes = tf.raw_ops.BroadcastGradientArgs(s0=tf.shape(grad), s1=shape)
+    return tf.reshape(tf.reduce_sum(grad, axis=reduce_axes), shape)
+
+
+@_xla
+def _learnable_backward(upstream, x, alpha, beta):
+    by_x, by_alpha, by_beta = formulas.learnable_partials(x, alpha, beta)
+    return (
+        upstream * by_x,
+        _sum_to_shape(upstream * by_alpha, tf.shape(alpha)),
+        _sum_to_shape(upstream * by_beta, tf.shape(beta)),
+    )
+
+
+_learnable_forward = _xla(formulas.learnable_forward)
+
+
+@tf.custom_gradient
+def _learnable_in_compute_dtype(x, alpha, beta):
+    y = _learnable_forward(x, alpha, beta)
+
+    def grad(upstream):
+        return _learnable_backward(upstream, x, alpha, beta)
+
+    return y, grad
+
+
+def learnable(x, alpha, beta):
+    """x * sigmoid(alpha x + beta); alpha and beta broadcast against x.
+
+    The parameters are used in the compute dtype (float32 for half inputs), so
+    float32 variables keep their precision under mixed precision.
+    """
+    x = _as_float_tensor(x)
+    compute_dtype = compute_dtype_for(x.dtype)
+    y = _learnable_in_compute_dtype(
+        tf.cast(x, compute_dtype), tf.cast(alpha, compute_dtype), tf.cast(beta, compute_dtype)
+    )
+    return tf.cast(y, x.dtype)
