@@ -92,7 +92,8 @@ def gelu(x, approximate="none"):
     """Gaussian error linear unit.
 
     Args:
-        x: Input tensor. Half-precision inputs are computed in float32.
+        x: Input tensor. float16 inputs are computed in float32 and bfloat16
+            inputs in float64, then rounded once.
         approximate: "none" (exact, x * Phi(x)), "tanh" or "sigmoid"
             (x * sigmoid(1.702 x)); or False/True, meaning "none"/"tanh" as in
             Keras. Unlike Keras, where `keras.ops.gelu` defaults to the tanh

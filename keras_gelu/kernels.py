@@ -11,16 +11,24 @@ inlined.
 Why the gradient takes y: the backward pass recovers the gate as y / x from
 the forward output that training keeps anyway, instead of recomputing erfc.
 
-Half-precision inputs (float16, bfloat16) are computed in float32 and rounded
-once at the end, so results are within an ulp of the true value; float32 and
-float64 are computed in their own dtype.
+Half-precision inputs are computed in a wider dtype and rounded once at the
+end, so results are within an ulp of the true value:
+
+* float16 in float32, whose range and precision dwarf float16's.
+* bfloat16 in float64. bfloat16 shares float32's exponent range, so it can
+  hold GELU values down to 1.2e-38 (x near -13) whose float32 intermediates,
+  erfc(9.2) ~ 6e-39, are subnormal, and TensorFlow's CPU kernels flush
+  subnormals to zero. float64 has the headroom; bfloat16 is rarely the CPU
+  fast path, so exactness wins over speed there.
+
+float32 and float64 are computed in their own dtype.
 """
 
 import tensorflow as tf
 
 from keras_gelu import formulas
 
-_HALF_DTYPES = (tf.float16, tf.bfloat16)
+_WIDER_COMPUTE_DTYPE = {tf.float16: tf.float32, tf.bfloat16: tf.float64}
 
 
 def _xla(fn):
@@ -30,7 +38,7 @@ def _xla(fn):
 def compute_dtype_for(dtype):
     """The dtype a GELU of `dtype` inputs is evaluated in."""
     dtype = tf.as_dtype(dtype)
-    return tf.float32 if dtype in _HALF_DTYPES else dtype
+    return _WIDER_COMPUTE_DTYPE.get(dtype, dtype)
 
 
 def _as_float_tensor(x):
@@ -100,8 +108,8 @@ def _learnable_in_compute_dtype(x, alpha, beta):
 def learnable(x, alpha, beta):
     """x * sigmoid(alpha x + beta); alpha and beta broadcast against x.
 
-    The parameters are used in the compute dtype (float32 for half inputs), so
-    float32 variables keep their precision under mixed precision.
+    The parameters are used in the compute dtype (at least float32), so float32
+    variables keep their precision under mixed precision.
     """
     x = _as_float_tensor(x)
     compute_dtype = compute_dtype_for(x.dtype)

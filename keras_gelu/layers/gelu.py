@@ -17,7 +17,7 @@ class GELU(keras.layers.Layer):
     Use it as a layer or as the `activation=` of another layer:
     `keras.layers.Dense(512, activation=keras_gelu.GELU("tanh"))`.
     GELU(-inf) is 0, GELU(+inf) is +inf and the gradient is finite everywhere;
-    float16 and bfloat16 inputs are computed in float32.
+    half-precision inputs are computed in a wider dtype and rounded once.
 
     Args:
         approximate: "none", "tanh" or "sigmoid"; False and True mean "none"

@@ -78,7 +78,7 @@ class LearnableGELU(keras.layers.Layer):
         if any(axis >= len(input_shape) for axis in shared):
             raise ValueError(
                 f"Argument `shared_axes` names an axis beyond the input's rank "
-                f"{len(input_shape)}. Received: shared_axes={self.shared_axes}"
+                f"{len(input_shape)}. Received: shared_axes={list(shared)}"
             )
         shape = [1 if axis in shared else size for axis, size in enumerate(input_shape)][1:]
         if any(size is None for size in shape):
@@ -125,7 +125,7 @@ class LearnableGELU(keras.layers.Layer):
                 "beta_regularizer": keras.regularizers.serialize(self.beta_regularizer),
                 "alpha_constraint": keras.constraints.serialize(self.alpha_constraint),
                 "beta_constraint": keras.constraints.serialize(self.beta_constraint),
-                "shared_axes": self.shared_axes,
+                "shared_axes": None if self.shared_axes is None else list(self.shared_axes),
             }
         )
         return config

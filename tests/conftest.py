@@ -1,0 +1,49 @@
+"""Test set-up shared by the whole suite.
+
+The suite runs once per Keras flavour (`make test` sets TF_USE_LEGACY_KERAS).
+TensorFlow is given two logical CPU devices before anything else touches it, so
+MirroredStrategy tests have two replicas on this one-CPU machine.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+_cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(
+    _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+)
+
+settings.register_profile("keras_gelu", deadline=None, max_examples=150, derandomize=True)
+settings.load_profile("keras_gelu")
+
+import keras_gelu  # noqa: E402
+from keras_gelu.flavour import keras  # noqa: E402
+
+IS_KERAS3 = keras_gelu.KERAS_FLAVOUR == "keras3"
+
+keras3_only = pytest.mark.skipif(not IS_KERAS3, reason="Keras 3 API (TF_USE_LEGACY_KERAS unset)")
+tf_keras_only = pytest.mark.skipif(IS_KERAS3, reason="tf-keras API (TF_USE_LEGACY_KERAS=1)")
+
+
+@pytest.fixture(autouse=True)
+def _float32_policy_and_fresh_session():
+    """Each test starts and ends under the float32 policy with a clean Keras state."""
+    keras.mixed_precision.set_global_policy("float32")
+    keras.backend.clear_session()
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20261129)
+
+
+def pytest_report_header(config):
+    return f"keras_gelu flavour: {keras_gelu.KERAS_FLAVOUR} (keras {keras.__version__}), tensorflow {tf.__version__}"

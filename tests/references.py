@@ -1,0 +1,106 @@
+"""Independent float64 references, written from the formulas, not from keras_gelu.
+
+Exact GELU uses Python's math.erfc (correctly rounded to ~1 ulp in float64).
+The tanh form is evaluated through the identity 0.5 (1 + tanh(u)) = 1/(1 + exp(-2u)),
+which test_references_agree checks against the tanh spelling itself; in float64 the
+tanh spelling loses all relative accuracy below x ~ -6 (1 + tanh cancels), the
+identity does not.
+"""
+
+import math
+
+import numpy as np
+
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+TANH_CUBIC = 0.044715
+SIGMOID_SLOPE = 1.702
+
+
+def _map(function, x):
+    x = np.asarray(x, dtype=np.float64)
+    return np.vectorize(function, otypes=[np.float64])(x)
+
+
+def _exact_scalar(x):
+    if math.isnan(x):
+        return math.nan
+    if x == -math.inf:
+        return 0.0
+    if x == math.inf:
+        return math.inf
+    return 0.5 * x * math.erfc(-x / math.sqrt(2.0))
+
+
+def _gated_scalar(x, gate_argument):
+    if math.isnan(x):
+        return math.nan
+    if x == -math.inf:
+        return 0.0
+    if x == math.inf:
+        return math.inf
+    z = gate_argument(x)
+    if z < -700.0:  # exp would overflow; the gate is below 1e-304
+        return x * math.exp(z)
+    return x / (1.0 + math.exp(-z))
+
+
+def gelu_exact(x):
+    """x * Phi(x) in float64."""
+    return _map(_exact_scalar, x)
+
+
+def gelu_tanh(x):
+    """0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))) in float64."""
+    return _map(
+        lambda v: _gated_scalar(v, lambda t: 2.0 * SQRT_2_OVER_PI * (t + TANH_CUBIC * t**3)), x
+    )
+
+
+def gelu_tanh_spelled_with_tanh(x):
+    """The textbook spelling, for checking the identity above where it is accurate."""
+    x = np.asarray(x, dtype=np.float64)
+    return 0.5 * x * (1.0 + np.tanh(SQRT_2_OVER_PI * (x + TANH_CUBIC * x**3)))
+
+
+def gelu_sigmoid(x):
+    """x * sigmoid(1.702 x) in float64."""
+    return _map(lambda v: _gated_scalar(v, lambda t: SIGMOID_SLOPE * t), x)
+
+
+def learnable_gelu(x, alpha, beta):
+    """x * sigmoid(alpha x + beta) in float64, broadcasting alpha and beta."""
+    x, alpha, beta = np.broadcast_arrays(
+        np.asarray(x, np.float64), np.asarray(alpha, np.float64), np.asarray(beta, np.float64)
+    )
+    return np.vectorize(
+        lambda v, a, b: _gated_scalar(v, lambda t: a * t + b), otypes=[np.float64]
+    )(x, alpha, beta)
+
+
+BY_FORM = {"none": gelu_exact, "tanh": gelu_tanh, "sigmoid": gelu_sigmoid}
+FORMS = tuple(BY_FORM)
+
+# Derivatives, also from the formulas: d/dx x g(x) = g(x) + x g'(x).
+
+
+def gelu_exact_derivative(x):
+    x = np.asarray(x, np.float64)
+    cdf = 0.5 * np.vectorize(math.erfc)(-x / math.sqrt(2.0))
+    return cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def ulp_distance(a, b):
+    """Distance in representable steps between equal-dtype float arrays (NaN == NaN is 0)."""
+    a = np.asarray(a)
+    b = np.asarray(b)
+    assert a.dtype == b.dtype, (a.dtype, b.dtype)
+    int_type = {2: np.int16, 4: np.int32, 8: np.int64}[a.dtype.itemsize]
+
+    def ordered(v):
+        bits = v.view(int_type).astype(np.int64)
+        # Negative floats sort backwards as integers; fold them so order matches value.
+        return np.where(bits < 0, np.iinfo(int_type).min - bits, bits)
+
+    distance = np.abs(ordered(a) - ordered(b))
+    both_nan = np.isnan(a.astype(np.float32)) & np.isnan(b.astype(np.float32))
+    return np.where(both_nan, 0, distance)

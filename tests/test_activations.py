@@ -1,0 +1,271 @@
+"""The functional forms against float64 references: values, edges, gradients."""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given
+from hypothesis import strategies as st
+
+import keras_gelu
+import references
+
+F32_EPS = float(np.finfo(np.float32).eps)
+
+# Float32 tolerances against each form's own float64 formula, per form:
+# - none: the issue's bound; erfc is relatively accurate, so only rounding remains.
+# - tanh: float32 rounding of the cubic argument z is amplified by the gate's
+#   slope (|x g'(x) z| reaches ~10 near x = 4.7); measured worst 5.2e-7 abs there.
+# - sigmoid: one sigmoid and two products, measured worst 7.4e-7 at x = 8.6 (~2 ulp).
+FLOAT32_TOLERANCE = {
+    "none": dict(rtol=2e-7, atol=1e-7),
+    "tanh": dict(rtol=2e-6, atol=1e-7),
+    "sigmoid": dict(rtol=5e-7, atol=1e-7),
+}
+
+# Max abs error of each float64 formula vs exact GELU over the reals (the README
+# table); the bound is the published value rounded up in its last digit.
+DOCUMENTED_DISTANCE_FROM_EXACT = {"tanh": 4.74e-4, "sigmoid": 2.04e-2}
+
+DENSE_GRID = np.linspace(-10.0, 10.0, 200_001, dtype=np.float32)
+
+
+def _assert_within(actual, expected, rtol, atol):
+    actual = np.asarray(actual, np.float64)
+    excess = np.abs(actual - expected) - (atol + rtol * np.abs(expected))
+    worst = int(np.argmax(excess))
+    assert excess[worst] <= 0, (
+        f"at x index {worst}: got {actual[worst]!r}, want {expected[worst]!r} "
+        f"(rtol={rtol}, atol={atol})"
+    )
+
+
+@pytest.mark.parametrize("form", references.FORMS)
+def test_float32_accuracy_on_dense_grid(form):
+    actual = keras_gelu.gelu(DENSE_GRID, approximate=form).numpy()
+    assert actual.dtype == np.float32
+    _assert_within(actual, references.BY_FORM[form](DENSE_GRID), **FLOAT32_TOLERANCE[form])
+
+
+def test_float64_exact_keeps_float64_precision():
+    x = np.linspace(-8.0, 8.0, 4001)
+    # XLA's float64 erfc is a rational fit good to ~1e-14 relative (measured
+    # 1.2e-14 at x = -8), far beyond what float32 could give (1e-7).
+    _assert_within(keras_gelu.gelu(x).numpy(), references.gelu_exact(x), rtol=3e-14, atol=1e-300)
+
+
+def test_tanh_reference_identity_holds():
+    x = np.linspace(-5.0, 5.0, 10_001)
+    np.testing.assert_allclose(
+        references.gelu_tanh(x), references.gelu_tanh_spelled_with_tanh(x), rtol=0, atol=1e-14
+    )
+
+
+def test_tanh_form_matches_tf_nn_gelu_within_float32_rounding():
+    ours = keras_gelu.gelu(DENSE_GRID, approximate="tanh").numpy().astype(np.float64)
+    theirs = tf.nn.gelu(DENSE_GRID, approximate=True).numpy().astype(np.float64)
+    # Both round the same real function; tf.nn.gelu's 1 + tanh(u) cancels to
+    # within ulp(1) * |x| / 2, so allow a few float32 eps scaled by max(|x|, 1).
+    tolerance = 4 * F32_EPS * np.maximum(np.abs(DENSE_GRID), 1.0)
+    assert np.all(np.abs(ours - theirs) <= tolerance)
+
+
+def test_exact_form_matches_tf_nn_gelu():
+    ours = keras_gelu.gelu(DENSE_GRID).numpy().astype(np.float64)
+    theirs = tf.nn.gelu(DENSE_GRID, approximate=False).numpy().astype(np.float64)
+    # Same spelling, 0.5 x erfc(-x / sqrt 2), but XLA's and Eigen's erfc are
+    # different rational fits; each is within 1e-7 + 2e-7 |y| of the truth.
+    assert np.all(np.abs(ours - theirs) <= 2 * (1e-7 + 2e-7 * np.abs(theirs)))
+
+
+@pytest.mark.parametrize("form", ["tanh", "sigmoid"])
+def test_approximation_distance_from_exact_is_as_documented(form):
+    x = np.linspace(-12.0, 12.0, 240_001)
+    distance = np.abs(references.BY_FORM[form](x) - references.gelu_exact(x))
+    assert distance.max() <= DOCUMENTED_DISTANCE_FROM_EXACT[form]
+    # ...and the bound is tight: the documented number is not a loose overestimate.
+    assert distance.max() >= 0.99 * DOCUMENTED_DISTANCE_FROM_EXACT[form]
+
+
+def test_sigmoid_slope_is_not_the_reciprocal_of_sqrt_2_over_pi():
+    # A folk claim; 1/sqrt(2/pi) = 1.2533, nowhere near the 1.702 the form uses.
+    assert abs(1.0 / math.sqrt(2.0 / math.pi) - 1.702) > 0.4
+
+
+@pytest.mark.parametrize(
+    "approximate, form",
+    [("none", "none"), (False, "none"), ("tanh", "tanh"), (True, "tanh"), ("sigmoid", "sigmoid")],
+)
+def test_approximate_accepts_strings_and_keras_booleans(approximate, form):
+    x = np.linspace(-4.0, 4.0, 81, dtype=np.float32)
+    _assert_within(
+        keras_gelu.gelu(x, approximate=approximate).numpy(),
+        references.BY_FORM[form](x),
+        **FLOAT32_TOLERANCE[form],
+    )
+
+
+def test_default_is_exact():
+    x = np.float32([-2.0, -0.5, 0.5, 2.0])
+    np.testing.assert_array_equal(keras_gelu.gelu(x).numpy(), keras_gelu.gelu(x, "none").numpy())
+    assert not np.allclose(keras_gelu.gelu(x).numpy(), keras_gelu.gelu(x, "tanh").numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", ["exact", "Tanh", "erf", None, 1, 0.5, "none "])
+def test_bad_approximate_names_the_valid_values(bad):
+    with pytest.raises(ValueError, match=r'"none", "tanh", "sigmoid".*Received: approximate='):
+        keras_gelu.gelu(np.float32([1.0]), approximate=bad)
+
+
+@pytest.mark.parametrize("form", references.FORMS)
+def test_fixed_form_activations_equal_gelu(form):
+    activation = {"none": keras_gelu.gelu_exact, "tanh": keras_gelu.gelu_tanh,
+                  "sigmoid": keras_gelu.gelu_sigmoid}[form]
+    x = np.linspace(-6.0, 6.0, 121, dtype=np.float32)
+    np.testing.assert_array_equal(activation(x).numpy(), keras_gelu.gelu(x, form).numpy())
+    assert activation == keras_gelu.GELUActivation(form)
+    assert activation != keras_gelu.GELUActivation("sigmoid" if form != "sigmoid" else "none")
+
+
+@pytest.mark.parametrize("form", references.FORMS)
+def test_same_result_eager_in_tf_function_and_under_xla(form):
+    x = tf.constant(np.linspace(-9.0, 9.0, 1001, dtype=np.float32))
+    eager = keras_gelu.gelu(x, form).numpy()
+    graph = tf.function(lambda t: keras_gelu.gelu(t, form))(x).numpy()
+    compiled = tf.function(lambda t: keras_gelu.gelu(t, form), jit_compile=True)(x).numpy()
+    np.testing.assert_array_equal(eager, graph)
+    # Inlined into a bigger XLA cluster the compiler may reassociate: ~1 ulp.
+    np.testing.assert_allclose(eager, compiled, rtol=2 * F32_EPS, atol=1e-30)
+
+
+def test_integer_inputs_are_computed_in_float32():
+    y = keras_gelu.gelu(tf.constant([-1, 0, 2]))
+    assert y.dtype == tf.float32
+    np.testing.assert_allclose(y.numpy(), references.gelu_exact([-1, 0, 2]), rtol=1e-6)
+
+
+# --- Non-finite inputs and extreme values --------------------------------------
+
+ALL_DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
+
+
+def _value_and_gradient(x, form):
+    x = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = keras_gelu.gelu(x, form)
+    return y, tape.gradient(y, x)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("form", references.FORMS)
+def test_infinities_and_nan(form, dtype):
+    x = tf.cast(tf.constant([-np.inf, np.inf, np.nan]), dtype)
+    y, grad = _value_and_gradient(x, form)
+    y = y.numpy().astype(np.float64)
+    grad = grad.numpy().astype(np.float64)
+    assert y[0] == 0.0  # tf.nn.gelu gives NaN here
+    assert y[1] == np.inf
+    assert np.isnan(y[2])
+    assert grad[0] == 0.0
+    assert grad[1] == 1.0  # tf.nn.gelu's gradient is NaN here
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("form", references.FORMS)
+def test_gradient_is_finite_at_extreme_finite_inputs(form, dtype):
+    largest = float(dtype.max)
+    candidates = [-largest, -1e30, -1e4, -1e3, 1e3, 1e4, 1e30, largest, 65504.0, -65504.0]
+    representable = [v for v in candidates if abs(v) <= largest]
+    x = tf.cast(tf.constant(representable, tf.float64), dtype)
+    y, grad = _value_and_gradient(x, form)
+    grad = grad.numpy().astype(np.float64)
+    assert np.all(np.isfinite(grad)), dict(zip(representable, grad))
+    # Far from 0 the derivative is 0 on the left and 1 on the right.
+    np.testing.assert_array_equal(grad, np.where(np.array(representable) < 0, 0.0, 1.0))
+    np.testing.assert_array_equal(
+        y.numpy().astype(np.float64),
+        np.where(np.array(representable) < 0, 0.0, x.numpy().astype(np.float64)),
+    )
+
+
+# --- Gradients -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", references.FORMS)
+def test_gradient_matches_numerical_gradient(form):
+    x = tf.constant(np.linspace(-6.0, 6.0, 97))  # float64 for a precise numeric Jacobian
+    # A central difference with step 1e-5 in float64 is exact to ~1e-10 here
+    # (truncation h^2 |f'''| / 6 plus rounding 1e-16 / h).
+    theoretical, numerical = tf.test.compute_gradient(
+        lambda t: keras_gelu.gelu(t, form), [x], delta=1e-5
+    )
+    np.testing.assert_allclose(theoretical[0], numerical[0], rtol=1e-6, atol=1e-8)
+
+
+def test_exact_gradient_matches_float64_derivative():
+    x = np.linspace(-10.0, 10.0, 20_001, dtype=np.float32)
+    _, grad = _value_and_gradient(x, "none")
+    # The gate is recovered as y / x (1 ulp) and x phi(x) adds a few more; 1e-6 abs.
+    np.testing.assert_allclose(grad.numpy(), references.gelu_exact_derivative(x), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("form", references.FORMS)
+def test_left_and_right_derivatives_at_zero_agree(form):
+    step = 1e-6
+    x = tf.constant([-step, 0.0, step], tf.float64)
+    y = keras_gelu.gelu(x, form).numpy()
+    left = (y[1] - y[0]) / step
+    right = (y[2] - y[1]) / step
+    assert abs(left - right) <= 1e-5
+    _, grad = _value_and_gradient(tf.constant([-1e-35, 0.0, 1e-35], tf.float32), form)
+    np.testing.assert_allclose(grad.numpy(), 0.5, rtol=0, atol=1e-7)
+    assert abs(left - 0.5) <= 1e-5
+
+
+# --- Properties ------------------------------------------------------------------
+
+finite_floats = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, width=32)
+
+
+@pytest.mark.parametrize("form", references.FORMS)
+@given(x=finite_floats)
+def test_odd_part_is_identity(form, x):
+    # Every form is x g(x) with g(x) + g(-x) = 1, so f(x) - f(-x) = x.
+    y = keras_gelu.gelu(tf.constant([x, -x], tf.float64), form).numpy()
+    assert abs((y[0] - y[1]) - x) <= 1e-12 * max(1.0, abs(x))
+
+
+@given(x=finite_floats)
+def test_exact_minimum_and_bounds(x):
+    y = float(keras_gelu.gelu(tf.constant(x, tf.float32)).numpy())
+    assert y >= -0.16997  # the global minimum, GELU(-0.7518) = -0.169971
+    assert y <= max(x, 0.0) + 1e-6  # below ReLU
+    assert y >= min(x, 0.0) - 1e-6  # above the identity on the left
+
+
+def test_exact_minimum_location_and_value():
+    x = np.linspace(-1.5, 0.0, 150_001)
+    y = keras_gelu.gelu(x).numpy()
+    assert abs(x[np.argmin(y)] - (-0.751791)) < 1e-4
+    assert abs(y.min() - (-0.169971)) < 1e-6
+
+
+@pytest.mark.parametrize("form", references.FORMS)
+@given(x=st.floats(min_value=-0.75, max_value=1e4, allow_nan=False))
+def test_monotone_right_of_minimum(form, x):
+    # Each form falls to a single minimum near -0.75 to -0.9 and rises after it.
+    y = keras_gelu.gelu(tf.constant([x, x + 1e-3 + 1e-6 * abs(x)], tf.float64), form).numpy()
+    if x >= -0.5:
+        assert y[1] > y[0]
+
+
+@pytest.mark.parametrize("form", references.FORMS)
+@given(x=st.floats(min_value=8.0, max_value=1e30, allow_nan=False))
+def test_asymptotes(form, x):
+    y = keras_gelu.gelu(tf.constant([x, -x], tf.float64), form).numpy()
+    # Right: the identity, left: zero; the sigmoid form's tail is the slowest
+    # (x e^{-1.702 x} < 1e-5 beyond x = 8).
+    assert abs(y[0] - x) <= 1e-5 * max(1.0, 1e-15 * x) + 1e-15 * x
+    assert -1e-5 <= y[1] <= 0.0
