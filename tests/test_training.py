@@ -1,0 +1,120 @@
+"""Training paths: fit, whole-model XLA, MirroredStrategy, and TFLite conversion."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_gelu
+from conftest import IS_KERAS3
+from conftest import keras
+
+
+def _regression_data(n=256, seed=5):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 6)).astype(np.float32)
+    y = (np.sin(x[:, :1]) + x[:, 1:2] * x[:, 2:3]).astype(np.float32)
+    return x, y
+
+
+def _model(seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input((6,)),
+        keras.layers.Dense(16, activation=keras_gelu.GELU("none")),
+        keras.layers.Dense(16, activation=keras_gelu.gelu_tanh),
+        keras_gelu.LearnableGELU(),
+        keras.layers.Dense(16, activation=keras_gelu.GELU("sigmoid")),
+        keras.layers.Dense(1),
+    ])
+
+
+def _learnable(model):
+    return next(layer for layer in model.layers if isinstance(layer, keras_gelu.LearnableGELU))
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_fit_reduces_loss_and_moves_learnable_parameters(jit_compile):
+    x, y = _regression_data()
+    model = _model()
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=jit_compile)
+    alpha_before = _learnable(model).alpha.numpy().copy()
+    before = model.evaluate(x, y, verbose=0)
+    model.fit(x, y, epochs=8, batch_size=32, verbose=0)
+    assert model.evaluate(x, y, verbose=0) < 0.5 * before
+    assert not np.allclose(_learnable(model).alpha.numpy(), alpha_before)
+
+
+def test_whole_model_xla_matches_graph_mode():
+    x, _ = _regression_data(64)
+    model = _model()
+    graph = tf.function(model)(x).numpy()
+    compiled = tf.function(model, jit_compile=True)(x).numpy()
+    # XLA may fuse across layers and reassociate; float32 rounding only.
+    np.testing.assert_allclose(compiled, graph, rtol=1e-5, atol=1e-6)
+
+
+def test_mirrored_strategy_training_matches_single_device():
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    assert len(devices) == 2, "conftest should provide two logical CPUs"
+    x, y = _regression_data(128)
+
+    def train(strategy):
+        with strategy.scope():
+            model = _model(seed=1)
+            model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        model.fit(x, y, epochs=3, batch_size=32, shuffle=False, verbose=0)
+        return model
+
+    mirrored = train(tf.distribute.MirroredStrategy(devices))
+    single = train(tf.distribute.OneDeviceStrategy(devices[0]))
+    learn_mirrored, learn_single = _learnable(mirrored), _learnable(single)
+    assert not np.allclose(learn_single.alpha.numpy(), 1.702)  # it did train
+    # Same updates up to the order of the cross-replica sum: float32 rounding.
+    np.testing.assert_allclose(learn_mirrored.alpha.numpy(), learn_single.alpha.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(learn_mirrored.beta.numpy(), learn_single.beta.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(mirrored.predict(x, verbose=0), single.predict(x, verbose=0), rtol=1e-4, atol=1e-5)
+
+
+def _saved_model(model, path):
+    if IS_KERAS3:
+        model.export(path)
+    else:
+        model.save(path)
+    return path
+
+
+def _tflite_ops_and_output(tflite_model, x):
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_content=tflite_model)
+    (input_detail,) = interpreter.get_input_details()
+    interpreter.resize_tensor_input(input_detail["index"], x.shape)
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(input_detail["index"], x)
+    interpreter.invoke()
+    (output_detail,) = interpreter.get_output_details()
+    ops = {op["op_name"] for op in interpreter._get_ops_details()}
+    return ops, interpreter.get_tensor(output_detail["index"])
+
+
+@pytest.mark.parametrize(
+    "layer, expected_ops",
+    [
+        # Our exact form keeps tf.nn.gelu's spelling, so the stock converter fuses it.
+        (lambda: keras_gelu.GELU("none"), {"GELU"}),
+        (lambda: keras_gelu.GELU("tanh"), {"LOGISTIC", "MUL", "ADD"}),
+        (lambda: keras_gelu.GELU("sigmoid"), {"LOGISTIC", "MUL"}),
+        # beta = 0 freezes to a constant and its ADD folds away.
+        (lambda: keras_gelu.LearnableGELU(), {"LOGISTIC", "MUL"}),
+    ],
+    ids=["none", "tanh", "sigmoid", "learnable"],
+)
+def test_saved_model_converts_to_builtin_tflite_ops(tmp_path, layer, expected_ops):
+    model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(12), layer()])
+    x = np.random.default_rng(3).normal(scale=3.0, size=(4, 12)).astype(np.float32)
+    converter = tf.lite.TFLiteConverter.from_saved_model(_saved_model(model, str(tmp_path / "sm")))
+    ops, output = _tflite_ops_and_output(converter.convert(), x)
+    assert expected_ops <= ops, ops
+    assert not any(op.startswith("Flex") or op == "CUSTOM" for op in ops), ops
+    # Same math in TFLite's kernels: float32 rounding (its GELU op is ~1e-6 from exact).
+    np.testing.assert_allclose(output, model(x).numpy(), rtol=1e-5, atol=2e-6)
