@@ -21,27 +21,32 @@ def _map(function, x):
     return np.vectorize(function, otypes=[np.float64])(x)
 
 
+def _with_limits(finite_function):
+    """GELU's values at NaN and +-inf around a function of finite x."""
+
+    def scalar(x):
+        if math.isnan(x):
+            return math.nan
+        if math.isinf(x):
+            return 0.0 if x < 0 else math.inf
+        return finite_function(x)
+
+    return scalar
+
+
+@_with_limits
 def _exact_scalar(x):
-    if math.isnan(x):
-        return math.nan
-    if x == -math.inf:
-        return 0.0
-    if x == math.inf:
-        return math.inf
     return 0.5 * x * math.erfc(-x / math.sqrt(2.0))
 
 
 def _gated_scalar(x, gate_argument):
-    if math.isnan(x):
-        return math.nan
-    if x == -math.inf:
-        return 0.0
-    if x == math.inf:
-        return math.inf
-    z = gate_argument(x)
-    if z < -700.0:  # exp would overflow; the gate is below 1e-304
-        return x * math.exp(z)
-    return x / (1.0 + math.exp(-z))
+    def finite(v):
+        z = gate_argument(v)
+        if z < -700.0:  # exp would overflow; the gate is below 1e-304
+            return v * math.exp(z)
+        return v / (1.0 + math.exp(-z))
+
+    return _with_limits(finite)(x)
 
 
 def gelu_exact(x):

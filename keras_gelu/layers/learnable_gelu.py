@@ -91,6 +91,7 @@ class LearnableGELU(keras.layers.Layer):
 
     def build(self, input_shape):
         shape = self._parameter_shape(input_shape)
+        # autocast=False: under mixed precision the layer reads them as float32.
         self.alpha = self.add_weight(
             name="alpha",
             shape=shape,
