@@ -1,0 +1,13 @@
+"""keras_gelu.converters: SavedModel/.keras/.h5 to TFLite with every GELU spelling rewritten.
+
+    tflite_bytes, report = keras_gelu.converters.convert("saved_model_dir", mode="builtin", form="erf")
+
+The same as the `keras-gelu-convert` command; see `converters.cli`.
+"""
+
+from .convert import FORMS
+from .convert import MODES
+from .convert import convert
+from .errors import ConversionError
+
+__all__ = ["FORMS", "MODES", "ConversionError", "convert"]

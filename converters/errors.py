@@ -1,0 +1,57 @@
+"""User errors of the converter, each with its own exit code.
+
+Raised anywhere in the pipeline; the CLI prints the message as one line and
+exits with the code (a traceback only with --debug).
+"""
+
+
+class ConversionError(Exception):
+    exit_code = 1
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.message = message
+
+
+class MissingPath(ConversionError):
+    exit_code = 3
+
+
+class NotAModel(ConversionError):
+    exit_code = 4
+
+
+class CorruptModel(ConversionError):
+    exit_code = 5
+
+
+class UnknownSignature(ConversionError):
+    exit_code = 6
+
+
+class OutputExists(ConversionError):
+    exit_code = 7
+
+
+class OutputNotWritable(ConversionError):
+    exit_code = 8
+
+
+class BadInputs(ConversionError):
+    exit_code = 9
+
+
+class ParityFailure(ConversionError):
+    exit_code = 10
+
+    def __init__(self, report, message):
+        super().__init__(message)
+        self.report = report  # the figures that failed, for the CLI to show
+
+
+class ConverterFailed(ConversionError):
+    exit_code = 11
+
+
+# argparse's own code for bad flags.
+USAGE_EXIT_CODE = 2

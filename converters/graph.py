@@ -1,0 +1,202 @@
+"""GraphDef surgery: inlining, tensor naming, splicing, float32 promotion.
+
+Everything here is generic TensorFlow graph plumbing; nothing knows about GELU.
+"""
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+from tensorflow.core.framework import graph_pb2
+from tensorflow.core.framework import types_pb2
+from tensorflow.python.framework import function_def_to_graph
+
+CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
+PASS_THROUGH_OPS = ("Identity", "IdentityN", "StopGradient", "Snapshot")
+HALF_TYPES = (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16)
+
+
+def split_tensor_name(name):
+    """'node:1' -> ('node', 1); 'node' -> ('node', 0); '^node' -> ('node', None)."""
+    if name.startswith("^"):
+        return name[1:], None
+    node, _, index = name.partition(":")
+    return node, int(index) if index else 0
+
+
+def tensor_name(node, index):
+    return node if index == 0 else f"{node}:{index}"
+
+
+def canonical(name):
+    node, index = split_tensor_name(name)
+    return name if index is None else f"{node}:{index}"
+
+
+def nodes_by_name(graph_def):
+    return {node.name: node for node in graph_def.node}
+
+
+def consumers(graph_def):
+    """tensor 'node:i' -> list of (consumer node, input position), data edges only."""
+    result = {}
+    for node in graph_def.node:
+        for position, name in enumerate(node.input):
+            if not name.startswith("^"):
+                result.setdefault(canonical(name), []).append((node, position))
+    return result
+
+
+def inline_function_calls(graph_def):
+    """Inline every call to a function of the graph's own library.
+
+    TensorFlow's freezer leaves calls to XLA-compiled functions (keras_gelu's
+    kernels among them) as PartitionedCall nodes; the rewrite has to see their
+    bodies. Returns a new GraphDef with the same library.
+    """
+    library = {function.signature.name: function for function in graph_def.library.function}
+    current = graph_def
+    for _ in range(16):  # nested calls: one level per pass
+        calls = [n for n in current.node if n.op in CALL_OPS and n.attr["f"].func.name in library]
+        if not calls:
+            return current
+        rename = {}  # 'call:i' -> inlined tensor
+        inlined = graph_pb2.GraphDef()
+        inlined.versions.CopyFrom(current.versions)
+        inlined.library.CopyFrom(current.library)
+        call_names = {call.name for call in calls}
+        for node in current.node:
+            if node.name not in call_names:
+                inlined.node.add().CopyFrom(node)
+                continue
+            function = library[node.attr["f"].func.name]
+            body, flat_names = function_def_to_graph.function_def_to_graph_def(function)
+            prefix = node.name + "/inlined/"
+            data_inputs = [name for name in node.input if not name.startswith("^")]
+            control_inputs = [name for name in node.input if name.startswith("^")]
+            arguments = {arg.name: data_inputs[i] for i, arg in enumerate(function.signature.input_arg)}
+
+            def inner(name, arguments=arguments, prefix=prefix):
+                node_name, index = split_tensor_name(name)
+                if node_name in arguments:
+                    return arguments[node_name] if index is not None else "^" + split_tensor_name(arguments[node_name])[0]
+                return ("^" + prefix + node_name) if index is None else prefix + tensor_name(node_name, index)
+
+            for body_node in body.node:
+                if body_node.name in arguments:
+                    continue
+                copy = inlined.node.add()
+                copy.CopyFrom(body_node)
+                copy.name = prefix + body_node.name
+                del copy.input[:]
+                copy.input.extend(inner(name) for name in body_node.input)
+                if not body_node.input:
+                    copy.input.extend(control_inputs)  # keep the call's control dependencies
+                copy.device = node.device
+            for index, output in enumerate(function.signature.output_arg):
+                rename[tensor_name(node.name, index)] = inner(flat_names[function.ret[output.name]])
+                rename[f"{node.name}:{index}"] = rename[tensor_name(node.name, index)]
+        for node in inlined.node:
+            for position, name in enumerate(node.input):
+                if name.startswith("^") and name[1:] in call_names:
+                    # A control edge on a call: depend on the inlined outputs instead.
+                    node.input[position] = "^" + split_tensor_name(rename[tensor_name(name[1:], 0)])[0]
+                elif canonical(name) in rename or name in rename:
+                    node.input[position] = rename.get(name, rename.get(canonical(name)))
+        current = inlined
+    raise ValueError("function calls nested more than 16 deep")
+
+
+def resolve(name, nodes):
+    """Follow Identity-like nodes back to the tensor that produces the value."""
+    name = canonical(name)
+    while True:
+        node_name, index = split_tensor_name(name)
+        node = nodes.get(node_name)
+        if node is None or node.op not in PASS_THROUGH_OPS:
+            return name
+        data_inputs = [i for i in node.input if not i.startswith("^")]
+        name = canonical(data_inputs[index if node.op == "IdentityN" else 0])
+
+
+def constant_value(name, nodes):
+    """The numpy value of a Const tensor (through Identity-like nodes), or None."""
+    node = nodes.get(split_tensor_name(resolve(name, nodes))[0])
+    if node is None or node.op != "Const":
+        return None
+    return tf.make_ndarray(node.attr["value"].tensor)
+
+
+def promote_half_to_float32(graph_def):
+    """Recompute a float16/bfloat16 graph in float32; returns (graph_def, promoted?).
+
+    Keras mixed-precision models compute in half precision between casts; the
+    TFLite converter cannot convert those graphs at all. We retype every half
+    tensor as float32: constants are widened, and casts that become
+    float32-to-float32 turn into Identity.
+    """
+    promoted = graph_pb2.GraphDef()
+    promoted.CopyFrom(graph_def)
+    changed = False
+    for node in promoted.node:
+        for key, value in node.attr.items():
+            if value.HasField("type") and value.type in HALF_TYPES:
+                value.type = types_pb2.DT_FLOAT
+                changed = True
+            elif value.HasField("list") and any(t in HALF_TYPES for t in value.list.type):
+                types = [types_pb2.DT_FLOAT if t in HALF_TYPES else t for t in value.list.type]
+                del value.list.type[:]
+                value.list.type.extend(types)
+                changed = True
+            elif value.HasField("tensor") and value.tensor.dtype in HALF_TYPES:
+                widened = tf.make_ndarray(value.tensor).astype(np.float32)
+                value.tensor.CopyFrom(tf.make_tensor_proto(widened))
+                changed = True
+        if node.op == "Cast" and node.attr["SrcT"].type == node.attr["DstT"].type:
+            node.op = "Identity"
+            dtype = node.attr["SrcT"].type
+            for key in list(node.attr):
+                del node.attr[key]
+            node.attr["T"].CopyFrom(attr_value_pb2.AttrValue(type=dtype))
+    return promoted, changed
+
+
+def splice(graph_def, replacement_fn, x_name, dtype, prefix, nodes):
+    """Add the ops of `replacement_fn(x)` to graph_def, fed by tensor x_name.
+
+    The replacement is traced once as a tiny graph of its own and copied in
+    under `prefix`, with its placeholder replaced by x. Returns the name of the
+    tensor that holds the result.
+    """
+    with tf.Graph().as_default() as scratch:
+        placeholder = tf.compat.v1.placeholder(dtype, name="x")
+        result = replacement_fn(placeholder)
+    traced = scratch.as_graph_def()
+    for node in traced.node:
+        if node.name == placeholder.op.name:
+            continue
+        copy = graph_def.node.add()
+        copy.CopyFrom(node)
+        copy.name = prefix + node.name
+        del copy.input[:]
+        for name in node.input:
+            node_name, index = split_tensor_name(name)
+            if node_name == placeholder.op.name:
+                copy.input.append(x_name)
+            elif index is None:
+                copy.input.append("^" + prefix + node_name)
+            else:
+                copy.input.append(prefix + tensor_name(node_name, index))
+        nodes[copy.name] = copy
+    result_node, result_index = split_tensor_name(result.name)
+    return prefix + tensor_name(result_node, result_index)
+
+
+def redirect(graph_def, old, new, keep=()):
+    """Point every data input that reads tensor `old` at tensor `new`."""
+    old = canonical(old)
+    for node in graph_def.node:
+        if node.name in keep:
+            continue
+        for position, name in enumerate(node.input):
+            if not name.startswith("^") and canonical(name) == old:
+                node.input[position] = new

@@ -1,0 +1,116 @@
+"""Load a SavedModel, .keras or .h5 file into a frozen, inlined GraphDef."""
+
+import dataclasses
+import os
+import tempfile
+
+import tensorflow as tf
+from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+from . import errors
+from . import graph
+
+
+@dataclasses.dataclass
+class TensorInfo:
+    name: str  # the signature's key
+    tensor: str  # the tensor's name in the graph
+    dtype: tf.DType
+    shape: tuple  # None for dynamic dimensions
+
+
+@dataclasses.dataclass
+class Source:
+    path: str
+    kind: str  # "SavedModel", ".keras" or ".h5"
+    signature: str
+    function: object  # the original signature, callable with the inputs as keywords
+    inputs: list
+    outputs: list
+    graph_def: object  # frozen, inlined; half-precision retyped as float32
+    promoted_to_float32: bool
+
+
+def _saved_model_signature(path, signature):
+    try:
+        loaded = tf.saved_model.load(path)
+    except Exception as error:  # TF raises many types for a bad file
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise errors.CorruptModel(f"{path}: cannot read the SavedModel ({first_line[:200]})") from error
+    available = sorted(loaded.signatures.keys())
+    if not available:
+        raise errors.UnknownSignature(f"{path}: the SavedModel has no signatures")
+    if signature is None:
+        signature = "serving_default" if "serving_default" in available else (
+            available[0] if len(available) == 1 else None)
+        if signature is None:
+            raise errors.UnknownSignature(
+                f"{path}: several signatures and none is serving_default; pick one with "
+                f"--signature ({', '.join(available)})")
+    if signature not in available:
+        raise errors.UnknownSignature(
+            f"{path}: no signature {signature!r}; available: {', '.join(available)}")
+    return loaded, signature
+
+
+def _keras_to_saved_model(path, directory):
+    from keras_gelu.flavour import KERAS_FLAVOUR
+    from keras_gelu.flavour import keras
+
+    try:
+        model = keras.models.load_model(path, compile=False)
+    except Exception as error:
+        hint = ""
+        if path.endswith(".keras") and KERAS_FLAVOUR != "keras3":
+            hint = " (a .keras file from Keras 3 needs TF_USE_LEGACY_KERAS unset)"
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise errors.CorruptModel(f"{path}: cannot load the Keras model{hint} ({first_line[:200]})") from error
+    if KERAS_FLAVOUR == "keras3":
+        model.export(directory, verbose=False)
+    else:
+        tf.saved_model.save(model, directory)
+
+
+def _kind(path):
+    if not os.path.exists(path):
+        raise errors.MissingPath(f"{path}: no such file or directory")
+    if os.path.isdir(path):
+        if not os.path.exists(os.path.join(path, "saved_model.pb")):
+            raise errors.NotAModel(f"{path}: a directory without saved_model.pb is not a SavedModel")
+        return "SavedModel"
+    for suffix in (".keras", ".h5", ".hdf5"):
+        if path.endswith(suffix):
+            return ".h5" if suffix == ".hdf5" else suffix
+    raise errors.NotAModel(f"{path}: not a SavedModel directory, .keras or .h5 file")
+
+
+def load(path, signature=None):
+    """Load `path` and freeze its signature; raises errors.ConversionError subclasses."""
+    kind = _kind(path)
+    if kind == "SavedModel":
+        return _load_saved_model(path, path, kind, signature)
+    directory = tempfile.mkdtemp(prefix="keras_gelu_convert_")
+    _keras_to_saved_model(path, directory)
+    return _load_saved_model(path, directory, kind, signature)
+
+
+def _load_saved_model(path, directory, kind, signature):
+    loaded, signature = _saved_model_signature(directory, signature)
+    function = loaded.signatures[signature]
+    frozen = convert_variables_to_constants_v2(function, aggressive_inlining=True)
+    input_specs = tf.nest.flatten(function.structured_input_signature)
+    input_keys = sorted(function.structured_input_signature[1]) if function.structured_input_signature[1] else [
+        spec.name for spec in input_specs]
+    placeholders = [t for t in frozen.inputs if t.dtype != tf.resource][: len(input_specs)]
+    inputs = [
+        TensorInfo(key, placeholder.name, spec.dtype, tuple(spec.shape.as_list()) if spec.shape.rank is not None else None)
+        for key, spec, placeholder in zip(input_keys, input_specs, placeholders)
+    ]
+    output_keys = sorted(function.structured_outputs)
+    outputs = [
+        TensorInfo(key, tensor.name, tensor.dtype, tuple(tensor.shape.as_list()) if tensor.shape.rank is not None else None)
+        for key, tensor in zip(output_keys, tf.nest.flatten(frozen.structured_outputs))
+    ]
+    graph_def = graph.inline_function_calls(frozen.graph.as_graph_def())
+    graph_def, promoted = graph.promote_half_to_float32(graph_def)
+    return Source(path, kind, signature, function, inputs, outputs, graph_def, promoted)

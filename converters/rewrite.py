@@ -1,0 +1,265 @@
+"""Find GELU spellings and bare erf in a frozen GraphDef and rewrite them.
+
+The matcher works like tf2onnx's GELU rewriter in three steps, but with
+algebra instead of a fixed op tree:
+
+1. Start at every gate op (Erf, Erfc, Tanh, Sigmoid). Its argument must be a
+   polynomial a1*x + a3*x^3 in one tensor x, with scalar constant coefficients.
+2. Walk up through the arithmetic consumers, evaluating each as a polynomial in
+   x and the gate's value; keep the highest node whose polynomial is
+   x*(offset + scale*gate). Any operand order, nesting, Sub/Neg/Div/Pow works.
+3. Look the coefficients up in patterns.SPELLINGS (float32 tolerance).
+
+Only then is the replacement spliced in and the GELU's consumers rewired; the
+old ops become dead and are pruned.
+"""
+
+import collections
+import dataclasses
+
+import tensorflow as tf
+
+from . import graph
+from . import patterns
+from . import spellings
+
+
+# Name scope of the ops the rewrite adds; their erf is ours, not a leftover.
+REWRITE_SCOPE = "/keras_gelu_rewrite/"
+
+
+class NotPolynomial(Exception):
+    """An operand is not a polynomial in x and the gate."""
+
+
+def _multiply(a, b):
+    product = collections.defaultdict(float)
+    for (i1, j1), c1 in a.items():
+        for (i2, j2), c2 in b.items():
+            product[(i1 + i2, j1 + j2)] += c1 * c2
+    return dict(product)
+
+
+def _add(a, b, sign=1.0):
+    total = collections.defaultdict(float, a)
+    for key, value in b.items():
+        total[key] += sign * value
+    return dict(total)
+
+
+def _scalar_constant(name, nodes):
+    value = graph.constant_value(name, nodes)
+    if value is None or value.size != 1 or value.dtype.kind not in "fiu":
+        return None
+    return float(value.reshape(()))
+
+
+class _Polynomials:
+    """Evaluates tensors as polynomials {(power of x, power of gate): coefficient}."""
+
+    def __init__(self, nodes, x, gate=None):
+        self.nodes = nodes
+        self.x = x
+        self.gate = gate
+        self.memo = {}
+
+    def of(self, name):
+        name = graph.resolve(name, self.nodes)
+        if name not in self.memo:
+            self.memo[name] = self._evaluate(name)
+        return self.memo[name]
+
+    def _evaluate(self, name):
+        if name == self.x:
+            return {(1, 0): 1.0}
+        if name == self.gate:
+            return {(0, 1): 1.0}
+        constant = _scalar_constant(name, self.nodes)
+        if constant is not None:
+            return {(0, 0): constant}
+        node_name, index = graph.split_tensor_name(name)
+        node = self.nodes.get(node_name)
+        if node is None or index != 0 or node.op not in patterns.ARITHMETIC_OPS:
+            raise NotPolynomial(name)
+        operands = [i for i in node.input if not i.startswith("^")]
+        if node.op == "Neg":
+            return {k: -v for k, v in self.of(operands[0]).items()}
+        if node.op == "Square":
+            value = self.of(operands[0])
+            return _multiply(value, value)
+        if node.op in ("RealDiv", "Div", "Pow"):
+            exponent_or_divisor = _scalar_constant(operands[1], self.nodes)
+            if exponent_or_divisor is None:
+                raise NotPolynomial(name)
+            base = self.of(operands[0])
+            if node.op == "Pow":
+                if exponent_or_divisor not in (1.0, 2.0, 3.0):
+                    raise NotPolynomial(name)
+                result = {(0, 0): 1.0}
+                for _ in range(int(exponent_or_divisor)):
+                    result = _multiply(result, base)
+                return result
+            return {k: v / exponent_or_divisor for k, v in base.items()}
+        left, right = self.of(operands[0]), self.of(operands[1])
+        if node.op == "Mul":
+            return _multiply(left, right)
+        return _add(left, right, -1.0 if node.op == "Sub" else 1.0)
+
+
+def _leaves(name, nodes, seen=None):
+    """The non-constant, non-arithmetic tensors an expression is built from."""
+    seen = set() if seen is None else seen
+    name = graph.resolve(name, nodes)
+    if name in seen:
+        return set()
+    seen.add(name)
+    if _scalar_constant(name, nodes) is not None:
+        return set()
+    node_name, index = graph.split_tensor_name(name)
+    node = nodes.get(node_name)
+    if node is None or index != 0 or node.op not in patterns.ARITHMETIC_OPS:
+        return {name}
+    leaves = set()
+    for operand in node.input:
+        if not operand.startswith("^"):
+            leaves |= _leaves(operand, nodes, seen)
+    return leaves
+
+
+def _gate_argument(gate_node, nodes):
+    """(x, a1, a3) if the gate's argument is a1 x + a3 x^3 in one tensor x, else None."""
+    argument = gate_node.input[0]
+    leaves = _leaves(argument, nodes)
+    if len(leaves) != 1:
+        return None
+    (x,) = leaves
+    try:
+        terms = _Polynomials(nodes, x).of(argument)
+    except NotPolynomial:
+        return None
+    terms = {k: v for k, v in terms.items() if v != 0.0}
+    if set(terms) - {(1, 0), (3, 0)} or (1, 0) not in terms:
+        return None
+    return x, terms[(1, 0)], terms.get((3, 0), 0.0)
+
+
+def _effective_consumers(name, nodes, consumer_map):
+    """Consumers of a tensor, looking through Identity-like nodes."""
+    result = []
+    for node, _ in consumer_map.get(graph.canonical(name), []):
+        if node.op in ("Identity", "StopGradient", "Snapshot"):
+            result.extend(_effective_consumers(node.name + ":0", nodes, consumer_map))
+        elif node.op == "IdentityN":
+            data_inputs = [graph.canonical(i) for i in node.input if not i.startswith("^")]
+            for position, source in enumerate(data_inputs):
+                if source == graph.canonical(name):
+                    result.extend(_effective_consumers(f"{node.name}:{position}", nodes, consumer_map))
+        else:
+            result.append(node)
+    return result
+
+
+@dataclasses.dataclass
+class Finding:
+    spelling: str
+    alpha: float
+    became: str
+    root: str  # output tensor of the GELU in the source graph
+    x: str
+    gate: str  # the gate op's node name
+
+
+def find_gelus(graph_def):
+    """All GELU spellings in the graph: a list of (Finding-without-'became', Spelling)."""
+    nodes = graph.nodes_by_name(graph_def)
+    consumer_map = graph.consumers(graph_def)
+    found = {}
+    for gate_node in graph_def.node:
+        if gate_node.op not in patterns.GATE_OPS:
+            continue
+        argument = _gate_argument(gate_node, nodes)
+        if argument is None:
+            continue
+        x, linear, cubic = argument
+        polynomials = _Polynomials(nodes, x, gate=gate_node.name + ":0")
+        current, best = gate_node.name + ":0", None
+        while True:
+            users = _effective_consumers(current, nodes, consumer_map)
+            if len(users) != 1 or users[0].op not in patterns.ARITHMETIC_OPS:
+                break
+            current = users[0].name + ":0"
+            try:
+                terms = {k: v for k, v in polynomials.of(current).items() if v != 0.0}
+            except NotPolynomial:
+                break
+            if set(terms) <= {(1, 0), (1, 1)} and (1, 1) in terms:
+                matched = patterns.match(gate_node.op, terms.get((1, 0), 0.0), terms[(1, 1)], linear, cubic)
+                if matched is not None:
+                    best = (current, matched)
+        if best is not None:
+            root, (spelling, alpha) = best
+            found[root] = (Finding(spelling.name, alpha, "", root, x, gate_node.name), spelling)
+    return list(found.values())
+
+
+@dataclasses.dataclass
+class RewriteResult:
+    graph_def: object
+    findings: list
+    leftover_erf: dict  # op type -> count of bare Erf/Erfc rewritten (or kept, in select mode)
+
+
+def _dtype_of(name, nodes):
+    node = nodes[graph.split_tensor_name(name)[0]]
+    for key in ("T", "dtype", "DstT"):
+        if key in node.attr and node.attr[key].type:
+            return tf.as_dtype(node.attr[key].type)
+    return tf.float32
+
+
+def _prune(graph_def, keep_tensors):
+    keep = sorted({graph.split_tensor_name(name)[0] for name in keep_tensors})
+    return tf.compat.v1.graph_util.extract_sub_graph(graph_def, keep)
+
+
+def rewrite(graph_def, keep_tensors, mode, form):
+    """Rewrite every GELU spelling and bare erf for `mode`; returns a RewriteResult.
+
+    `keep_tensors` are the graph's inputs and outputs: everything else that no
+    longer feeds them is pruned.
+    """
+    rewritten = tf.compat.v1.GraphDef()
+    rewritten.CopyFrom(graph_def)
+    findings = []
+    for finding, spelling in find_gelus(rewritten):
+        choice = None if mode == "select" else spellings.replacement(spelling.function, mode, form)
+        if choice is None:
+            finding.became = "unchanged" + (" (already builtin ops)" if mode != "select" else "")
+            findings.append(finding)
+            continue
+        function, description = choice
+        nodes = graph.nodes_by_name(rewritten)
+        prefix = graph.split_tensor_name(finding.root)[0] + REWRITE_SCOPE
+        new = graph.splice(rewritten, lambda x, f=function, a=finding.alpha: f(x, a),
+                           finding.x, _dtype_of(finding.x, nodes), prefix, nodes)
+        graph.redirect(rewritten, finding.root, new)
+        finding.became = description
+        findings.append(finding)
+    rewritten = _prune(rewritten, keep_tensors)
+
+    leftover = collections.Counter()
+    gelu_gates = {finding.gate for finding in findings}
+    for node in list(rewritten.node):
+        if node.op not in ("Erf", "Erfc") or node.name in gelu_gates or REWRITE_SCOPE in node.name:
+            continue
+        leftover[node.op] += 1
+        if mode == "select":
+            continue
+        nodes = graph.nodes_by_name(rewritten)
+        function = spellings.erf if node.op == "Erf" else spellings.erfc
+        new = graph.splice(rewritten, function, node.input[0], _dtype_of(node.name, nodes),
+                           node.name + REWRITE_SCOPE, nodes)
+        graph.redirect(rewritten, node.name + ":0", new)
+    if leftover and mode != "select":
+        rewritten = _prune(rewritten, keep_tensors)
+    return RewriteResult(rewritten, findings, dict(leftover))

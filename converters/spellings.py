@@ -1,0 +1,110 @@
+"""What a recognised GELU (or a bare erf) becomes, as plain TensorFlow functions.
+
+Each function takes the GELU's input x and returns the replacement tensor; the
+rewrite traces it and splices its ops into the graph. Builtin spellings use
+only ops every TFLite runtime has (LOGISTIC, MUL, ADD, SUB, DIV, EXP, ABS,
+LESS, SELECT_V2, MAXIMUM). Native spellings are tf.nn.gelu's own, which the
+TFLite converter fuses into its GELU op.
+
+Every spelling first clamps -inf to the lowest finite value, so GELU(-inf) is
+0 in the .tflite too (a MAXIMUM op; it changes no finite value).
+"""
+
+import tensorflow as tf
+
+from . import patterns
+from keras_gelu import formulas
+
+
+def _const(value, like):
+    return tf.constant(value, dtype=like.dtype)
+
+
+def _without_minus_inf(x):
+    return tf.maximum(x, _const(x.dtype.min, x))
+
+
+def erfc_of_nonnegative(z):
+    """erfc(z) for z >= 0 from builtin ops (A&S 7.1.26): relative accuracy, no cancellation."""
+    t = _const(1.0, z) / (_const(1.0, z) + _const(patterns.AS_P, z) * z)
+    polynomial = _const(patterns.AS_A[-1], z)
+    for coefficient in reversed(patterns.AS_A[:-1]):
+        polynomial = _const(coefficient, z) + t * polynomial
+    return t * polynomial * tf.exp(-(z * z))
+
+
+def erf(t):
+    """erf from builtin ops; |error| <= 1.5e-7 plus float32 rounding."""
+    tail = erfc_of_nonnegative(tf.abs(t))
+    one = _const(1.0, t)
+    return tf.where(t < _const(0.0, t), tail - one, one - tail)
+
+
+def erfc(t):
+    """erfc from builtin ops, accurate in relative terms for t >= 0."""
+    tail = erfc_of_nonnegative(tf.abs(t))
+    return tf.where(t < _const(0.0, t), _const(2.0, t) - tail, tail)
+
+
+def _scaled(x, alpha):
+    return x if alpha == 1.0 else x * _const(alpha, x)
+
+
+def exact_from_builtins(x, alpha):
+    """x Phi(alpha x) with Phi from the erfc above: within 2e-6 of float64 GELU."""
+    x = _without_minus_inf(x)
+    u = _scaled(x, alpha)
+    half_tail = _const(0.5, x) * erfc_of_nonnegative(tf.abs(u) * _const(formulas.SQRT_HALF, x))
+    cdf = tf.where(u < _const(0.0, x), half_tail, _const(1.0, x) - half_tail)
+    return x * cdf
+
+
+def tanh_from_builtins(x, alpha):
+    """x Phi_tanh(alpha x) as x sigmoid(1.5957691 (u + 0.044715 u^3)), u = alpha x: the same function."""
+    x = _without_minus_inf(x)
+    u = _scaled(x, alpha)
+    inner = u + _const(formulas.TANH_CUBIC, x) * (u * u * u)
+    return x * tf.math.sigmoid(_const(formulas.SIGMOID_OF_TANH_SCALE, x) * inner)
+
+
+def sigmoid_from_builtins(x, alpha):
+    """x sigmoid(1.702 alpha x): the sigmoid approximation of x Phi(alpha x)."""
+    x = _without_minus_inf(x)
+    return x * tf.math.sigmoid(_const(formulas.SIGMOID_SLOPE * alpha, x) * x)
+
+
+def _native(approximate):
+    def spelling(x, alpha):
+        x = _without_minus_inf(x)
+        y = tf.nn.gelu(_scaled(x, alpha), approximate=approximate)
+        return y if alpha == 1.0 else y * _const(1.0 / alpha, x)
+
+    return spelling
+
+
+BUILTIN_FORMS = {
+    "sigmoid": sigmoid_from_builtins,
+    "tanh": tanh_from_builtins,
+    "erf": exact_from_builtins,
+}
+
+
+def replacement(function, mode, form):
+    """(spelling function, description) for a GELU computing `function`, or None to keep it.
+
+    The requested --form only decides how *exact* GELU is approximated in
+    builtin mode; a tanh-form GELU keeps its function in every mode, and the
+    sigmoid form is already made of builtin ops, so it is left alone.
+    """
+    if function == "sigmoid":
+        return None
+    if mode == "native":
+        return _native(function == "tanh"), "GELU op" + (" (approximate)" if function == "tanh" else "")
+    if function == "tanh":
+        return tanh_from_builtins, "tanh form from LOGISTIC/MUL/ADD"
+    descriptions = {
+        "sigmoid": "x*sigmoid(1.702x) from LOGISTIC/MUL",
+        "tanh": "tanh form from LOGISTIC/MUL/ADD",
+        "erf": "exact, erf polynomial from builtins",
+    }
+    return BUILTIN_FORMS[form], descriptions[form]

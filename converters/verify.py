@@ -1,0 +1,147 @@
+"""Run the source model, the rewritten graph and the .tflite on the same inputs.
+
+Two comparisons, reported per output:
+
+* fidelity: .tflite vs the *rewritten* graph run in TensorFlow. Same math, so
+  only float32 rounding separates them; this is what must pass.
+* drift: .tflite vs the *original* model. The approximation the user chose
+  (x*sigmoid(1.702x) is up to 0.02 from exact GELU per activation) shows here;
+  it fails only above --max-drift.
+
+Default fidelity tolerance, atol = rtol = 1e-4: TFLite and TensorFlow kernels
+round differently (fused multiply-adds, XNNPACK's exp/sigmoid polynomials,
+summation order in matmuls). Measured over this package's test models the
+worst difference was ~1e-6 relative to the output scale; 1e-4 leaves two
+orders of magnitude of headroom while still catching any wrong op
+(a wrong GELU spelling moves outputs by >= 1e-3).
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from . import errors
+
+DEFAULT_ATOL = 1e-4
+DEFAULT_RTOL = 1e-4
+DEFAULT_DYNAMIC_SIZE = 2
+
+
+@dataclasses.dataclass
+class Comparison:
+    output: str
+    max_abs: float
+    max_rel: float
+    cosine: float
+    passed: bool
+
+
+def make_inputs(inputs, seed=0, dynamic_size=DEFAULT_DYNAMIC_SIZE, npz_path=None):
+    """Inputs for every signature input: seeded random, or read from an .npz file."""
+    if npz_path is not None:
+        return _inputs_from_npz(inputs, npz_path)
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for info in inputs:
+        shape = [dynamic_size if size is None else size for size in (info.shape or (dynamic_size,))]
+        if info.dtype.is_floating:
+            arrays[info.name] = (rng.normal(0.0, 2.0, size=shape)).astype(info.dtype.as_numpy_dtype)
+        elif info.dtype.is_integer:
+            arrays[info.name] = rng.integers(0, 10, size=shape).astype(info.dtype.as_numpy_dtype)
+        elif info.dtype == tf.bool:
+            arrays[info.name] = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            raise errors.BadInputs(f"cannot make random values for input {info.name!r} of dtype {info.dtype.name}; "
+                                   "pass --inputs file.npz")
+    return arrays
+
+
+def _inputs_from_npz(inputs, path):
+    try:
+        with np.load(path) as archive:
+            provided = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError) as error:
+        raise errors.BadInputs(f"{path}: cannot read as .npz ({error})") from error
+    missing = [info.name for info in inputs if info.name not in provided]
+    if missing:
+        raise errors.BadInputs(f"{path}: missing input(s) {', '.join(missing)}; expected keys: "
+                               f"{', '.join(info.name for info in inputs)}")
+    for info in inputs:
+        array = provided[info.name]
+        if array.dtype != info.dtype.as_numpy_dtype:
+            raise errors.BadInputs(f"{path}: input {info.name!r} has dtype {array.dtype}, the model expects "
+                                   f"{info.dtype.name}")
+        if info.shape is not None and (len(array.shape) != len(info.shape) or any(
+                want is not None and want != got for want, got in zip(info.shape, array.shape))):
+            wanted = tuple("?" if size is None else size for size in info.shape)
+            raise errors.BadInputs(f"{path}: input {info.name!r} has shape {array.shape}, the model expects {wanted}")
+    return {info.name: provided[info.name] for info in inputs}
+
+
+def run_source(source, arrays):
+    outputs = source.function(**{name: tf.constant(value) for name, value in arrays.items()})
+    return {info.name: np.asarray(outputs[info.name]) for info in source.outputs}
+
+
+def run_graph(graph_def, source, arrays):
+    """Run a GraphDef with the source's input and output tensor names."""
+    with tf.Graph().as_default() as scratch:
+        tf.compat.v1.import_graph_def(graph_def, name="")
+        feeds = {}
+        for info in source.inputs:
+            placeholder = scratch.get_tensor_by_name(info.tensor)
+            feeds[placeholder] = arrays[info.name].astype(placeholder.dtype.as_numpy_dtype)
+        fetches = [scratch.get_tensor_by_name(info.tensor) for info in source.outputs]
+        with tf.compat.v1.Session(graph=scratch) as session:
+            values = session.run(fetches, feeds)
+    return {info.name: value for info, value in zip(source.outputs, values)}
+
+
+def interpreter_class():
+    """ai-edge-litert's interpreter when installed, else TensorFlow's."""
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+
+        return Interpreter, "ai-edge-litert"
+    except ImportError:
+        return tf.lite.Interpreter, f"tf.lite.Interpreter (TF {tf.__version__})"
+
+
+def run_tflite(tflite_model, source, arrays):
+    """Run the .tflite; raises RuntimeError/ValueError if the runtime cannot.
+
+    The converter keeps the concrete function's order: inputs as the
+    signature's inputs, outputs sorted by name, as `source` lists them.
+    """
+    interpreter_type, _ = interpreter_class()
+    interpreter = interpreter_type(model_content=tflite_model)
+    input_details = interpreter.get_input_details()
+    for info, detail in zip(source.inputs, input_details):
+        interpreter.resize_tensor_input(detail["index"], arrays[info.name].shape)
+    interpreter.allocate_tensors()
+    for info, detail in zip(source.inputs, input_details):
+        interpreter.set_tensor(detail["index"], arrays[info.name].astype(detail["dtype"]))
+    interpreter.invoke()
+    output_details = interpreter.get_output_details()
+    return {info.name: interpreter.get_tensor(detail["index"]) for info, detail in zip(source.outputs, output_details)}
+
+
+def compare(name, actual, expected, atol, rtol):
+    actual = np.asarray(actual, np.float64)
+    expected = np.asarray(expected, np.float64)
+    if actual.shape != expected.shape:
+        return Comparison(name, float("inf"), float("inf"), float("nan"), False)
+    finite = np.isfinite(expected) & np.isfinite(actual)
+    # Non-finite values must agree exactly: the same positions, the same infinities.
+    same_non_finite = np.array_equal(np.isfinite(actual), np.isfinite(expected)) and np.array_equal(
+        actual[~finite], expected[~finite], equal_nan=True)
+    difference = np.abs(actual - expected)[finite]
+    max_abs = float(difference.max()) if difference.size else 0.0
+    scale = np.abs(expected[finite])
+    max_rel = float((difference / np.maximum(scale, 1e-12)).max()) if difference.size else 0.0
+    a, e = actual[finite].ravel(), expected[finite].ravel()
+    norms = np.linalg.norm(a) * np.linalg.norm(e)
+    cosine = float(a @ e / norms) if norms > 0 else (1.0 if np.array_equal(a, e) else 0.0)
+    passed = bool(same_non_finite and np.all(difference <= atol + rtol * scale))
+    return Comparison(name, max_abs, max_rel, cosine, passed)
