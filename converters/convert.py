@@ -1,14 +1,17 @@
 """The conversion pipeline: load, rewrite, convert, verify, report, write."""
 
 import collections
+import contextlib
 import dataclasses
 import os
+import sys
 import tempfile
 import time
 
 import tensorflow as tf
 
 from . import errors
+from . import graph
 from . import loading
 from . import report as reporting
 from . import rewrite
@@ -42,11 +45,32 @@ def to_tflite(graph_def, source, mode, float16_weights):
     if float16_weights:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         converter.target_spec.supported_types = [tf.float16]
-    try:
-        return converter.convert()
-    except Exception as error:  # the converter raises ConverterError and friends
-        message = " ".join(str(error).split())
-        raise errors.ConverterFailed(f"{source.path}: the TFLite converter failed: {message[:300]}") from error
+    with _native_stderr_silenced():
+        try:
+            return converter.convert()
+        except Exception as error:  # the converter raises ConverterError and friends
+            failure = error
+    lines = [line.strip() for line in str(failure).splitlines()]
+    summary = next((line for line in lines if line.startswith(("Custom ops:", "Flex ops:"))), None)
+    summary = summary or next((line for line in lines if "error:" in line), lines[0] if lines else "")
+    hint = ""
+    if mode == "select" and "Erfc" in str(failure):
+        hint = "; Erfc has no Flex kernel, use --mode builtin or native, which rewrite it"
+    raise errors.ConverterFailed(f"{source.path}: the TFLite converter failed: {summary[:300]}{hint}") from failure
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """The converter's C++ core prints MLIR diagnostics straight to fd 2; keep them off the user's terminal."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def _summarise(findings):
@@ -120,6 +144,10 @@ def convert(model_path, **options):
                               promoted_to_float32=source.promoted_to_float32)
     keep = [info.tensor for info in source.inputs + source.outputs]
     result = rewrite.rewrite(source.graph_def, keep, options.mode, options.form)
+    reference = result.graph_def
+    if options.float16_weights:
+        fused_scope = rewrite.REWRITE_SCOPE if options.mode == "native" else None
+        reference = graph.round_float_constants_to_float16(result.graph_def, except_scope=fused_scope)
     report.gelus = _summarise(result.findings)
     report.leftover_erf = result.leftover_erf
     tflite_model = to_tflite(result.graph_def, source, options.mode, options.float16_weights)
@@ -130,14 +158,15 @@ def convert(model_path, **options):
                                "link the Flex delegate (select TF ops), which most mobile and MCU runtimes do not")
     report.size_bytes = len(tflite_model)
     if options.verify:
-        _verify(tflite_model, source, result.graph_def, options, report)
+        _verify(tflite_model, source, reference, options, report)
     else:
         report.not_verified_reason = "verification switched off (--no-verify)"
     report.seconds = time.perf_counter() - started
     return tflite_model, report
 
 
-def _verify(tflite_model, source, rewritten, options, report):
+def _verify(tflite_model, source, reference, options, report):
+    """Fill in the parity figures; `reference` is the rewritten graph as TFLite should compute it."""
     arrays = parity.make_inputs(source.inputs, options.seed, options.dynamic_size, options.inputs)
     report.inputs_used = (f"inputs from {options.inputs}" if options.inputs else
                           f"seeded random inputs (seed {options.seed}, dynamic dimensions = {options.dynamic_size})")
@@ -147,7 +176,7 @@ def _verify(tflite_model, source, rewritten, options, report):
     except (RuntimeError, ValueError) as error:
         report.not_verified_reason = f"{report.runtime} cannot run this model: " + " ".join(str(error).split())[:300]
         return
-    graph_outputs = parity.run_graph(rewritten, source, arrays)
+    graph_outputs = parity.run_graph(reference, source, arrays)
     source_outputs = parity.run_source(source, arrays)
     report.tolerance = {"atol": options.atol, "rtol": options.rtol, "max_drift": options.max_drift}
     for info in source.outputs:

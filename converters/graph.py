@@ -12,7 +12,9 @@ from tensorflow.python.framework import function_def_to_graph
 
 CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
 PASS_THROUGH_OPS = ("Identity", "IdentityN", "StopGradient", "Snapshot")
-HALF_TYPES = (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16)
+# TFLite computes floats in float32: half types (Keras mixed precision) and
+# float64 (keras_gelu computes bfloat16 GELUs in float64) are retyped.
+RETYPED_TO_FLOAT32 = (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16, types_pb2.DT_DOUBLE)
 
 
 def split_tensor_name(name):
@@ -126,30 +128,40 @@ def constant_value(name, nodes):
     return tf.make_ndarray(node.attr["value"].tensor)
 
 
-def promote_half_to_float32(graph_def):
-    """Recompute a float16/bfloat16 graph in float32; returns (graph_def, promoted?).
+def _to_float32_saturating(values):
+    """float32 values; finite values beyond float32's range become its largest finite values.
+
+    keras_gelu clamps -inf to float64's lowest value, which must stay a finite
+    clamp (float32's lowest), not turn into -inf, when the graph is retyped.
+    """
+    values = np.asarray(values)
+    largest = np.finfo(np.float32).max
+    return np.where(np.isfinite(values), np.clip(values, -largest, largest), values).astype(np.float32)
+
+
+def retype_floats_to_float32(graph_def):
+    """Recompute float16/bfloat16/float64 parts of a graph in float32; returns (graph_def, changed?).
 
     Keras mixed-precision models compute in half precision between casts; the
-    TFLite converter cannot convert those graphs at all. We retype every half
-    tensor as float32: constants are widened, and casts that become
-    float32-to-float32 turn into Identity.
+    TFLite converter cannot convert those graphs at all, nor float64 math. We
+    retype every such tensor as float32: constants are converted, and casts
+    that become float32-to-float32 turn into Identity.
     """
     promoted = graph_pb2.GraphDef()
     promoted.CopyFrom(graph_def)
     changed = False
     for node in promoted.node:
         for key, value in node.attr.items():
-            if value.HasField("type") and value.type in HALF_TYPES:
+            if value.HasField("type") and value.type in RETYPED_TO_FLOAT32:
                 value.type = types_pb2.DT_FLOAT
                 changed = True
-            elif value.HasField("list") and any(t in HALF_TYPES for t in value.list.type):
-                types = [types_pb2.DT_FLOAT if t in HALF_TYPES else t for t in value.list.type]
+            elif value.HasField("list") and any(t in RETYPED_TO_FLOAT32 for t in value.list.type):
+                types = [types_pb2.DT_FLOAT if t in RETYPED_TO_FLOAT32 else t for t in value.list.type]
                 del value.list.type[:]
                 value.list.type.extend(types)
                 changed = True
-            elif value.HasField("tensor") and value.tensor.dtype in HALF_TYPES:
-                widened = tf.make_ndarray(value.tensor).astype(np.float32)
-                value.tensor.CopyFrom(tf.make_tensor_proto(widened))
+            elif value.HasField("tensor") and value.tensor.dtype in RETYPED_TO_FLOAT32:
+                value.tensor.CopyFrom(tf.make_tensor_proto(_to_float32_saturating(tf.make_ndarray(value.tensor))))
                 changed = True
         if node.op == "Cast" and node.attr["SrcT"].type == node.attr["DstT"].type:
             node.op = "Identity"
@@ -200,3 +212,25 @@ def redirect(graph_def, old, new, keep=()):
         for position, name in enumerate(node.input):
             if not name.startswith("^") and canonical(name) == old:
                 node.input[position] = new
+
+
+def round_float_constants_to_float16(graph_def, except_scope=None):
+    """A copy whose float32 constants hold float16-rounded values.
+
+    TFLite's float16 weight storage rounds every float constant this way, so
+    the TensorFlow reference for a --float16-weights model must too, or the
+    fidelity check would measure the weight rounding instead of the conversion.
+    Constants under `except_scope` are kept: those of GELU spellings the
+    converter fuses into its GELU op, which leaves no constant to round.
+    """
+    rounded = graph_pb2.GraphDef()
+    rounded.CopyFrom(graph_def)
+    for node in rounded.node:
+        if except_scope and except_scope in node.name:
+            continue
+        if node.op == "Const" and node.attr["value"].tensor.dtype == types_pb2.DT_FLOAT:
+            value = tf.make_ndarray(node.attr["value"].tensor)
+            with np.errstate(over="ignore"):  # float32's extremes become +-inf, as in TFLite
+                rounded_value = value.astype(np.float16).astype(np.float32)
+            node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(rounded_value))
+    return rounded

@@ -27,7 +27,7 @@ class Source:
     function: object  # the original signature, callable with the inputs as keywords
     inputs: list
     outputs: list
-    graph_def: object  # frozen, inlined; half-precision retyped as float32
+    graph_def: object  # frozen, inlined; float16/bfloat16/float64 retyped as float32
     promoted_to_float32: bool
 
 
@@ -112,5 +112,5 @@ def _load_saved_model(path, directory, kind, signature):
         for key, tensor in zip(output_keys, tf.nest.flatten(frozen.structured_outputs))
     ]
     graph_def = graph.inline_function_calls(frozen.graph.as_graph_def())
-    graph_def, promoted = graph.promote_half_to_float32(graph_def)
+    graph_def, promoted = graph.retype_floats_to_float32(graph_def)
     return Source(path, kind, signature, function, inputs, outputs, graph_def, promoted)
