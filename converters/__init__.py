@@ -5,9 +5,11 @@
 The same as the `keras-gelu-convert` command; see `converters.cli`.
 """
 
+from . import errors
+from . import patterns
 from .convert import FORMS
 from .convert import MODES
 from .convert import convert
 from .errors import ConversionError
 
-__all__ = ["FORMS", "MODES", "ConversionError", "convert"]
+__all__ = ["FORMS", "MODES", "ConversionError", "convert", "errors", "patterns"]

@@ -83,17 +83,23 @@ def check_output_path(output, force):
     directory = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(directory):
         raise errors.OutputNotWritable(f"{output}: the folder {directory} does not exist")
-    if not os.access(directory, os.W_OK):
-        raise errors.OutputNotWritable(f"{output}: the folder {directory} is not writable")
     if os.path.exists(output) and not force:
         raise errors.OutputExists(f"{output}: exists; pass --force to overwrite it")
+    try:  # os.access says yes to root even where a write fails, so try one
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        raise errors.OutputNotWritable(f"{output}: cannot write in {directory} ({error.strerror})") from None
 
 
 def write_atomically(data, output, force):
     """Write via a temporary file and rename: readers never see half a file."""
     check_output_path(output, force)
     directory = os.path.dirname(os.path.abspath(output))
-    handle, temporary = tempfile.mkstemp(prefix=".keras_gelu_", suffix=".tmp", dir=directory)
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=".keras_gelu_", suffix=".tmp", dir=directory)
+    except OSError as error:
+        raise errors.OutputNotWritable(f"{output}: cannot write in {directory} ({error.strerror})") from None
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)

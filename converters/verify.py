@@ -74,7 +74,7 @@ def _inputs_from_npz(inputs, path):
                                    f"{info.dtype.name}")
         if info.shape is not None and (len(array.shape) != len(info.shape) or any(
                 want is not None and want != got for want, got in zip(info.shape, array.shape))):
-            wanted = tuple("?" if size is None else size for size in info.shape)
+            wanted = "(" + ", ".join("?" if size is None else str(size) for size in info.shape) + ")"
             raise errors.BadInputs(f"{path}: input {info.name!r} has shape {array.shape}, the model expects {wanted}")
     return {info.name: provided[info.name] for info in inputs}
 

@@ -1,0 +1,177 @@
+"""keras-gelu-convert through main([...]): outputs, reports and every bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import spelling_models
+from keras_gelu.converters import cli
+from keras_gelu.converters import errors
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return spelling_models.save("x_half_plus_half_erf", str(tmp_path_factory.mktemp("cli") / "gelu_model"))
+
+
+def _run(argv, capsys):
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    return code, captured.err
+
+
+def _one_line_error(stderr):
+    lines = [line for line in stderr.strip().splitlines() if line]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("keras-gelu-convert: error: ")
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def test_converts_with_default_output_beside_the_input(model_dir, capsys, tmp_path):
+    copy = tmp_path / "copy"
+    os.system(f"cp -r {model_dir} {copy}")
+    code, stderr = _run([str(copy)], capsys)
+    assert code == 0, stderr
+    output = tmp_path / "copy.tflite"
+    assert output.read_bytes()[4:8] == b"TFL3"
+    assert "1 x erf -> x*sigmoid(1.702x) from LOGISTIC/MUL" in stderr
+    assert "fidelity" in stderr and "drift" in stderr and "size:" in stderr and "time:" in stderr
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_report_json_and_quiet(model_dir, capsys, tmp_path):
+    output, report_path = tmp_path / "m.tflite", tmp_path / "report.json"
+    code, stderr = _run([model_dir, "-o", str(output), "--mode", "native", "--report-json", str(report_path), "-q"],
+                        capsys)
+    assert code == 0 and stderr == ""
+    report = json.loads(report_path.read_text())
+    assert report["mode"] == "native" and report["ops"]["GELU"] == 1
+    assert report["gelus"][0]["became"] == "GELU op"
+    assert report["size_bytes"] == output.stat().st_size
+    assert report["verified"] and report["fidelity"][0]["passed"]
+
+
+def test_verbose_shows_tolerances(model_dir, capsys, tmp_path):
+    code, stderr = _run([model_dir, "-o", str(tmp_path / "m.tflite"), "-v"], capsys)
+    assert code == 0 and "tolerance: {'atol': 0.0001" in stderr
+
+
+def test_inputs_file_is_used(model_dir, capsys, tmp_path):
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, x=np.ones((3, 16), np.float32))
+    code, stderr = _run([model_dir, "-o", str(tmp_path / "m.tflite"), "--inputs", str(inputs)], capsys)
+    assert code == 0 and f"inputs from {inputs}" in stderr
+
+
+def _no_output_left(tmp_path, name="m.tflite"):
+    leftovers = [p for p in os.listdir(tmp_path) if p == name or p.endswith(".tmp")]
+    assert leftovers == [], leftovers
+
+
+@pytest.mark.parametrize("case, exit_code, message", [
+    ("missing", errors.MissingPath.exit_code, "no such file or directory"),
+    ("not_a_model_file", errors.NotAModel.exit_code, "not a SavedModel directory"),
+    ("empty_dir", errors.NotAModel.exit_code, "without saved_model.pb"),
+    ("corrupt_pb", errors.CorruptModel.exit_code, "cannot read the SavedModel"),
+    ("corrupt_keras", errors.CorruptModel.exit_code, "cannot load the Keras model"),
+    ("unknown_signature", errors.UnknownSignature.exit_code, "no signature 'nope'; available: serving_default"),
+    ("output_folder_missing", errors.OutputNotWritable.exit_code, "does not exist"),
+    ("output_folder_read_only", errors.OutputNotWritable.exit_code, "cannot write in"),
+    ("output_exists", errors.OutputExists.exit_code, "exists; pass --force"),
+    ("inputs_missing_key", errors.BadInputs.exit_code, "missing input(s) x"),
+    ("inputs_wrong_shape", errors.BadInputs.exit_code, "has shape (2, 5), the model expects (?, 16)"),
+    ("inputs_wrong_dtype", errors.BadInputs.exit_code, "has dtype float64, the model expects float32"),
+    ("parity_fidelity", errors.ParityFailure.exit_code, "differs from the rewritten graph"),
+    ("parity_drift", errors.ParityFailure.exit_code, "drifts from the original model"),
+])
+def test_bad_input(case, exit_code, message, model_dir, capsys, tmp_path):
+    output = str(tmp_path / "m.tflite")
+    model = model_dir
+    extra = []
+    if case == "missing":
+        model = str(tmp_path / "nowhere")
+    elif case == "not_a_model_file":
+        model = str(tmp_path / "notes.txt")
+        open(model, "w").write("hello")
+    elif case == "empty_dir":
+        model = str(tmp_path / "empty")
+        os.mkdir(model)
+    elif case == "corrupt_pb":
+        model = str(tmp_path / "corrupt")
+        os.mkdir(model)
+        open(os.path.join(model, "saved_model.pb"), "wb").write(b"\x00garbage\xff" * 10)
+    elif case == "corrupt_keras":
+        model = str(tmp_path / "broken.keras")
+        open(model, "wb").write(b"not a zip")
+    elif case == "unknown_signature":
+        extra = ["--signature", "nope"]
+    elif case == "output_folder_missing":
+        output = str(tmp_path / "no" / "such" / "m.tflite")
+    elif case == "output_folder_read_only":
+        output = "/proc/m.tflite"  # not writable even for root
+    elif case == "output_exists":
+        open(output, "wb").write(b"precious")
+    elif case.startswith("inputs_"):
+        arrays = {"inputs_missing_key": {"y": np.zeros((2, 16), np.float32)},
+                  "inputs_wrong_shape": {"x": np.zeros((2, 5), np.float32)},
+                  "inputs_wrong_dtype": {"x": np.zeros((2, 16), np.float64)}}[case]
+        np.savez(tmp_path / "in.npz", **arrays)
+        extra = ["--inputs", str(tmp_path / "in.npz")]
+    elif case == "parity_fidelity":
+        extra = ["--atol", "0", "--rtol", "0"]
+    elif case == "parity_drift":
+        extra = ["--max-drift", "1e-6"]
+    code, stderr = _run([model, "-o", output, *extra], capsys)
+    assert code == exit_code, stderr
+    last_line = stderr.strip().splitlines()[-1]
+    assert message in last_line, last_line
+    if case.startswith("parity"):
+        assert "FAIL" in stderr  # the report is shown before the error line
+        assert last_line.startswith("keras-gelu-convert: error: ")
+    else:
+        _one_line_error(stderr)
+    if case == "output_exists":
+        assert open(output, "rb").read() == b"precious"
+    elif not case.startswith("output_folder"):
+        _no_output_left(tmp_path)
+
+
+def test_force_overwrites(model_dir, capsys, tmp_path):
+    output = tmp_path / "m.tflite"
+    output.write_bytes(b"old")
+    code, _ = _run([model_dir, "-o", str(output), "--force", "-q"], capsys)
+    assert code == 0 and output.read_bytes()[4:8] == b"TFL3"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mode", "native", "--form", "erf"], "--form applies to --mode builtin only"),
+    (["--no-verify", "--max-drift", "0.1"], "need verification"),
+    (["--atol", "-1"], "--atol must be >= 0"),
+    (["--mode", "fast"], "invalid choice"),
+])
+def test_invalid_flag_combinations_are_argparse_errors(argv, message, model_dir, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([model_dir, *argv])
+    assert exit_info.value.code == errors.USAGE_EXIT_CODE
+    assert message in capsys.readouterr().err
+
+
+def test_no_verify_says_so(model_dir, capsys, tmp_path):
+    code, stderr = _run([model_dir, "-o", str(tmp_path / "m.tflite"), "--no-verify"], capsys)
+    assert code == 0 and "not verified: verification switched off" in stderr
+
+
+def test_module_entry_point(model_dir, tmp_path):
+    output = tmp_path / "m.tflite"
+    result = subprocess.run([sys.executable, "-m", "keras_gelu.converters", model_dir, "-o", str(output),
+                             "--mode", "native"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "1 x erf -> GELU op" in result.stderr
+    assert output.read_bytes()[4:8] == b"TFL3"
+    assert tf.lite.Interpreter(model_path=str(output)) is not None
