@@ -8,7 +8,13 @@ PYTEST_ARGS ?=
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test test-keras3 test-tf-keras install bench plot clean
+# The oldest supported TensorFlow, whose tf.lite.Interpreter still runs Flex
+# (select-mode) models: the select-mode parity tests really run there.
+TF218_VENV ?= .venv-tf218
+TF218_PYTHON := $(TF218_VENV)/bin/python
+TF218_INSTALLED := $(TF218_VENV)/.installed
+
+.PHONY: demo test test-keras3 test-tf-keras test-tf218 install install-tf218 bench plot clean
 
 install: $(INSTALLED)
 
@@ -18,17 +24,32 @@ $(INSTALLED): setup.cfg pyproject.toml
 	$(VENV_PYTHON) -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $@
 
+# tensorflow-cpu provides the same `tensorflow` module; --no-deps keeps pip from
+# pulling the full tensorflow wheel in beside it for our `tensorflow` requirement.
+install-tf218: $(TF218_INSTALLED)
+
+$(TF218_INSTALLED): setup.cfg pyproject.toml
+	test -x $(TF218_PYTHON) || $(PYTHON) -m venv $(TF218_VENV)
+	$(TF218_PYTHON) -m pip install --quiet --upgrade pip
+	$(TF218_PYTHON) -m pip install --quiet "tensorflow-cpu==2.18.1" "numpy>=1.26,<2.1" "pytest>=7" "hypothesis>=6.80"
+	$(TF218_PYTHON) -m pip install --quiet --no-deps -e .
+	touch $@
+
 demo: $(INSTALLED)
 	$(VENV_PYTHON) examples/demo.py --output-dir demo_output
 
-# The whole suite, once per Keras flavour (the way tf.keras chooses: TF_USE_LEGACY_KERAS).
-test: test-keras3 test-tf-keras
+# The whole suite, once per Keras flavour (the way tf.keras chooses: TF_USE_LEGACY_KERAS),
+# then once more on TensorFlow 2.18 with Keras 3.
+test: test-keras3 test-tf-keras test-tf218
 
 test-keras3: $(INSTALLED)
 	TF_USE_LEGACY_KERAS=0 $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
 
 test-tf-keras: $(INSTALLED)
 	TF_USE_LEGACY_KERAS=1 $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
+
+test-tf218: $(TF218_INSTALLED)
+	TF_USE_LEGACY_KERAS=0 $(TF218_PYTHON) -m pytest $(PYTEST_ARGS)
 
 bench: $(INSTALLED)
 	$(VENV_PYTHON) benchmarks/bench_layers.py
@@ -37,4 +58,4 @@ plot: $(INSTALLED)
 	$(VENV_PYTHON) examples/plot_forms.py --output docs/gelu_forms.png
 
 clean:
-	rm -rf $(VENV) demo_output build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(TF218_VENV) demo_output build *.egg-info .pytest_cache .hypothesis

@@ -60,11 +60,16 @@ def exact_from_builtins(x, alpha):
 
 
 def tanh_from_builtins(x, alpha):
-    """x Phi_tanh(alpha x) as x sigmoid(1.5957691 (u + 0.044715 u^3)), u = alpha x: the same function."""
+    """x Phi_tanh(alpha x) as x sigmoid(u (1.5957691 + 0.0713548 u^2)), u = alpha x: the same function.
+
+    Horner's form of 1.5957691 (u + 0.044715 u^3) saves two ops (elementwise
+    passes over memory) against the textbook nesting.
+    """
     x = _without_minus_inf(x)
     u = _scaled(x, alpha)
-    inner = u + _const(formulas.TANH_CUBIC, x) * (u * u * u)
-    return x * tf.math.sigmoid(_const(formulas.SIGMOID_OF_TANH_SCALE, x) * inner)
+    linear = _const(formulas.SIGMOID_OF_TANH_SCALE, x)
+    cubic = _const(formulas.SIGMOID_OF_TANH_SCALE * formulas.TANH_CUBIC, x)
+    return x * tf.math.sigmoid(u * (linear + cubic * (u * u)))
 
 
 def sigmoid_from_builtins(x, alpha):

@@ -62,8 +62,13 @@ def _without_minus_inf(x):
 
 
 def _finite(x):
-    """x with +-inf replaced by the largest finite values; NaN stays NaN."""
-    return tf.clip_by_value(x, _const(x.dtype.min, x), _const(x.dtype.max, x))
+    """x with +-inf replaced by the largest finite values; NaN stays NaN.
+
+    Written with where, not clip_by_value: XLA before TF 2.19 lets min/max
+    turn NaN into the bound, which would make NaN inputs look finite.
+    """
+    largest = tf.where(x > 0, _const(x.dtype.max, x), _const(x.dtype.min, x))
+    return tf.where(tf.math.is_inf(x), largest, x)
 
 
 def exact_forward(x):

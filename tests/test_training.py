@@ -5,6 +5,8 @@ import pytest
 import tensorflow as tf
 
 import keras_gelu
+import tflite_helpers
+from keras_gelu import converters
 from conftest import IS_KERAS3
 from conftest import keras
 
@@ -83,20 +85,6 @@ def _saved_model(model, path):
     return path
 
 
-def _tflite_ops_and_output(tflite_model, x):
-    from ai_edge_litert.interpreter import Interpreter
-
-    interpreter = Interpreter(model_content=tflite_model)
-    (input_detail,) = interpreter.get_input_details()
-    interpreter.resize_tensor_input(input_detail["index"], x.shape)
-    interpreter.allocate_tensors()
-    interpreter.set_tensor(input_detail["index"], x)
-    interpreter.invoke()
-    (output_detail,) = interpreter.get_output_details()
-    ops = {op["op_name"] for op in interpreter._get_ops_details()}
-    return ops, interpreter.get_tensor(output_detail["index"])
-
-
 @pytest.mark.parametrize(
     "layer, expected_ops",
     [
@@ -112,8 +100,18 @@ def _tflite_ops_and_output(tflite_model, x):
 def test_saved_model_converts_to_builtin_tflite_ops(tmp_path, layer, expected_ops):
     model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(12), layer()])
     x = np.random.default_rng(3).normal(scale=3.0, size=(4, 12)).astype(np.float32)
-    converter = tf.lite.TFLiteConverter.from_saved_model(_saved_model(model, str(tmp_path / "sm")))
-    ops, output = _tflite_ops_and_output(converter.convert(), x)
+    path = _saved_model(model, str(tmp_path / "sm"))
+    converter = tf.lite.TFLiteConverter.from_saved_model(path)
+    if "GELU" in expected_ops and tf.__version__.startswith("2.18"):
+        # TF 2.18's converter does not fuse the erfc spelling (2.19+ does): the
+        # stock route fails, and keras_gelu.converters is the way there.
+        with pytest.raises(Exception, match="Erfc"):
+            converter.convert()
+        tflite_model, _ = converters.convert(path, mode="native")
+    else:
+        tflite_model = converter.convert()
+    ops = set(tflite_helpers.ops(tflite_model))
+    (output,) = tflite_helpers.run(tflite_model, x)
     assert expected_ops <= ops, ops
     assert not any(op.startswith("Flex") or op == "CUSTOM" for op in ops), ops
     # Same math in TFLite's kernels: float32 rounding (its GELU op is ~1e-6 from exact).
