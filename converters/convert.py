@@ -7,6 +7,7 @@ import os
 import sys
 import tempfile
 import time
+import types
 
 import tensorflow as tf
 
@@ -21,24 +22,30 @@ MODES = ("builtin", "native", "select")
 FORMS = ("sigmoid", "tanh", "erf")
 
 
-def _concrete_function(graph_def, source):
-    """A ConcreteFunction over the rewritten GraphDef, with the signature's names."""
+def _tflite_converter(graph_def, source):
+    """A TFLiteConverter over our already frozen GraphDef.
 
-    def import_graph():
+    The public entry points want a ConcreteFunction, which the converter then
+    freezes again (and by default saves as a temporary SavedModel first):
+    for a graph whose weights are inline constants that round trip tripled the
+    conversion time. So we hand the converter's freeze step the graph as it
+    is. `_freeze_concrete_function` has kept this contract from TF 2.7 to 2.21.
+    """
+    scratch = tf.Graph()
+    with scratch.as_default():
         tf.compat.v1.import_graph_def(graph_def, name="")
-
-    wrapped = tf.compat.v1.wrap_function(import_graph, [])
-    as_tensor = wrapped.graph.get_tensor_by_name
-    pruned = wrapped.prune(
-        feeds=[as_tensor(info.tensor) for info in source.inputs],
-        fetches={info.name: as_tensor(info.tensor) for info in source.outputs},
-    )
-    return pruned, wrapped
+    inputs = [scratch.get_tensor_by_name(info.tensor) for info in source.inputs]
+    outputs = [scratch.get_tensor_by_name(info.tensor) for info in source.outputs]
+    placeholder_function = tf.function(lambda: tf.constant(0.0)).get_concrete_function()
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([placeholder_function])
+    converter.experimental_lower_to_saved_model = False
+    frozen = types.SimpleNamespace(graph=scratch, inputs=inputs, outputs=outputs)
+    converter._freeze_concrete_function = lambda: (graph_def, inputs, outputs, frozen)
+    return converter
 
 
 def to_tflite(graph_def, source, mode, float16_weights):
-    function, owner = _concrete_function(graph_def, source)
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([function], owner)
+    converter = _tflite_converter(graph_def, source)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if mode == "select":
         converter.target_spec.supported_ops.append(tf.lite.OpsSet.SELECT_TF_OPS)

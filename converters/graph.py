@@ -139,6 +139,12 @@ def _to_float32_saturating(values):
     return np.where(np.isfinite(values), np.clip(values, -largest, largest), values).astype(np.float32)
 
 
+def _has_retyped_type(value):
+    return (value.HasField("type") and value.type in RETYPED_TO_FLOAT32) or (
+        value.HasField("list") and any(t in RETYPED_TO_FLOAT32 for t in value.list.type)) or (
+        value.HasField("tensor") and value.tensor.dtype in RETYPED_TO_FLOAT32)
+
+
 def retype_floats_to_float32(graph_def):
     """Recompute float16/bfloat16/float64 parts of a graph in float32; returns (graph_def, changed?).
 
@@ -147,6 +153,8 @@ def retype_floats_to_float32(graph_def):
     retype every such tensor as float32: constants are converted, and casts
     that become float32-to-float32 turn into Identity.
     """
+    if not any(_has_retyped_type(value) for node in graph_def.node for value in node.attr.values()):
+        return graph_def, False  # nothing to do: spare the copy of every weight
     promoted = graph_pb2.GraphDef()
     promoted.CopyFrom(graph_def)
     changed = False
