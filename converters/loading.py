@@ -89,9 +89,11 @@ def load(path, signature=None):
     kind = _kind(path)
     if kind == "SavedModel":
         return _load_saved_model(path, path, kind, signature)
-    directory = tempfile.mkdtemp(prefix="keras_gelu_convert_")
-    _keras_to_saved_model(path, directory)
-    return _load_saved_model(path, directory, kind, signature)
+    # The exported copy is only read while loading and freezing: the loaded
+    # signature keeps its variables in memory, so the folder can go.
+    with tempfile.TemporaryDirectory(prefix="keras_gelu_convert_") as directory:
+        _keras_to_saved_model(path, directory)
+        return _load_saved_model(path, directory, kind, signature)
 
 
 def _load_saved_model(path, directory, kind, signature):
