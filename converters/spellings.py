@@ -14,48 +14,42 @@ import tensorflow as tf
 
 from . import patterns
 from keras_gelu import formulas
-
-
-def _const(value, like):
-    return tf.constant(value, dtype=like.dtype)
-
-
-def _without_minus_inf(x):
-    return tf.maximum(x, _const(x.dtype.min, x))
+from keras_gelu.formulas import constant_like
+from keras_gelu.formulas import without_minus_inf
 
 
 def erfc_of_nonnegative(z):
     """erfc(z) for z >= 0 from builtin ops (A&S 7.1.26): relative accuracy, no cancellation."""
-    t = _const(1.0, z) / (_const(1.0, z) + _const(patterns.AS_P, z) * z)
-    polynomial = _const(patterns.AS_A[-1], z)
+    t = constant_like(1.0, z) / (constant_like(1.0, z) + constant_like(patterns.AS_P, z) * z)
+    polynomial = constant_like(patterns.AS_A[-1], z)
     for coefficient in reversed(patterns.AS_A[:-1]):
-        polynomial = _const(coefficient, z) + t * polynomial
+        polynomial = constant_like(coefficient, z) + t * polynomial
     return t * polynomial * tf.exp(-(z * z))
 
 
 def erf(t):
     """erf from builtin ops; |error| <= 1.5e-7 plus float32 rounding."""
     tail = erfc_of_nonnegative(tf.abs(t))
-    one = _const(1.0, t)
-    return tf.where(t < _const(0.0, t), tail - one, one - tail)
+    one = constant_like(1.0, t)
+    return tf.where(t < constant_like(0.0, t), tail - one, one - tail)
 
 
 def erfc(t):
     """erfc from builtin ops, accurate in relative terms for t >= 0."""
     tail = erfc_of_nonnegative(tf.abs(t))
-    return tf.where(t < _const(0.0, t), _const(2.0, t) - tail, tail)
+    return tf.where(t < constant_like(0.0, t), constant_like(2.0, t) - tail, tail)
 
 
 def _scaled(x, alpha):
-    return x if alpha == 1.0 else x * _const(alpha, x)
+    return x if alpha == 1.0 else x * constant_like(alpha, x)
 
 
 def exact_from_builtins(x, alpha):
     """x Phi(alpha x) with Phi from the erfc above: within 2e-6 of float64 GELU."""
-    x = _without_minus_inf(x)
+    x = without_minus_inf(x)
     u = _scaled(x, alpha)
-    half_tail = _const(0.5, x) * erfc_of_nonnegative(tf.abs(u) * _const(formulas.SQRT_HALF, x))
-    cdf = tf.where(u < _const(0.0, x), half_tail, _const(1.0, x) - half_tail)
+    half_tail = constant_like(0.5, x) * erfc_of_nonnegative(tf.abs(u) * constant_like(formulas.SQRT_HALF, x))
+    cdf = tf.where(u < constant_like(0.0, x), half_tail, constant_like(1.0, x) - half_tail)
     return x * cdf
 
 
@@ -65,24 +59,24 @@ def tanh_from_builtins(x, alpha):
     Horner's form of 1.5957691 (u + 0.044715 u^3) saves two ops (elementwise
     passes over memory) against the textbook nesting.
     """
-    x = _without_minus_inf(x)
+    x = without_minus_inf(x)
     u = _scaled(x, alpha)
-    linear = _const(formulas.SIGMOID_OF_TANH_SCALE, x)
-    cubic = _const(formulas.SIGMOID_OF_TANH_SCALE * formulas.TANH_CUBIC, x)
+    linear = constant_like(formulas.SIGMOID_OF_TANH_SCALE, x)
+    cubic = constant_like(formulas.SIGMOID_OF_TANH_SCALE * formulas.TANH_CUBIC, x)
     return x * tf.math.sigmoid(u * (linear + cubic * (u * u)))
 
 
 def sigmoid_from_builtins(x, alpha):
     """x sigmoid(1.702 alpha x): the sigmoid approximation of x Phi(alpha x)."""
-    x = _without_minus_inf(x)
-    return x * tf.math.sigmoid(_const(formulas.SIGMOID_SLOPE * alpha, x) * x)
+    x = without_minus_inf(x)
+    return x * tf.math.sigmoid(constant_like(formulas.SIGMOID_SLOPE * alpha, x) * x)
 
 
 def _native(approximate):
     def spelling(x, alpha):
-        x = _without_minus_inf(x)
+        x = without_minus_inf(x)
         y = tf.nn.gelu(_scaled(x, alpha), approximate=approximate)
-        return y if alpha == 1.0 else y * _const(1.0 / alpha, x)
+        return y if alpha == 1.0 else y * constant_like(1.0 / alpha, x)
 
     return spelling
 

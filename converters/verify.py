@@ -108,23 +108,32 @@ def interpreter_class():
         return tf.lite.Interpreter, f"tf.lite.Interpreter (TF {tf.__version__})"
 
 
+def invoke(tflite_model, arrays):
+    """Run a .tflite on arrays given in its input order; outputs in its output order.
+
+    Raises RuntimeError/ValueError where the runtime cannot run the model
+    (Flex ops on TF >= 2.19).
+    """
+    interpreter_type, _ = interpreter_class()
+    interpreter = interpreter_type(model_content=tflite_model)
+    details = interpreter.get_input_details()
+    for detail, array in zip(details, arrays):
+        interpreter.resize_tensor_input(detail["index"], array.shape)
+    interpreter.allocate_tensors()
+    for detail, array in zip(details, arrays):
+        interpreter.set_tensor(detail["index"], array.astype(detail["dtype"]))
+    interpreter.invoke()
+    return [interpreter.get_tensor(detail["index"]) for detail in interpreter.get_output_details()]
+
+
 def run_tflite(tflite_model, source, arrays):
-    """Run the .tflite; raises RuntimeError/ValueError if the runtime cannot.
+    """Run the .tflite on the source's inputs.
 
     The converter keeps the concrete function's order: inputs as the
     signature's inputs, outputs sorted by name, as `source` lists them.
     """
-    interpreter_type, _ = interpreter_class()
-    interpreter = interpreter_type(model_content=tflite_model)
-    input_details = interpreter.get_input_details()
-    for info, detail in zip(source.inputs, input_details):
-        interpreter.resize_tensor_input(detail["index"], arrays[info.name].shape)
-    interpreter.allocate_tensors()
-    for info, detail in zip(source.inputs, input_details):
-        interpreter.set_tensor(detail["index"], arrays[info.name].astype(detail["dtype"]))
-    interpreter.invoke()
-    output_details = interpreter.get_output_details()
-    return {info.name: interpreter.get_tensor(detail["index"]) for info, detail in zip(source.outputs, output_details)}
+    outputs = invoke(tflite_model, [arrays[info.name] for info in source.inputs])
+    return {info.name: output for info, output in zip(source.outputs, outputs)}
 
 
 def compare(name, actual, expected, atol, rtol):

@@ -124,24 +124,12 @@ def main(argv=None):
         print(f"demo FAILED: keras-gelu-convert exited with {code}")
         return code
     with open(tflite_path, "rb") as stream:
-        (probabilities,) = run_tflite(stream.read(), x_test)
+        (probabilities,) = verify.invoke(stream.read(), [x_test])
     tflite_accuracy = float(np.mean(np.argmax(probabilities, axis=1) == y_test))
     print(f"\n.tflite test accuracy: {tflite_accuracy:.3f} (Keras: {accuracy:.3f}); "
           "exact GELU became x*sigmoid(1.702x), built from LOGISTIC and MUL")
     print("demo passed")
     return 0
-
-
-def run_tflite(tflite_model, x):
-    """Run a single-input .tflite on a batch."""
-    interpreter_type, _ = verify.interpreter_class()
-    interpreter = interpreter_type(model_content=tflite_model)
-    (detail,) = interpreter.get_input_details()
-    interpreter.resize_tensor_input(detail["index"], x.shape)
-    interpreter.allocate_tensors()
-    interpreter.set_tensor(detail["index"], x)
-    interpreter.invoke()
-    return [interpreter.get_tensor(d["index"]) for d in interpreter.get_output_details()]
 
 
 if __name__ == "__main__":

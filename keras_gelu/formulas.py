@@ -52,13 +52,14 @@ _GATE_IS_ONE_ABOVE = 1e30
 _TANH_POLY_CLIP = 1e6
 
 
-def _const(value, like):
+def constant_like(value, like):
+    """A Python number as a constant of `like`'s dtype."""
     return tf.constant(value, dtype=like.dtype)
 
 
-def _without_minus_inf(x):
+def without_minus_inf(x):
     """x with -inf replaced by the lowest finite value: equal to x for finite x."""
-    return tf.maximum(x, _const(x.dtype.min, x))
+    return tf.maximum(x, constant_like(x.dtype.min, x))
 
 
 def _finite(x):
@@ -67,7 +68,7 @@ def _finite(x):
     Written with where, not clip_by_value: XLA before TF 2.19 lets min/max
     turn NaN into the bound, which would make NaN inputs look finite.
     """
-    largest = tf.where(x > 0, _const(x.dtype.max, x), _const(x.dtype.min, x))
+    largest = tf.where(x > 0, constant_like(x.dtype.max, x), constant_like(x.dtype.min, x))
     return tf.where(tf.math.is_inf(x), largest, x)
 
 
@@ -78,53 +79,53 @@ def exact_forward(x):
     1 + erf, does not cancel) and is the one TFLite's converter fuses into its
     builtin GELU op.
     """
-    x = _without_minus_inf(x)
-    return _const(0.5, x) * x * tf.math.erfc(-x * _const(SQRT_HALF, x))
+    x = without_minus_inf(x)
+    return constant_like(0.5, x) * x * tf.math.erfc(-x * constant_like(SQRT_HALF, x))
 
 
 def tanh_forward(x):
     """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as x * sigmoid(2u)."""
-    x = _without_minus_inf(x)
-    inner = x + _const(TANH_CUBIC, x) * (x * x * x)
-    return x * tf.math.sigmoid(_const(SIGMOID_OF_TANH_SCALE, x) * inner)
+    x = without_minus_inf(x)
+    inner = x + constant_like(TANH_CUBIC, x) * (x * x * x)
+    return x * tf.math.sigmoid(constant_like(SIGMOID_OF_TANH_SCALE, x) * inner)
 
 
 def sigmoid_forward(x):
     """x * sigmoid(1.702 x)."""
-    x = _without_minus_inf(x)
-    return x * tf.math.sigmoid(_const(SIGMOID_SLOPE, x) * x)
+    x = without_minus_inf(x)
+    return x * tf.math.sigmoid(constant_like(SIGMOID_SLOPE, x) * x)
 
 
 def _gate_from_output(x, y):
     """g(x) = y / x, with the limits at 0 and +inf of the fixed forms."""
     gate = y / _finite(x)
-    gate = tf.where(x > _const(_GATE_IS_ONE_ABOVE, x), tf.ones_like(x), gate)
+    gate = tf.where(x > constant_like(_GATE_IS_ONE_ABOVE, x), tf.ones_like(x), gate)
     return tf.where(
-        tf.abs(x) < _const(_GATE_AT_ZERO_BELOW, x), tf.fill(tf.shape(x), _const(0.5, x)), gate
+        tf.abs(x) < constant_like(_GATE_AT_ZERO_BELOW, x), tf.fill(tf.shape(x), constant_like(0.5, x)), gate
     )
 
 
 def exact_derivative(x, y):
     """d/dx x Phi(x) = Phi(x) + x phi(x)."""
     x_finite = _finite(x)
-    density = _const(INV_SQRT_2PI, x) * tf.exp(_const(-0.5, x) * x_finite * x_finite)
+    density = constant_like(INV_SQRT_2PI, x) * tf.exp(constant_like(-0.5, x) * x_finite * x_finite)
     return _gate_from_output(x, y) + x_finite * density
 
 
 def tanh_derivative(x, y):
     """d/dx x g(x) = g + x g (1 - g) 1.5957691 (1 + 3 * 0.044715 x^2)."""
     gate = _gate_from_output(x, y)
-    x_poly = tf.clip_by_value(x, _const(-_TANH_POLY_CLIP, x), _const(_TANH_POLY_CLIP, x))
-    inner_slope = _const(SIGMOID_OF_TANH_SCALE, x) * (
-        _const(1.0, x) + _const(3.0 * TANH_CUBIC, x) * x_poly * x_poly
+    x_poly = tf.clip_by_value(x, constant_like(-_TANH_POLY_CLIP, x), constant_like(_TANH_POLY_CLIP, x))
+    inner_slope = constant_like(SIGMOID_OF_TANH_SCALE, x) * (
+        constant_like(1.0, x) + constant_like(3.0 * TANH_CUBIC, x) * x_poly * x_poly
     )
-    return gate + _finite(x) * ((gate * (_const(1.0, x) - gate)) * inner_slope)
+    return gate + _finite(x) * ((gate * (constant_like(1.0, x) - gate)) * inner_slope)
 
 
 def sigmoid_derivative(x, y):
     """d/dx x sigmoid(a x) = g + x a g (1 - g)."""
     gate = _gate_from_output(x, y)
-    return gate + _finite(x) * (_const(SIGMOID_SLOPE, x) * (gate * (_const(1.0, x) - gate)))
+    return gate + _finite(x) * (constant_like(SIGMOID_SLOPE, x) * (gate * (constant_like(1.0, x) - gate)))
 
 
 def learnable_forward(x, alpha, beta):
@@ -136,7 +137,7 @@ def learnable_forward(x, alpha, beta):
     x -> +inf with alpha < 0).
     """
     gate = tf.math.sigmoid(alpha * _finite(x) + beta)
-    return tf.where(tf.equal(gate, _const(0.0, x)), tf.zeros_like(x), x * gate)
+    return tf.where(tf.equal(gate, constant_like(0.0, x)), tf.zeros_like(x), x * gate)
 
 
 def learnable_partials(x, alpha, beta):
@@ -147,6 +148,6 @@ def learnable_partials(x, alpha, beta):
     """
     x_finite = _finite(x)
     gate = tf.math.sigmoid(alpha * x_finite + beta)
-    gate_slope = gate * (_const(1.0, x) - gate)
+    gate_slope = gate * (constant_like(1.0, x) - gate)
     by_beta = x_finite * gate_slope
     return gate + alpha * by_beta, x_finite * by_beta, by_beta
