@@ -48,6 +48,40 @@ def consumers(graph_def):
     return result
 
 
+def _copy_under_prefix(target, nodes, prefix, outer_tensors, control_inputs=(), device=None):
+    """Copy `nodes` into `target` under `prefix`, wired to the outer graph.
+
+    `outer_tensors` maps the names of the nodes that stand for outside values
+    (a function's arguments, a traced placeholder) to the outer tensors they
+    stand for; those nodes are not copied. `control_inputs` go to copied nodes
+    that have no inputs of their own. Returns the copies and the function that
+    maps an inner tensor name to its name in `target`.
+    """
+
+    def outer(name):
+        node_name, index = split_tensor_name(name)
+        if node_name in outer_tensors:
+            source = outer_tensors[node_name]
+            return source if index is not None else "^" + split_tensor_name(source)[0]
+        return "^" + prefix + node_name if index is None else prefix + tensor_name(node_name, index)
+
+    copies = []
+    for node in nodes:
+        if node.name in outer_tensors:
+            continue
+        copy = target.node.add()
+        copy.CopyFrom(node)
+        copy.name = prefix + node.name
+        del copy.input[:]
+        copy.input.extend(outer(name) for name in node.input)
+        if not node.input:
+            copy.input.extend(control_inputs)
+        if device is not None:
+            copy.device = device
+        copies.append(copy)
+    return copies, outer
+
+
 def inline_function_calls(graph_def):
     """Inline every call to a function of the graph's own library.
 
@@ -61,7 +95,7 @@ def inline_function_calls(graph_def):
         calls = [n for n in current.node if n.op in CALL_OPS and n.attr["f"].func.name in library]
         if not calls:
             return current
-        rename = {}  # 'call:i' -> inlined tensor
+        rename = {}  # canonical 'call:i' -> the inlined tensor
         inlined = graph_pb2.GraphDef()
         inlined.versions.CopyFrom(current.versions)
         inlined.library.CopyFrom(current.library)
@@ -72,38 +106,21 @@ def inline_function_calls(graph_def):
                 continue
             function = library[node.attr["f"].func.name]
             body, flat_names = function_def_to_graph.function_def_to_graph_def(function)
-            prefix = node.name + "/inlined/"
             data_inputs = [name for name in node.input if not name.startswith("^")]
-            control_inputs = [name for name in node.input if name.startswith("^")]
             arguments = {arg.name: data_inputs[i] for i, arg in enumerate(function.signature.input_arg)}
-
-            def inner(name, arguments=arguments, prefix=prefix):
-                node_name, index = split_tensor_name(name)
-                if node_name in arguments:
-                    return arguments[node_name] if index is not None else "^" + split_tensor_name(arguments[node_name])[0]
-                return ("^" + prefix + node_name) if index is None else prefix + tensor_name(node_name, index)
-
-            for body_node in body.node:
-                if body_node.name in arguments:
-                    continue
-                copy = inlined.node.add()
-                copy.CopyFrom(body_node)
-                copy.name = prefix + body_node.name
-                del copy.input[:]
-                copy.input.extend(inner(name) for name in body_node.input)
-                if not body_node.input:
-                    copy.input.extend(control_inputs)  # keep the call's control dependencies
-                copy.device = node.device
+            _, outer = _copy_under_prefix(
+                inlined, body.node, node.name + "/inlined/", arguments,
+                control_inputs=[name for name in node.input if name.startswith("^")],  # the call's own
+                device=node.device)
             for index, output in enumerate(function.signature.output_arg):
-                rename[tensor_name(node.name, index)] = inner(flat_names[function.ret[output.name]])
-                rename[f"{node.name}:{index}"] = rename[tensor_name(node.name, index)]
+                rename[f"{node.name}:{index}"] = outer(flat_names[function.ret[output.name]])
         for node in inlined.node:
             for position, name in enumerate(node.input):
                 if name.startswith("^") and name[1:] in call_names:
                     # A control edge on a call: depend on the inlined outputs instead.
-                    node.input[position] = "^" + split_tensor_name(rename[tensor_name(name[1:], 0)])[0]
-                elif canonical(name) in rename or name in rename:
-                    node.input[position] = rename.get(name, rename.get(canonical(name)))
+                    node.input[position] = "^" + split_tensor_name(rename[f"{name[1:]}:0"])[0]
+                elif canonical(name) in rename:
+                    node.input[position] = rename[canonical(name)]
         current = inlined
     raise ValueError("function calls nested more than 16 deep")
 
@@ -184,31 +201,16 @@ def splice(graph_def, replacement_fn, x_name, dtype, prefix, nodes):
     """Add the ops of `replacement_fn(x)` to graph_def, fed by tensor x_name.
 
     The replacement is traced once as a tiny graph of its own and copied in
-    under `prefix`, with its placeholder replaced by x. Returns the name of the
-    tensor that holds the result.
+    under `prefix`, with its placeholder replaced by x; `nodes` (name -> node)
+    is kept up to date. Returns the name of the tensor that holds the result.
     """
     with tf.Graph().as_default() as scratch:
         placeholder = tf.compat.v1.placeholder(dtype, name="x")
         result = replacement_fn(placeholder)
-    traced = scratch.as_graph_def()
-    for node in traced.node:
-        if node.name == placeholder.op.name:
-            continue
-        copy = graph_def.node.add()
-        copy.CopyFrom(node)
-        copy.name = prefix + node.name
-        del copy.input[:]
-        for name in node.input:
-            node_name, index = split_tensor_name(name)
-            if node_name == placeholder.op.name:
-                copy.input.append(x_name)
-            elif index is None:
-                copy.input.append("^" + prefix + node_name)
-            else:
-                copy.input.append(prefix + tensor_name(node_name, index))
-        nodes[copy.name] = copy
-    result_node, result_index = split_tensor_name(result.name)
-    return prefix + tensor_name(result_node, result_index)
+    copies, outer = _copy_under_prefix(graph_def, scratch.as_graph_def().node, prefix,
+                                       {placeholder.op.name: x_name})
+    nodes.update((copy.name, copy) for copy in copies)
+    return outer(result.name)
 
 
 def redirect(graph_def, old, new, keep=()):

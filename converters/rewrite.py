@@ -147,13 +147,13 @@ def _effective_consumers(name, nodes, consumer_map):
     """Consumers of a tensor, looking through Identity-like nodes."""
     result = []
     for node, _ in consumer_map.get(graph.canonical(name), []):
-        if node.op in ("Identity", "StopGradient", "Snapshot"):
-            result.extend(_effective_consumers(node.name + ":0", nodes, consumer_map))
-        elif node.op == "IdentityN":
+        if node.op == "IdentityN":
             data_inputs = [graph.canonical(i) for i in node.input if not i.startswith("^")]
             for position, source in enumerate(data_inputs):
                 if source == graph.canonical(name):
                     result.extend(_effective_consumers(f"{node.name}:{position}", nodes, consumer_map))
+        elif node.op in graph.PASS_THROUGH_OPS:
+            result.extend(_effective_consumers(node.name + ":0", nodes, consumer_map))
         else:
             result.append(node)
     return result
@@ -231,6 +231,7 @@ def rewrite(graph_def, keep_tensors, mode, form):
     rewritten = tf.compat.v1.GraphDef()
     rewritten.CopyFrom(graph_def)
     findings = []
+    nodes = graph.nodes_by_name(rewritten)  # splice keeps it up to date
     for finding, spelling in find_gelus(rewritten):
         choice = None if mode == "select" else spellings.replacement(spelling.function, mode, form)
         if choice is None:
@@ -238,7 +239,6 @@ def rewrite(graph_def, keep_tensors, mode, form):
             findings.append(finding)
             continue
         function, description = choice
-        nodes = graph.nodes_by_name(rewritten)
         prefix = graph.split_tensor_name(finding.root)[0] + REWRITE_SCOPE
         new = graph.splice(rewritten, lambda x, f=function, a=finding.alpha: f(x, a),
                            finding.x, _dtype_of(finding.x, nodes), prefix, nodes)
@@ -249,13 +249,13 @@ def rewrite(graph_def, keep_tensors, mode, form):
 
     leftover = collections.Counter()
     gelu_gates = {finding.gate for finding in findings}
+    nodes = graph.nodes_by_name(rewritten)
     for node in list(rewritten.node):
         if node.op not in ("Erf", "Erfc") or node.name in gelu_gates or REWRITE_SCOPE in node.name:
             continue
         leftover[node.op] += 1
         if mode == "select":
             continue
-        nodes = graph.nodes_by_name(rewritten)
         function = spellings.erf if node.op == "Erf" else spellings.erfc
         new = graph.splice(rewritten, function, node.input[0], _dtype_of(node.name, nodes),
                            node.name + REWRITE_SCOPE, nodes)
