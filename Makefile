@@ -14,7 +14,7 @@ TF218_VENV ?= .venv-tf218
 TF218_PYTHON := $(TF218_VENV)/bin/python
 TF218_INSTALLED := $(TF218_VENV)/.installed
 
-.PHONY: demo test test-keras3 test-tf-keras test-tf218 install install-tf218 bench plot clean
+.PHONY: demo test test-keras3 test-tf-keras test-tf218 install install-tf218 bench bench-int8 recipes plot clean
 
 install: $(INSTALLED)
 
@@ -54,8 +54,16 @@ test-tf218: $(TF218_INSTALLED)
 bench: $(INSTALLED)
 	$(VENV_PYTHON) benchmarks/bench_layers.py
 
+bench-int8: $(INSTALLED)
+	$(VENV_PYTHON) benchmarks/bench_int8.py
+
+# The int8 recipes (quantization-aware training with tfmot, which sets tf-keras itself).
+recipes: $(INSTALLED)
+	$(VENV_PYTHON) examples/qat_digits.py --force
+	$(VENV_PYTHON) examples/qat_transformer.py --force
+
 plot: $(INSTALLED)
 	$(VENV_PYTHON) examples/plot_forms.py --output docs/gelu_forms.png
 
 clean:
-	rm -rf $(VENV) $(TF218_VENV) demo_output build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(TF218_VENV) demo_output qat_digits_output qat_transformer_output build *.egg-info .pytest_cache .hypothesis

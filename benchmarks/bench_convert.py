@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -122,30 +121,20 @@ def latency_models():
 def latency_table(rounds):
     import numpy as np
 
-    from keras_gelu.converters import verify
+    import timing
 
-    interpreter_type, runtime = verify.interpreter_class()
     models = latency_models()
     interpreters = {}
     for key, tflite_model in models.items():
-        interpreter = interpreter_type(model_content=tflite_model, num_threads=1)
-        interpreter.allocate_tensors()
-        (detail,) = interpreter.get_input_details()
-        interpreter.set_tensor(detail["index"], np.random.default_rng(1).normal(0, 2, detail["shape"]).astype(np.float32))
-        interpreter.invoke()
-        interpreters[key] = interpreter
-    samples = {key: [] for key in interpreters}
-    for _ in range(rounds):
-        for key, interpreter in interpreters.items():
-            started = time.perf_counter()
-            interpreter.invoke()
-            samples[key].append(time.perf_counter() - started)
-    print(f"\n## TFLite latency, one thread ({runtime}), median of {rounds} interleaved rounds\n")
+        shape = (512, 512) if key[0].startswith("activation") else (SEQUENCE, HIDDEN)
+        interpreters[key] = timing.interpreter(
+            tflite_model, [np.random.default_rng(1).normal(0, 2, shape).astype(np.float32)])
+    medians = timing.interleaved_medians(interpreters, rounds)
+    print(f"\n## TFLite latency, one thread ({timing.runtime_name()}), median of {rounds} interleaved rounds\n")
     print("| block | form | ms | vs GELU op |")
     print("|---|---|---:|---:|")
-    for (block, form), values in samples.items():
-        median = statistics.median(values)
-        reference = statistics.median(samples[(block, "GELU op (native)")])
+    for (block, form), median in medians.items():
+        reference = medians[(block, "GELU op (native)")]
         print(f"| {block} | {form} | {median * 1e3:.3f} | {median / reference:.2f}x |")
 
 

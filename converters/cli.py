@@ -10,6 +10,8 @@ EPILOG = """examples:
   keras-gelu-convert saved_model_dir --mode native         # every GELU spelling -> TFLite's GELU op
   keras-gelu-convert saved_model_dir --mode select -o m.tflite --force
   keras-gelu-convert model.h5 --inputs batch.npz --max-drift 0.05 --report-json report.json
+  keras-gelu-convert qat_saved_model --int8 --mode native  # a keras_gelu.quantization QAT model -> int8
+  keras-gelu-convert saved_model_dir --int8 --calibration samples.npz --int8-io   # post-training int8
 
 exit codes: 0 ok, 2 bad flags, 3 missing path, 4 not a model, 5 corrupt model,
 6 unknown signature, 7 output exists, 8 output folder missing or not writable,
@@ -51,6 +53,16 @@ def _parser():
                         help=f"fidelity tolerance, relative (default {DEFAULT_RTOL})")
     parser.add_argument("--max-drift", type=float,
                         help="fail if the .tflite differs from the original model by more than this (absolute)")
+    parser.add_argument("--int8", action="store_true",
+                        help="integer model: a quantization-aware (tfmot) model uses its trained ranges, a float "
+                             "model needs --calibration")
+    parser.add_argument("--calibration", metavar="FILE.npz|random:N",
+                        help="post-training int8: samples along the first axis of one array per input, or N seeded "
+                             "random samples")
+    parser.add_argument("--int8-io", action="store_true", help="int8 inputs and outputs instead of float32")
+    parser.add_argument("--max-steps", type=float,
+                        help="int8 fidelity tolerance in steps of each output's int8 scale (default "
+                             "10 for quantization-aware models; post-training differences are only reported)")
     parser.add_argument("--report-json", help="also write the report as JSON to this file")
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("-q", "--quiet", action="store_true", help="print errors only")
@@ -70,6 +82,15 @@ def _check_flags(parser, args):
             parser.error(f"--{name.replace('_', '-')} must be >= 0")
     if args.dynamic_size < 1:
         parser.error("--dynamic-size must be >= 1")
+    if not args.int8:
+        for flag, value in (("--calibration", args.calibration), ("--int8-io", args.int8_io),
+                            ("--max-steps", args.max_steps)):
+            if value:
+                parser.error(f"{flag} applies to --int8 only")
+    elif args.float16_weights:
+        parser.error("--int8 and --float16-weights exclude each other")
+    if args.max_steps is not None and not args.max_steps >= 0:
+        parser.error("--max-steps must be >= 0")
 
 
 def _default_output(model):
@@ -103,7 +124,8 @@ def main(argv=None):
         tflite_model, report = convert(
             args.model, mode=args.mode, form=args.form or "sigmoid", signature=args.signature,
             float16_weights=args.float16_weights, verify=args.verify, inputs=args.inputs, seed=args.seed,
-            dynamic_size=args.dynamic_size, atol=args.atol, rtol=args.rtol, max_drift=args.max_drift)
+            dynamic_size=args.dynamic_size, atol=args.atol, rtol=args.rtol, max_drift=args.max_drift,
+            int8=args.int8, calibration=args.calibration, int8_io=args.int8_io, max_steps=args.max_steps)
         write_atomically(tflite_model, output, args.force)
         report.output = output
         if args.report_json:

@@ -3,6 +3,7 @@
 import collections
 import contextlib
 import dataclasses
+import logging
 import os
 import sys
 import tempfile
@@ -13,6 +14,7 @@ import tensorflow as tf
 
 from . import errors
 from . import graph
+from . import int8 as integer
 from . import loading
 from . import report as reporting
 from . import rewrite
@@ -37,14 +39,21 @@ def _tflite_converter(graph_def, source):
     inputs = [scratch.get_tensor_by_name(info.tensor) for info in source.inputs]
     outputs = [scratch.get_tensor_by_name(info.tensor) for info in source.outputs]
     placeholder_function = tf.function(lambda: tf.constant(0.0)).get_concrete_function()
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([placeholder_function])
+    absl_logger = logging.getLogger("absl")  # a deprecation notice about trackable_obj, which we do not use
+    previous_level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        converter = tf.lite.TFLiteConverter.from_concrete_functions([placeholder_function])
+    finally:
+        absl_logger.setLevel(previous_level)
     converter.experimental_lower_to_saved_model = False
     frozen = types.SimpleNamespace(graph=scratch, inputs=inputs, outputs=outputs)
     converter._freeze_concrete_function = lambda: (graph_def, inputs, outputs, frozen)
     return converter
 
 
-def to_tflite(graph_def, source, mode, float16_weights):
+def to_tflite(graph_def, source, mode, float16_weights, int8=None):
+    """Convert; `int8` is None for float, else (calibration samples or None for QAT, int8_io)."""
     converter = _tflite_converter(graph_def, source)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if mode == "select":
@@ -52,6 +61,8 @@ def to_tflite(graph_def, source, mode, float16_weights):
     if float16_weights:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         converter.target_spec.supported_types = [tf.float16]
+    if int8 is not None:
+        integer.configure(converter, *int8)
     with _native_stderr_silenced():
         try:
             return converter.convert()
@@ -135,13 +146,29 @@ class Options:
     atol: float = parity.DEFAULT_ATOL
     rtol: float = parity.DEFAULT_RTOL
     max_drift: float = None
+    int8: bool = False
+    calibration: str = None  # "random:N" or an .npz of samples, for float models
+    int8_io: bool = False
+    max_steps: float = None  # int8 fidelity tolerance in output steps
+
+
+# int8 fidelity of a QAT model: the .tflite against its fake-quant graph in
+# TensorFlow, in steps of each output's int8 scale. Both compute the same ops
+# on the same grids, but a value on a rounding boundary can round the other
+# way (TFLite's fixed-point rescaling, its int8 SOFTMAX), and later layers
+# amplify that one step: a flipped 1/256 in an attention probability scales
+# a whole value vector. Measured: up to 2 steps on MLPs, 7 on the tiny
+# Transformer of examples/qat_transformer.py. A wrong range or a float
+# island is off by tens of steps.
+DEFAULT_QAT_STEPS = 10.0
 
 
 def convert(model_path, **options):
     """Convert a SavedModel/.keras/.h5 to TFLite; returns (tflite bytes, Report).
 
     Options are those of `Options` (mode, form, signature, float16_weights,
-    verify, inputs, seed, dynamic_size, atol, rtol, max_drift). Raises a
+    verify, inputs, seed, dynamic_size, atol, rtol, max_drift, int8,
+    calibration, int8_io, max_steps). Raises a
     `converters.errors.ConversionError` subclass for user errors, including
     a parity failure, in which case nothing is returned.
     """
@@ -155,16 +182,23 @@ def convert(model_path, **options):
     report = reporting.Report(model_path, source.kind, source.signature, options.mode, options.form,
                               float16_weights=options.float16_weights,
                               promoted_to_float32=source.promoted_to_float32)
+    int8_setup = _int8_setup(model_path, source, options, report)
     keep = [info.tensor for info in source.inputs + source.outputs]
-    result = rewrite.rewrite(source.graph_def, keep, options.mode, options.form)
+    result = rewrite.rewrite(source.graph_def, keep, options.mode, options.form, int8=options.int8)
     reference = result.graph_def
     if options.float16_weights:
         fused_scope = rewrite.REWRITE_SCOPE if options.mode == "native" else None
         reference = graph.round_float_constants_to_float16(result.graph_def, except_scope=fused_scope)
     report.gelus = _summarise(result.findings)
     report.leftover_erf = result.leftover_erf
-    tflite_model = to_tflite(result.graph_def, source, options.mode, options.float16_weights)
+    tflite_model = to_tflite(result.graph_def, source, options.mode, options.float16_weights, int8_setup)
     report.ops = reporting.op_histogram(tflite_model)
+    if options.int8:
+        report.op_types = reporting.typed_op_histogram(tflite_model)
+        report.float_ops = reporting.float_islands(tflite_model)
+        if report.float_ops:
+            report.warnings.append("not fully integer: " + ", ".join(
+                f"{count} x {name}" for name, count in report.float_ops.items()) + " compute in float")
     report.flex_ops = sorted(op for op in report.ops if op.startswith("Flex"))
     if report.flex_ops:
         report.warnings.append("the model uses Flex ops (" + ", ".join(report.flex_ops) + "): the runtime must "
@@ -176,6 +210,35 @@ def convert(model_path, **options):
         report.not_verified_reason = "verification switched off (--no-verify)"
     report.seconds = time.perf_counter() - started
     return tflite_model, report
+
+
+def _int8_setup(model_path, source, options, report):
+    """Check the int8 flags against the model; (calibration samples or None, int8_io), or None for float."""
+    report.quantization_aware = quantization_aware = integer.is_quantization_aware(source.graph_def)
+    if not options.int8:
+        if quantization_aware:
+            report.warnings.append("the model is quantization-aware (FakeQuant ops): pass --int8 for an int8 model")
+        return None
+    report.int8 = True
+    if quantization_aware:
+        if options.calibration:
+            raise errors.BadInputs(f"{model_path}: the model is quantization-aware, its int8 ranges are trained; "
+                                   "drop --calibration")
+        report.int8_ranges = "ranges trained by quantization-aware training (FakeQuant ops)"
+        return None, options.int8_io
+    if not options.calibration:
+        raise errors.BadInputs(f"{model_path}: a float model needs --calibration file.npz or random:N for --int8 "
+                               "(or train it with keras_gelu.quantization.quantize_model)")
+    samples = integer.calibration_samples(options.calibration, source.inputs, options.seed)
+    report.int8_ranges = f"post-training, calibrated on {len(samples)} samples ({options.calibration})"
+    return samples, options.int8_io
+
+
+def _with_steps(comparison, scale):
+    """A comparison as a dict, with its max abs error in int8 output steps (None for float outputs)."""
+    entry = dataclasses.asdict(comparison)
+    entry["steps"] = None if scale is None else comparison.max_abs / scale
+    return entry
 
 
 def _verify(tflite_model, source, reference, options, report):
@@ -192,21 +255,30 @@ def _verify(tflite_model, source, reference, options, report):
     graph_outputs = parity.run_graph(reference, source, arrays)
     source_outputs = parity.run_source(source, arrays)
     report.tolerance = {"atol": options.atol, "rtol": options.rtol, "max_drift": options.max_drift}
-    for info in source.outputs:
-        fidelity = parity.compare(info.name, tflite_outputs[info.name], graph_outputs[info.name],
-                                  options.atol, options.rtol)
+    scales = reporting.output_scales(tflite_model) if options.int8 else [None] * len(source.outputs)
+    max_steps = options.max_steps
+    if options.int8 and max_steps is None and report.quantization_aware:
+        max_steps = DEFAULT_QAT_STEPS
+    if options.int8:
+        report.tolerance = {"max_steps": max_steps, "max_drift": options.max_drift}
+    for info, scale in zip(source.outputs, scales):
+        atol, rtol = options.atol, options.rtol
+        if options.int8:  # in output steps; without a limit (post-training), only reported
+            atol, rtol = (float("inf") if max_steps is None or scale is None else max_steps * scale), 0.0
+        fidelity = parity.compare(info.name, tflite_outputs[info.name], graph_outputs[info.name], atol, rtol)
         drift_limit = float("inf") if options.max_drift is None else options.max_drift
         drift = parity.compare(info.name, tflite_outputs[info.name], source_outputs[info.name], drift_limit, 0.0)
-        report.fidelity.append(dataclasses.asdict(fidelity))
-        report.drift.append(dataclasses.asdict(drift))
+        report.fidelity.append(_with_steps(fidelity, scale))
+        report.drift.append(_with_steps(drift, scale))
     report.verified = True
     failures = [c["output"] for c in report.fidelity if not c["passed"]]
     drifted = [c["output"] for c in report.drift if not c["passed"]]
     if failures:
         worst = max(c["max_abs"] for c in report.fidelity)
+        limit = (f"{report.tolerance['max_steps']} int8 steps" if options.int8 else
+                 f"atol {options.atol} + rtol {options.rtol}")
         raise errors.ParityFailure(report, f"{source.path}: the .tflite differs from the rewritten graph on output(s) "
-                                   f"{', '.join(failures)} (max abs {worst:.3g} > atol {options.atol} + rtol "
-                                   f"{options.rtol}); nothing written")
+                                   f"{', '.join(failures)} (max abs {worst:.3g} > {limit}); nothing written")
     if drifted:
         worst = max(c["max_abs"] for c in report.drift)
         raise errors.ParityFailure(report, f"{source.path}: the .tflite drifts from the original model by {worst:.3g} > "

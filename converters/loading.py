@@ -1,8 +1,10 @@
 """Load a SavedModel, .keras or .h5 file into a frozen, inlined GraphDef."""
 
+import contextlib
 import dataclasses
 import os
 import tempfile
+import zipfile
 
 import tensorflow as tf
 from tensorflow.python.framework import convert_to_constants
@@ -53,12 +55,43 @@ def _saved_model_signature(path, signature):
     return loaded, signature
 
 
+def _quantize_scope_if_needed(path):
+    """keras_gelu's quantize scope for a tf-keras file holding a QAT (tfmot) model, else a no-op."""
+    from keras_gelu.flavour import USE_LEGACY_KERAS
+
+    if USE_LEGACY_KERAS and _mentions(path, b"QuantizeWrapper"):
+        try:
+            from keras_gelu.quantization import quantize_scope
+
+            return quantize_scope()
+        except ImportError as error:
+            raise errors.CorruptModel(f"{path}: a quantization-aware model: {error}") from None
+    return contextlib.nullcontext()
+
+
+def _mentions(path, marker):
+    """Whether a Keras file's model config names `marker` (.h5: an attribute; .keras: config.json)."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                return marker in archive.read("config.json")
+        import h5py  # a dependency of tf-keras
+
+        with h5py.File(path, "r") as stream:
+            config = stream.attrs.get("model_config")
+        config = config.encode() if isinstance(config, str) else config
+        return config is not None and marker in config
+    except (OSError, KeyError):
+        return False
+
+
 def _keras_to_saved_model(path, directory):
     from keras_gelu.flavour import KERAS_FLAVOUR
     from keras_gelu.flavour import keras
 
     try:
-        model = keras.models.load_model(path, compile=False)
+        with _quantize_scope_if_needed(path):
+            model = keras.models.load_model(path, compile=False)
     except Exception as error:
         hint = ""
         if path.endswith(".keras") and KERAS_FLAVOUR != "keras3":

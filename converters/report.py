@@ -12,19 +12,96 @@ _BUILTIN_NAMES = {
 }
 
 
+_TYPE_NAMES = {value: name.lower() for name, value in vars(schema.TensorType).items() if not name.startswith("_")}
+
+# Ops that only change representation: at the model's edges they are the
+# float interface of an int8 model, inside it they mark a float island.
+_CONVERSION_OPS = ("QUANTIZE", "DEQUANTIZE")
+
+
+@dataclasses.dataclass(frozen=True)
+class Operator:
+    name: str  # builtin name, or the custom code (Flex*)
+    output_type: str  # "int8", "float32", ...
+    reads_model_input: bool
+    writes_model_output: bool
+
+
+def _op_name(model, operator):
+    """The builtin op's name, or a custom op's (Flex*) custom code."""
+    code = model.operatorCodes[operator.opcodeIndex]
+    builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
+    if builtin == schema.BuiltinOperator.CUSTOM:
+        custom = code.customCode
+        return custom.decode() if isinstance(custom, bytes) else str(custom)
+    return _BUILTIN_NAMES.get(builtin, f"BUILTIN_{builtin}")
+
+
+def operators(tflite_model):
+    """Every operator of every subgraph with the type of its first output."""
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_model))
+    result = []
+    for subgraph in model.subgraphs:
+        graph_inputs, graph_outputs = set(subgraph.inputs), set(subgraph.outputs)
+        for operator in subgraph.operators:
+            name = _op_name(model, operator)
+            outputs = list(operator.outputs)
+            output_type = _TYPE_NAMES.get(subgraph.tensors[outputs[0]].type, "?") if outputs else "none"
+            result.append(Operator(name, output_type, bool(graph_inputs & set(operator.inputs)),
+                                   bool(graph_outputs & set(outputs))))
+    return result
+
+
+def output_scales(tflite_model):
+    """The int8 scale of each output of the main subgraph (read before a final DEQUANTIZE), or None."""
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_model))
+    subgraph = model.subgraphs[0]
+    producers = {output: operator for operator in subgraph.operators for output in operator.outputs}
+
+    def scale_of(index):
+        quantization = subgraph.tensors[index].quantization
+        scales = None if quantization is None else quantization.scale
+        return float(scales[0]) if scales is not None and len(scales) == 1 else None
+
+    scales = []
+    for index in subgraph.outputs:
+        scale = scale_of(index)
+        producer = producers.get(index)
+        if scale is None and producer is not None and _op_name(model, producer) == "DEQUANTIZE":
+            scale = scale_of(producer.inputs[0])
+        scales.append(scale)
+    return scales
+
+
 def op_histogram(tflite_model):
     """{op name: count} over all subgraphs; custom ops (Flex*) by their custom code."""
-    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_model))
+    counts = collections.Counter(operator.name for operator in operators(tflite_model))
+    return dict(sorted(counts.items()))
+
+
+def typed_op_histogram(tflite_model):
+    """{op name: {output type: count}}."""
+    counts = collections.defaultdict(collections.Counter)
+    for operator in operators(tflite_model):
+        counts[operator.name][operator.output_type] += 1
+    return {name: dict(sorted(types.items())) for name, types in sorted(counts.items())}
+
+
+def float_islands(tflite_model):
+    """{op name: count} of what still computes in float in an integer model.
+
+    Float-output ops other than QUANTIZE/DEQUANTIZE, plus QUANTIZE/DEQUANTIZE
+    that are not the model's float interface (a QUANTIZE of a model input, a
+    DEQUANTIZE into a model output).
+    """
     counts = collections.Counter()
-    for subgraph in model.subgraphs:
-        for operator in subgraph.operators:
-            code = model.operatorCodes[operator.opcodeIndex]
-            builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
-            if builtin == schema.BuiltinOperator.CUSTOM:
-                custom = code.customCode
-                counts[custom.decode() if isinstance(custom, bytes) else str(custom)] += 1
-            else:
-                counts[_BUILTIN_NAMES.get(builtin, f"BUILTIN_{builtin}")] += 1
+    for operator in operators(tflite_model):
+        if operator.name == "QUANTIZE" and operator.reads_model_input:
+            continue
+        if operator.name == "DEQUANTIZE" and operator.writes_model_output:
+            continue
+        if operator.name in _CONVERSION_OPS or operator.output_type.startswith("float"):
+            counts[operator.name] += 1
     return dict(sorted(counts.items()))
 
 
@@ -41,6 +118,11 @@ class Report:
     gelus: list = dataclasses.field(default_factory=list)  # [{"spelling", "alpha", "became", "count"}]
     leftover_erf: dict = dataclasses.field(default_factory=dict)
     ops: dict = dataclasses.field(default_factory=dict)
+    int8: bool = False
+    quantization_aware: bool = False
+    int8_ranges: str = ""  # where the int8 ranges came from
+    op_types: dict = dataclasses.field(default_factory=dict)  # {op: {output type: count}}
+    float_ops: dict = dataclasses.field(default_factory=dict)  # what stayed float in an int8 model
     flex_ops: list = dataclasses.field(default_factory=list)
     size_bytes: int = 0
     verified: bool = False
@@ -71,14 +153,22 @@ class Report:
             what = "kept" if self.mode == "select" else "rewritten as a builtin erf polynomial"
             lines.append("bare erf outside a GELU: " + ", ".join(
                 f"{count} x {op}" for op, count in sorted(self.leftover_erf.items())) + f" ({what})")
-        lines.append("ops: " + ", ".join(f"{name} {count}" for name, count in self.ops.items()))
+        if self.int8:
+            lines.append(f"int8: {self.int8_ranges}")
+            lines.append("ops: " + ", ".join(f"{name} {kind} {count}" for name, types in self.op_types.items()
+                                             for kind, count in types.items()))
+            lines.append("integer throughout" if not self.float_ops else "still float: " + ", ".join(
+                f"{name} {count}" for name, count in self.float_ops.items()))
+        else:
+            lines.append("ops: " + ", ".join(f"{name} {count}" for name, count in self.ops.items()))
         lines.append(f"size: {self.size_bytes:,} bytes")
         if self.verified:
             lines.append(f"parity on {self.inputs_used}, {self.runtime}:")
             for kind, comparisons in (("fidelity", self.fidelity), ("drift", self.drift)):
                 for c in comparisons:
                     status = "ok" if c["passed"] else "FAIL"
-                    lines.append(f"  {kind:8s} {c['output']}: max abs {c['max_abs']:.3g}, max rel "
+                    steps = "" if c.get("steps") is None else f" ({c['steps']:.2f} int8 steps)"
+                    lines.append(f"  {kind:8s} {c['output']}: max abs {c['max_abs']:.3g}{steps}, max rel "
                                  f"{c['max_rel']:.3g}, cosine {c['cosine']:.9f} {status}")
             if verbose:
                 lines.append(f"  tolerance: {self.tolerance}")

@@ -20,6 +20,7 @@ import dataclasses
 import tensorflow as tf
 
 from . import graph
+from . import int8 as integer
 from . import patterns
 from . import spellings
 
@@ -222,26 +223,52 @@ def _prune(graph_def, keep_tensors):
     return tf.compat.v1.graph_util.extract_sub_graph(graph_def, keep)
 
 
-def rewrite(graph_def, keep_tensors, mode, form):
+def _int8_marker(function, alpha, x, nodes):
+    """The `mark` of an int8 spelling and whether it sets exact ranges.
+
+    Exact fake-quant ranges when x is a QAT tensor; otherwise none, and
+    calibration gives the ranges.
+    """
+    grid = integer.input_grid(x, nodes)
+    if grid is None:
+        return (lambda tensor, logistic=False: tensor), False
+    return integer.fake_quantizer(integer.intermediate_ranges(function, alpha, grid)), True
+
+
+def rewrite(graph_def, keep_tensors, mode, form, int8=False):
     """Rewrite every GELU spelling and bare erf for `mode`; returns a RewriteResult.
 
     `keep_tensors` are the graph's inputs and outputs: everything else that no
-    longer feeds them is pruned.
+    longer feeds them is pruned. With `int8`, inf/NaN guards are dropped and the
+    spellings are the int8 ones (see spellings.replacement and int8.py).
     """
     rewritten = tf.compat.v1.GraphDef()
     rewritten.CopyFrom(graph_def)
+    if int8:
+        integer.drop_non_finite_guards(rewritten)
+        integer.negations_as_multiplications(rewritten)  # before splicing: the GELU op fusion needs its own Neg
+        integer.biases_before_reshapes(rewritten)
+        # Flex kernels compute in float: an int8 GELU left to them would be a
+        # float island, so select mode rewrites GELUs as native mode does.
+        mode = "native" if mode == "select" else mode
     findings = []
     nodes = graph.nodes_by_name(rewritten)  # splice keeps it up to date
     for finding, spelling in find_gelus(rewritten):
-        choice = None if mode == "select" else spellings.replacement(spelling.function, mode, form)
+        choice = None if mode == "select" else spellings.replacement(spelling.function, mode, form, int8)
         if choice is None:
             finding.became = "unchanged" + (" (already builtin ops)" if mode != "select" else "")
             findings.append(finding)
             continue
         function, description = choice
         prefix = graph.split_tensor_name(finding.root)[0] + REWRITE_SCOPE
-        new = graph.splice(rewritten, lambda x, f=function, a=finding.alpha: f(x, a),
-                           finding.x, _dtype_of(finding.x, nodes), prefix, nodes)
+        if int8:
+            mark, exact_ranges = _int8_marker(function, finding.alpha, finding.x, nodes)
+            if exact_ranges:
+                description += ", intermediate int8 ranges exact from its input's 256 values"
+            replacement_fn = lambda x, f=function, a=finding.alpha, m=mark: f(x, a, mark=m)  # noqa: E731
+        else:
+            replacement_fn = lambda x, f=function, a=finding.alpha: f(x, a)  # noqa: E731
+        new = graph.splice(rewritten, replacement_fn, finding.x, _dtype_of(finding.x, nodes), prefix, nodes)
         graph.redirect(rewritten, finding.root, new)
         finding.became = description
         findings.append(finding)

@@ -40,7 +40,7 @@ class Comparison:
 def make_inputs(inputs, seed=0, dynamic_size=DEFAULT_DYNAMIC_SIZE, npz_path=None):
     """Inputs for every signature input: seeded random, or read from an .npz file."""
     if npz_path is not None:
-        return _inputs_from_npz(inputs, npz_path)
+        return load_npz(npz_path, inputs)
     rng = np.random.default_rng(seed)
     arrays = {}
     for info in inputs:
@@ -57,12 +57,17 @@ def make_inputs(inputs, seed=0, dynamic_size=DEFAULT_DYNAMIC_SIZE, npz_path=None
     return arrays
 
 
-def _inputs_from_npz(inputs, path):
+def load_npz(path, inputs, option="--inputs", batched=False):
+    """One array per signature input from an .npz, checked against the signature.
+
+    batched: the first axis counts samples (calibration data), so only the
+    other axes must match the signature's shape.
+    """
     try:
         with np.load(path) as archive:
             provided = {key: archive[key] for key in archive.files}
     except (OSError, ValueError) as error:
-        raise errors.BadInputs(f"{path}: cannot read as .npz ({error})") from error
+        raise errors.BadInputs(f"{path}: cannot read as .npz for {option} ({error})") from error
     missing = [info.name for info in inputs if info.name not in provided]
     if missing:
         raise errors.BadInputs(f"{path}: missing input(s) {', '.join(missing)}; expected keys: "
@@ -72,10 +77,14 @@ def _inputs_from_npz(inputs, path):
         if array.dtype != info.dtype.as_numpy_dtype:
             raise errors.BadInputs(f"{path}: input {info.name!r} has dtype {array.dtype}, the model expects "
                                    f"{info.dtype.name}")
-        if info.shape is not None and (len(array.shape) != len(info.shape) or any(
-                want is not None and want != got for want, got in zip(info.shape, array.shape))):
-            wanted = "(" + ", ".join("?" if size is None else str(size) for size in info.shape) + ")"
-            raise errors.BadInputs(f"{path}: input {info.name!r} has shape {array.shape}, the model expects {wanted}")
+        wanted, got = info.shape, array.shape
+        if info.shape is not None and batched:
+            wanted, got = info.shape[1:], array.shape[1:]
+        if wanted is not None and (len(got) != len(wanted) or any(
+                want is not None and want != size for want, size in zip(wanted, got))):
+            shape = "(" + ", ".join("?" if size is None else str(size) for size in info.shape) + ")"
+            per = "per sample, the model expects " if batched else "the model expects "
+            raise errors.BadInputs(f"{path}: input {info.name!r} has shape {array.shape}, {per}{shape}")
     return {info.name: provided[info.name] for info in inputs}
 
 
@@ -108,11 +117,27 @@ def interpreter_class():
         return tf.lite.Interpreter, f"tf.lite.Interpreter (TF {tf.__version__})"
 
 
-def invoke(tflite_model, arrays):
-    """Run a .tflite on arrays given in its input order; outputs in its output order.
+def _quantization(detail):
+    scale, zero_point = detail.get("quantization", (0.0, 0))
+    return (scale, zero_point) if scale else None
 
-    Raises RuntimeError/ValueError where the runtime cannot run the model
-    (Flex ops on TF >= 2.19).
+
+def input_value(detail, array):
+    """`array` as the interpreter input `detail` takes it: quantized with its scale if it is integer."""
+    quantization = _quantization(detail)
+    if quantization is not None and np.issubdtype(detail["dtype"], np.integer) and array.dtype.kind == "f":
+        scale, zero_point = quantization
+        limits = np.iinfo(detail["dtype"])
+        array = np.clip(np.round(array / scale) + zero_point, limits.min, limits.max)
+    return array.astype(detail["dtype"])
+
+
+def invoke(tflite_model, arrays):
+    """Run a .tflite on float arrays given in its input order; float outputs in its output order.
+
+    Integer inputs and outputs of an --int8-io model are quantized and
+    dequantized with the model's own scales. Raises RuntimeError/ValueError
+    where the runtime cannot run the model (Flex ops on TF >= 2.19).
     """
     interpreter_type, _ = interpreter_class()
     interpreter = interpreter_type(model_content=tflite_model)
@@ -121,9 +146,17 @@ def invoke(tflite_model, arrays):
         interpreter.resize_tensor_input(detail["index"], array.shape)
     interpreter.allocate_tensors()
     for detail, array in zip(details, arrays):
-        interpreter.set_tensor(detail["index"], array.astype(detail["dtype"]))
+        interpreter.set_tensor(detail["index"], input_value(detail, array))
     interpreter.invoke()
-    return [interpreter.get_tensor(detail["index"]) for detail in interpreter.get_output_details()]
+    outputs = []
+    for detail in interpreter.get_output_details():
+        value = interpreter.get_tensor(detail["index"])
+        quantization = _quantization(detail)
+        if quantization is not None and np.issubdtype(detail["dtype"], np.integer):
+            scale, zero_point = quantization
+            value = (value.astype(np.float32) - zero_point) * np.float32(scale)
+        outputs.append(value)
+    return outputs
 
 
 def run_tflite(tflite_model, source, arrays):

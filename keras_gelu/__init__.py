@@ -11,17 +11,21 @@ from keras_gelu.activations import gelu_sigmoid
 from keras_gelu.activations import gelu_tanh
 from keras_gelu.flavour import KERAS_FLAVOUR
 from keras_gelu.layers import GELU
+from keras_gelu.layers import GELU_LAYER_FORMS
 from keras_gelu.layers import LearnableGELU
+from keras_gelu.layers import gelu_layer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GELU",
     "GELUActivation",
+    "GELU_LAYER_FORMS",
     "KERAS_FLAVOUR",
     "LearnableGELU",
     "gelu",
     "gelu_exact",
+    "gelu_layer",
     "gelu_sigmoid",
     "gelu_tanh",
 ]

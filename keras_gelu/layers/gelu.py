@@ -41,8 +41,14 @@ class GELU(keras.layers.Layer):
         self.approximate = activations.normalize_approximate(approximate)
         self.supports_masking = True
         self._activation_fn = activations.GELUActivation(self.approximate)
+        # Set by keras_gelu.quantization for quantization-aware training when
+        # the int8 model computes this GELU with several ops: those ops, with
+        # fake quantization between them.
+        self.quantized_call = None
 
     def call(self, inputs):
+        if self.quantized_call is not None:
+            return self.quantized_call(inputs)
         return self._activation_fn(inputs)
 
     def compute_output_shape(self, input_shape):

@@ -1,0 +1,257 @@
+"""Integer (int8) conversion: QAT graphs, calibration data and exact ranges for GELU spellings.
+
+Two sources of int8 ranges:
+
+* Quantization-aware models (tfmot) carry FakeQuant ops with trained ranges.
+  Their GELUs are quantized at input and output only, so the ops a GELU is
+  rewritten into need ranges for their intermediate tensors. Each is a
+  function of one int8 input, which takes only 256 values: we evaluate the
+  spelling on exactly those values and fake-quantize every intermediate to
+  its true min/max. Nothing is clipped and the int8 model stays integer.
+* Float models are calibrated by the TFLite converter (post-training
+  quantization) on --calibration data: an .npz of samples or random:N.
+"""
+
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from . import errors
+from . import graph
+from keras_gelu import formulas
+
+FAKE_QUANT_OPS = ("FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs")
+# Below this, a Maximum(x, c) is keras_gelu's -inf clamp.
+_LOWEST_FLOAT32 = float(np.finfo(np.float32).min)
+
+_RANDOM_CALIBRATION = re.compile(r"^random:(\d+)$")
+
+
+def is_quantization_aware(graph_def):
+    return any(node.op in FAKE_QUANT_OPS for node in graph_def.node)
+
+
+def _is_lowest_float(name, nodes):
+    value = graph.constant_value(name, nodes)
+    return value is not None and value.size == 1 and float(value.reshape(())) <= _LOWEST_FLOAT32
+
+
+def _is_zero(name, nodes):
+    value = graph.constant_value(name, nodes)
+    return value is not None and value.size == 1 and float(value.reshape(())) == 0.0
+
+
+def _operands(node):
+    return [name for name in node.input if not name.startswith("^")]
+
+
+def _guarded_value(node, nodes):
+    """The tensor a keras_gelu inf/NaN guard passes through for finite inputs, or None.
+
+    * Maximum(x, lowest float32): the -inf clamp of the fixed forms.
+    * SelectV2(IsInf(x), ..., x): LearnableGELU's clamp of +-inf.
+    * SelectV2(Equal(g, 0), ZerosLike(..), x * g): its 0 * inf guard; x * g is 0 there anyway.
+    """
+    operands = _operands(node)
+    if node.op == "Maximum":
+        for kept, bound in ((operands[0], operands[1]), (operands[1], operands[0])):
+            if _is_lowest_float(bound, nodes):
+                return kept
+        return None
+    if node.op not in ("Select", "SelectV2"):
+        return None
+    condition = nodes.get(graph.split_tensor_name(graph.resolve(operands[0], nodes))[0])
+    if condition is None:
+        return None
+    otherwise = graph.resolve(operands[2], nodes)
+    if condition.op == "IsInf" and graph.resolve(condition.input[0], nodes) == otherwise:
+        return operands[2]
+    if condition.op == "Equal":
+        compared = [graph.resolve(name, nodes) for name in _operands(condition) if not _is_zero(name, nodes)]
+        when_zero = nodes.get(graph.split_tensor_name(graph.resolve(operands[1], nodes))[0])
+        product = nodes.get(graph.split_tensor_name(otherwise)[0])
+        if (len(compared) == 1 and when_zero is not None and when_zero.op == "ZerosLike" and product is not None
+                and product.op == "Mul" and compared[0] in {graph.resolve(name, nodes) for name in _operands(product)}):
+            return operands[2]
+    return None
+
+
+def drop_non_finite_guards(graph_def):
+    """Bypass keras_gelu's inf/NaN guards: int8 tensors are finite, so they are the identity there.
+
+    Returns how many were bypassed (their ops are pruned later as dead).
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    dropped = 0
+    for node in list(graph_def.node):
+        kept = _guarded_value(node, nodes)
+        if kept is not None:
+            graph.redirect(graph_def, node.name, kept)
+            dropped += 1
+    return dropped
+
+
+def negations_as_multiplications(graph_def):
+    """Rewrite Neg(x) as Mul(x, -1): TFLite's quantizer leaves NEG in float, an int8 MUL it quantizes.
+
+    Keras's LayerNormalization negates its mean, so without this every
+    LayerNormalization would be a float island. Returns how many were rewritten.
+    """
+    rewritten = 0
+    for node in list(graph_def.node):
+        if node.op != "Neg":
+            continue
+        dtype = tf.as_dtype(node.attr["T"].type)
+        minus_one = graph_def.node.add()
+        minus_one.name = node.name + "/minus_one"
+        minus_one.op = "Const"
+        minus_one.attr["dtype"].type = dtype.as_datatype_enum
+        minus_one.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(-1, dtype=dtype, shape=[]))
+        node.op = "Mul"
+        data_inputs = [name for name in node.input if not name.startswith("^")]
+        controls = [name for name in node.input if name.startswith("^")]
+        del node.input[:]
+        node.input.extend(data_inputs + [minus_one.name] + controls)
+        rewritten += 1
+    return rewritten
+
+
+def biases_before_reshapes(graph_def):
+    """Rewrite BiasAdd(Reshape(MatMul(x, w)), b) as Reshape(BiasAdd(MatMul(x, w), b)).
+
+    That is how tf-keras's Dense runs on inputs of rank 3 or more (through
+    tf.tensordot). With the Reshape in between, TFLite cannot fuse the bias
+    into its FULLY_CONNECTED, which then has no int8 range and stays float.
+    Adding the bias before the Reshape computes the same values (the bias
+    runs along the last axis, which the Reshape keeps). Returns how many were
+    moved.
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    moved = 0
+    for node in list(graph_def.node):
+        if node.op not in ("BiasAdd", "Add", "AddV2"):
+            continue
+        operands = _operands(node)
+        reshape = nodes.get(graph.split_tensor_name(operands[0])[0])
+        bias = graph.constant_value(operands[1], nodes)
+        if reshape is None or reshape.op != "Reshape" or bias is None or bias.ndim != 1:
+            continue
+        matmul = nodes.get(graph.split_tensor_name(_operands(reshape)[0])[0])
+        if matmul is None or matmul.op != "MatMul" or matmul.attr["transpose_b"].b:
+            continue
+        weights = graph.constant_value(_operands(matmul)[1], nodes)
+        if weights is not None and weights.shape[-1] != bias.shape[0]:
+            continue
+        early_bias = graph_def.node.add()
+        early_bias.CopyFrom(node)
+        early_bias.name = node.name + "/before_reshape"
+        del early_bias.input[:]
+        early_bias.input.extend([matmul.name, operands[1]])
+        late_reshape = graph_def.node.add()
+        late_reshape.CopyFrom(reshape)
+        late_reshape.name = node.name + "/reshaped"
+        late_reshape.input[0] = early_bias.name
+        graph.redirect(graph_def, node.name, late_reshape.name, keep={late_reshape.name})
+        moved += 1
+    return moved
+
+
+def input_grid(x_name, nodes):
+    """The 256 values an int8 tensor x can take, if x comes straight from a FakeQuant; else None.
+
+    The FakeQuant's range is nudged as TensorFlow does (zero exactly
+    representable), so these are the values the int8 model sees.
+    """
+    node = nodes.get(graph.split_tensor_name(graph.resolve(x_name, nodes))[0])
+    if node is None or node.op not in FAKE_QUANT_OPS:
+        return None
+    if node.op == "FakeQuantWithMinMaxArgs":
+        low, high = node.attr["min"].f, node.attr["max"].f
+    else:
+        low, high = (graph.constant_value(name, nodes) for name in node.input[1:3])
+        if low is None or high is None or low.size != 1 or high.size != 1:
+            return None  # per-channel ranges: not a GELU's input
+        low, high = float(low.reshape(())), float(high.reshape(()))
+    bits = node.attr["num_bits"].i or 8
+    narrow = node.attr["narrow_range"].b
+    quant_min, quant_max = (1 if narrow else 0), 2 ** bits - 1
+    scale = np.float32((high - low) / (quant_max - quant_min))
+    if scale <= 0:
+        return None
+    zero_point = np.clip(np.round(quant_min - low / scale), quant_min, quant_max)
+    nudged_low = np.float32((quant_min - zero_point) * scale)
+    return (nudged_low + scale * np.arange(quant_max - quant_min + 1, dtype=np.float32)).astype(np.float32)
+
+
+def intermediate_ranges(spelling, alpha, grid):
+    """[(min, max)] of each tensor `spelling` marks, evaluated eagerly on `grid`, in marking order.
+
+    None for a sigmoid output, whose grid TFLite fixes.
+    """
+    ranges = []
+
+    def record(tensor, logistic=False):
+        if logistic:
+            ranges.append(None)
+            return tensor
+        values = np.asarray(tensor, np.float64)
+        low, high = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
+        ranges.append((low, high if high > low else low + 1e-6))
+        return tensor
+
+    spelling(tf.constant(grid), alpha, mark=record)
+    return ranges
+
+
+def fake_quantizer(ranges):
+    """A `mark` for the spelling that fake-quantizes the i-th marked tensor to ranges[i] (8 bits).
+
+    Sigmoid outputs go on TFLite's fixed LOGISTIC grid, so the rewritten graph
+    computes what the int8 model computes.
+    """
+    remaining = iter(ranges)
+
+    def mark(tensor, logistic=False):
+        bounds = next(remaining)
+        if logistic:
+            return formulas.on_logistic_int8_grid(tensor)
+        low, high = bounds
+        return tf.quantization.fake_quant_with_min_max_args(tensor, min=low, max=high, num_bits=8,
+                                                             narrow_range=False)
+
+    return mark
+
+
+def calibration_samples(spec, inputs, seed):
+    """A list of samples (one array per input, batch of 1) from --calibration.
+
+    spec: "random:N" (seeded normal values, as for parity checks) or an .npz
+    path holding one array per input, samples along the first axis.
+    """
+    from . import verify
+
+    matched = _RANDOM_CALIBRATION.match(spec)
+    if matched:
+        count = int(matched.group(1))
+        if count < 1:
+            raise errors.BadInputs(f"--calibration {spec}: needs at least one sample")
+        rng_inputs = [verify.make_inputs(inputs, seed + index) for index in range(count)]
+        return [[sample[info.name] for info in inputs] for sample in rng_inputs]
+    arrays = verify.load_npz(spec, inputs, option="--calibration", batched=True)
+    counts = {len(arrays[info.name]) for info in inputs}
+    if len(counts) != 1 or 0 in counts:
+        raise errors.BadInputs(f"{spec}: every input needs the same, non-zero number of samples along the first "
+                               f"axis; found {sorted(counts)}")
+    (count,) = counts
+    return [[arrays[info.name][index:index + 1] for info in inputs] for index in range(count)]
+
+
+def configure(converter, samples, int8_io):
+    """Set a TFLiteConverter up for integer quantization (QAT ranges, or calibration on `samples`)."""
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if samples is not None:
+        converter.representative_dataset = lambda: iter(samples)
+    if int8_io:
+        converter.inference_input_type = tf.int8
+        converter.inference_output_type = tf.int8

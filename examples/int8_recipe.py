@@ -1,0 +1,200 @@
+"""What the int8 recipes share: their flags, the float -> PTQ -> QAT -> int8 flow, the summary table.
+
+Not a recipe itself: `qat_digits.py` and `qat_transformer.py` import it.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"  # tfmot (QAT) works only with tf-keras
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+tf.get_logger().setLevel("ERROR")
+
+import keras_gelu  # noqa: E402
+from keras_gelu import converters  # noqa: E402
+from keras_gelu import quantization  # noqa: E402
+from keras_gelu.converters.convert import write_atomically  # noqa: E402
+from keras_gelu.converters import verify  # noqa: E402
+from keras_gelu.flavour import keras  # noqa: E402
+
+FORMS = keras_gelu.GELU_LAYER_FORMS
+
+
+class EpochProgress(keras.callbacks.Callback):
+    """One line per epoch, rewritten in place on a terminal."""
+
+    def __init__(self, label, epochs):
+        super().__init__()
+        self.label, self.epochs = label, epochs
+        self.started = None
+        self.interactive = sys.stdout.isatty()
+
+    def on_train_begin(self, logs=None):
+        self.started = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        figures = "  ".join(f"{key} {value:.4f}" for key, value in logs.items())
+        line = f"  {self.label}: epoch {epoch + 1}/{self.epochs}  {figures}  ({time.perf_counter() - self.started:.0f} s)"
+        last = epoch + 1 == self.epochs
+        if self.interactive:
+            print("\r" + line.ljust(110), end="\n" if last else "", flush=True)
+        elif last or (epoch + 1) % max(1, self.epochs // 4) == 0:
+            print(line, flush=True)
+
+
+def set_seed(seed):
+    keras.utils.set_random_seed(seed)
+    tf.config.experimental.enable_op_determinism()
+
+
+def train(model, x, y, epochs, learning_rate, label, batch_size=32, seed=0):
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.fit(x, y, epochs=epochs, batch_size=batch_size, verbose=0, shuffle=True,
+              callbacks=[EpochProgress(label, epochs)])
+    return model
+
+
+def accuracy(logits, labels):
+    return float(np.mean(np.argmax(logits, axis=-1) == labels))
+
+
+def to_int8(model, mode, form="sigmoid", calibration=None, check_inputs=None):
+    """Save `model` as a SavedModel and convert it to int8 with keras-gelu-convert's pipeline.
+
+    A QAT model uses its trained ranges; a float model is calibrated on
+    `calibration`, {input name: samples}. The converter checks the int8
+    model on `check_inputs` ({input name: a batch}; real data, since random
+    values would sit outside the trained ranges). Returns (tflite bytes, report).
+    """
+    with tempfile.TemporaryDirectory(prefix="keras_gelu_recipe_") as directory:
+        saved = os.path.join(directory, "model")
+        tf.saved_model.save(model, saved)
+        options = {"mode": mode, "form": form, "int8": True}
+        if calibration is not None:
+            options["calibration"] = os.path.join(directory, "calibration.npz")
+            np.savez(options["calibration"], **calibration)
+        if check_inputs is not None:
+            options["inputs"] = os.path.join(directory, "check_inputs.npz")
+            np.savez(options["inputs"], **check_inputs)
+        return converters.convert(saved, **options)
+
+
+def tflite_outputs(tflite_model, x):
+    return verify.invoke(tflite_model, [x])[0]
+
+
+def save(tflite_model, path, force):
+    write_atomically(tflite_model, path, force)
+
+
+def print_table(headers, rows):
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
+    line = "| " + " | ".join(str(h).ljust(w) for h, w in zip(headers, widths)) + " |"
+    print(line)
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print("| " + " | ".join(str(c).rjust(w) for c, w in zip(row, widths)) + " |")
+
+
+def argument_parser(description, output_dir, epochs, qat_epochs, qat_learning_rate, width):
+    """The flags every recipe has, with its own defaults."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--forms", default=",".join(FORMS), help=f"comma-separated, of {', '.join(FORMS)}")
+    parser.add_argument("--mode", choices=("builtin", "native"), default="builtin",
+                        help="keras-gelu-convert mode of the int8 models (default builtin: no GELU op)")
+    parser.add_argument("--form", choices=("sigmoid", "tanh", "erf"), default="sigmoid",
+                        help="builtin mode's spelling of exact GELU (default sigmoid; int8 spells erf as tanh)")
+    parser.add_argument("--epochs", type=int, default=epochs, help=f"float training epochs (default {epochs})")
+    parser.add_argument("--qat-epochs", type=int, default=qat_epochs,
+                        help=f"quantization-aware epochs (default {qat_epochs})")
+    parser.add_argument("--qat-learning-rate", type=float, default=qat_learning_rate,
+                        help=f"quantization-aware learning rate (default {qat_learning_rate:g}: a fine-tune, "
+                             "not a retrain)")
+    parser.add_argument("--width", type=int, default=width, help=f"model width (default {width})")
+    parser.add_argument("--calibration-samples", type=int, default=256,
+                        help="samples that calibrate PTQ and start QAT's ranges (default 256)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-dir", default=output_dir, help=f"where the .tflite files go (default {output_dir})")
+    parser.add_argument("--force", action="store_true", help="overwrite existing .tflite files")
+    return parser
+
+
+def parse_arguments(parser, argv, file_prefix, positive=()):
+    """Parsed flags, with `forms` as a list; exits with a one-line error on bad flags or existing outputs."""
+    args = parser.parse_args(argv)
+    args.forms = args.forms.split(",")
+    unknown = [form for form in args.forms if form not in FORMS]
+    if unknown:
+        parser.error(f"unknown form(s) {', '.join(unknown)}; choose from {', '.join(FORMS)}")
+    for name in ("epochs", "qat_epochs", "width", "calibration_samples", *positive):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not args.qat_learning_rate > 0:
+        parser.error("--qat-learning-rate must be > 0")
+    args.file_prefix = file_prefix
+    existing = [form for form in args.forms if os.path.exists(_output_path(args, form))]
+    if existing and not args.force:
+        parser.exit(7, f"{parser.prog}: error: {args.output_dir} already holds int8 models for "
+                       f"{', '.join(existing)}; pass --force to overwrite them\n")
+    os.makedirs(args.output_dir, exist_ok=True)
+    return args
+
+
+def _output_path(args, form):
+    return os.path.join(args.output_dir, f"{args.file_prefix}_{form}_int8.tflite")
+
+
+def compare_float_ptq_qat(form, build_model, data, args, input_name, learning_rate, batch_size=32,
+                          quantize=quantization.quantize_model):
+    """Train the float model of one form; PTQ it; QAT it; convert; evaluate all four on the test split.
+
+    `data` is (x_train, y_train, x_test, y_test); `quantize(model, mode=, form=, calibration_data=)`
+    makes the QAT model. Writes the QAT int8 .tflite; returns a row of figures.
+    """
+    x_train, y_train, x_test, y_test = data
+    calibration = x_train[: args.calibration_samples]
+    check_inputs = {input_name: x_test[:256]}  # the converter's parity check, on real data
+    set_seed(args.seed)
+    model = train(build_model(form), x_train, y_train, args.epochs, learning_rate, f"{form} float", batch_size)
+    float_accuracy = accuracy(model.predict(x_test, verbose=0), y_test)
+
+    ptq_model, _ = to_int8(model, args.mode, args.form, calibration={input_name: calibration},
+                           check_inputs=check_inputs)
+    qat_model = quantize(model, mode=args.mode, form=args.form, calibration_data=calibration)
+    train(qat_model, x_train, y_train, args.qat_epochs, args.qat_learning_rate, f"{form} QAT", batch_size)
+    qat_logits = qat_model.predict(x_test, verbose=0)
+    int8_model, report = to_int8(qat_model, args.mode, args.form, check_inputs=check_inputs)
+    int8_logits = tflite_outputs(int8_model, x_test)
+    save(int8_model, _output_path(args, form), args.force)
+    return {
+        "form": form,
+        "float": float_accuracy,
+        "ptq_int8": accuracy(tflite_outputs(ptq_model, x_test), y_test),
+        "qat": accuracy(qat_logits, y_test),
+        "qat_int8": accuracy(int8_logits, y_test),
+        "agreement": float(np.mean(np.argmax(int8_logits, -1) == np.argmax(qat_logits, -1))),
+        "integer": "yes" if not report.float_ops else "NO: " + ", ".join(report.float_ops),
+        "size": len(int8_model),
+    }
+
+
+def print_results(results, output_dir):
+    print()
+    print_table(["form", "float", "PTQ int8", "QAT", "QAT int8", "int8 = QAT argmax", "integer", "int8 bytes"],
+                [[r["form"], f"{r['float']:.4f}", f"{r['ptq_int8']:.4f}", f"{r['qat']:.4f}", f"{r['qat_int8']:.4f}",
+                  f"{r['agreement']:.4f}", r["integer"], f"{r['size']:,}"] for r in results])
+    print(f"\nint8 models in {output_dir}/")
+
+
+def describe(args):
+    return f"mode {args.mode}" + (f", form {args.form}" if args.mode == "builtin" else "") + f", seed {args.seed}"
+

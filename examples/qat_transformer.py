@@ -1,0 +1,165 @@
+"""A tiny Transformer encoder (attention + GELU feed-forward) to int8, for each GELU form.
+
+The task is generated here, from the seed: sequences of 24 tokens out of 12,
+and the class is which of the tokens 0-5 occurs most often (ties go to the
+smaller token). Counting across the sequence is what attention is for.
+
+For each form (exact, tanh, sigmoid, learnable) the script trains the float
+encoder, quantizes it after training (PTQ, calibrated on training
+sequences), then runs quantization-aware training with
+keras_gelu.quantization.quantize_model (its int8 ranges started from the
+same calibration samples) and converts that with keras-gelu-convert --int8.
+It prints a table of the four accuracies, and writes one int8 .tflite per
+form.
+
+tfmot quantizes Dense, Add and pooling layers itself but has no config for
+attention, so the encoder's attention is a small layer defined here with a
+QuantizeConfig of its own: its template for your own layers. There is no
+LayerNormalization either (tfmot cannot quantize it); the block is
+residual-only, which a model this small trains well without.
+
+    python examples/qat_transformer.py [--forms exact,learnable] [--epochs 12] [--output-dir qat_transformer_output]
+
+QAT needs tf-keras: the script sets TF_USE_LEGACY_KERAS=1 itself.
+"""
+
+import sys
+
+import int8_recipe
+from int8_recipe import keras
+from int8_recipe import tf
+
+import keras_gelu
+import numpy as np
+
+from keras_gelu import formulas
+from keras_gelu import quantization
+
+SEQUENCE_LENGTH = 24
+VOCABULARY = 12
+CLASSES = 6  # the tokens whose counts are compared
+
+
+def make_task(count, seed):
+    """(features, labels): one-hot tokens and one-hot positions, and the most frequent of tokens 0-3."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, VOCABULARY, size=(count, SEQUENCE_LENGTH))
+    counts = np.stack([(tokens == token).sum(axis=1) for token in range(CLASSES)], axis=1)
+    labels = np.argmax(counts, axis=1)  # argmax takes the first maximum: ties go to the smaller token
+    features = np.concatenate([np.eye(VOCABULARY, dtype=np.float32)[tokens],
+                               np.broadcast_to(np.eye(SEQUENCE_LENGTH, dtype=np.float32),
+                                               (count, SEQUENCE_LENGTH, SEQUENCE_LENGTH))], axis=-1)
+    return features.astype(np.float32), labels
+
+
+class DotProductAttention(keras.layers.Layer):
+    """softmax(q k^T) v over a sequence, for [q, k, v] of shape (batch, length, width).
+
+    The 1/sqrt(width) scale is left to the query projection to learn, which
+    saves an op in the int8 model.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.quantized_call = None  # set by AttentionQuantizeConfig for QAT
+
+    def call(self, inputs):
+        if self.quantized_call is not None:
+            return self.quantized_call(inputs)
+        query, key, value = inputs
+        return tf.matmul(tf.nn.softmax(tf.matmul(query, key, transpose_b=True)), value)
+
+    def compute_output_shape(self, input_shapes):
+        return input_shapes[2]
+
+
+def attention_quantize_config():
+    """A QuantizeConfig for DotProductAttention, mirroring its int8 ops.
+
+    BATCH_MATMUL (scores: a moving-average range), SOFTMAX (TFLite's fixed
+    grid of k/256, the same as LOGISTIC's), BATCH_MATMUL (the output range).
+    """
+    from keras_gelu.quantize_configs import IntermediateQuantizer
+    from keras_gelu.quantize_configs import activation_quantizer
+
+    tfmot_keras = quantization.require_tfmot()
+
+    class AttentionQuantizeConfig(tfmot_keras.QuantizeConfig):
+        def get_weights_and_quantizers(self, layer):
+            return []
+
+        def get_activations_and_quantizers(self, layer):
+            return [(keras.activations.linear, IntermediateQuantizer(0))]
+
+        def set_quantize_weights(self, layer, quantize_weights):
+            pass
+
+        def set_quantize_activations(self, layer, quantize_activations):
+            (quantized_scores,) = quantize_activations
+
+            def quantized_call(inputs):
+                query, key, value = inputs
+                scores = quantized_scores(tf.matmul(query, key, transpose_b=True))
+                return tf.matmul(formulas.on_logistic_int8_grid(tf.nn.softmax(scores)), value)
+
+            layer.quantized_call = quantized_call
+
+        def get_output_quantizers(self, layer):
+            return [activation_quantizer()]
+
+        def get_config(self):
+            return {}
+
+    return AttentionQuantizeConfig()
+
+
+def build_encoder(form, width):
+    inputs = keras.Input((SEQUENCE_LENGTH, VOCABULARY + SEQUENCE_LENGTH), name="tokens")
+    hidden = keras.layers.Dense(width, name="embed")(inputs)
+    attended = DotProductAttention(name="attention")([keras.layers.Dense(width, name="query")(hidden),
+                                                      keras.layers.Dense(width, name="key")(hidden),
+                                                      keras.layers.Dense(width, name="value")(hidden)])
+    hidden = keras.layers.Add(name="residual_1")([hidden, keras.layers.Dense(width, name="attention_out")(attended)])
+    expanded = keras.layers.Dense(4 * width, activation=keras_gelu.gelu_layer(form), name="ffn_in")(hidden)
+    hidden = keras.layers.Add(name="residual_2")([hidden, keras.layers.Dense(width, name="ffn_out")(expanded)])
+    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(hidden)
+    return keras.Model(inputs, keras.layers.Dense(CLASSES, name="logits")(pooled), name=f"encoder_{form}")
+
+
+def quantize_encoder(model, mode, form, calibration_data=None):
+    """quantize_model with the attention layer annotated by its own config."""
+    tfmot_keras = quantization.require_tfmot()
+    config = attention_quantize_config()
+
+    def annotate(layer):
+        if isinstance(layer, DotProductAttention):
+            return tfmot_keras.quantize_annotate_layer(layer, config)
+        return layer
+
+    annotated = keras.models.clone_model(model, clone_function=annotate)
+    with tfmot_keras.quantize_scope({"AttentionQuantizeConfig": type(config),
+                                     "DotProductAttention": DotProductAttention}):
+        return quantization.quantize_model(annotated, mode=mode, form=form, calibration_data=calibration_data)
+
+
+def main(argv=None):
+    parser = int8_recipe.argument_parser(__doc__, "qat_transformer_output", epochs=12, qat_epochs=3,
+                                         qat_learning_rate=3e-5, width=32)
+    parser.add_argument("--train-size", type=int, default=4000, help="training sequences (default 4000)")
+    parser.add_argument("--test-size", type=int, default=1000, help="test sequences (default 1000)")
+    args = int8_recipe.parse_arguments(parser, argv, "encoder", positive=("train_size", "test_size"))
+    x_train, y_train = make_task(args.train_size, args.seed)
+    x_test, y_test = make_task(args.test_size, args.seed + 1)
+    print(f"task: most frequent of tokens 0-{CLASSES - 1} in {SEQUENCE_LENGTH} tokens out of {VOCABULARY}; "
+          f"{args.train_size} train / {args.test_size} test sequences; majority class "
+          f"{np.bincount(y_test).max() / len(y_test):.3f}; {int8_recipe.describe(args)}")
+    results = [int8_recipe.compare_float_ptq_qat(form, lambda f: build_encoder(f, args.width),
+                                                 (x_train, y_train, x_test, y_test), args, "tokens",
+                                                 learning_rate=3e-3, batch_size=64, quantize=quantize_encoder)
+               for form in args.forms]
+    int8_recipe.print_results(results, args.output_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""Quantization-aware training of keras_gelu models with tfmot (tf-keras only).
+
+    import keras_gelu.quantization as kq
+    qat_model = kq.quantize_model(model)      # annotate, split, quantize_apply
+    ...train qat_model...
+    with kq.quantize_scope():
+        reloaded = tf_keras.models.load_model("qat.h5")
+
+What is fake-quantized mirrors the int8 TFLite graph, so the converted model
+is integer from end to end:
+
+* `GELU`: what depends on the conversion, so `quantize_model` takes the
+  converter's `mode` and `form`. In native mode an exact or tanh GELU is one
+  int8 GELU op, a lookup table of its 256 input values: only the output is
+  fake-quantized. Otherwise (builtin mode, and the sigmoid form always) it is
+  LOGISTIC/MUL/ADD ops: QAT computes those very ops, with a moving-average
+  range on each intermediate, the sigmoid output on TFLite's fixed LOGISTIC
+  grid (k/256) and the output quantized.
+* `LearnableGELU`, x * sigmoid(alpha x + beta): alpha and beta (8-bit
+  asymmetric per tensor, what TFLite does with a MUL/ADD constant), alpha x,
+  alpha x + beta, the gate (on the LOGISTIC grid) and the output.
+
+A model trained for one mode converts in the other too: the converter then
+computes exact ranges for the GELU's intermediates from its input's range,
+and the int8 model is a few output steps from the QAT model.
+
+tfmot builds on tf-keras, so this module needs TF_USE_LEGACY_KERAS=1 set
+before keras_gelu is imported, and tensorflow-model-optimization installed
+(`pip install keras-gelu[qat]`). tfmot is imported only when first needed.
+"""
+
+import contextlib
+import functools
+
+from keras_gelu import activations
+from keras_gelu.flavour import USE_LEGACY_KERAS
+from keras_gelu.flavour import keras
+from keras_gelu.layers import GELU
+from keras_gelu.layers import LearnableGELU
+
+# Activations that quantize_model moves out of their layer into a layer of
+# their own, because tfmot accepts only Keras's named activations there.
+SPLIT_ACTIVATIONS = (activations.GELUActivation, GELU, LearnableGELU)
+
+
+@functools.lru_cache(maxsize=None)
+def require_tfmot():
+    """tfmot's Keras quantization API, imported on first use with a clear error.
+
+    The flavour is checked first: importing tfmot sets TF_USE_LEGACY_KERAS=1
+    in os.environ, which must not happen behind a Keras 3 user's back.
+    """
+    if not USE_LEGACY_KERAS:
+        raise RuntimeError(
+            "keras_gelu.quantization needs tf-keras, because tensorflow-model-optimization "
+            "works only with tf-keras: set TF_USE_LEGACY_KERAS=1 before importing keras_gelu "
+            "(and tensorflow). Keras 3 is active now."
+        )
+    try:
+        import tensorflow_model_optimization as tfmot
+    except ImportError as error:
+        raise ImportError(
+            "keras_gelu.quantization needs tensorflow-model-optimization: "
+            "pip install 'keras-gelu[qat]' (or 'tensorflow-model-optimization>=0.8,<0.9')."
+        ) from error
+    return tfmot.quantization.keras
+
+
+def _configs():
+    from keras_gelu import quantize_configs
+
+    return quantize_configs
+
+
+def __getattr__(name):
+    # The configs subclass tfmot's QuantizeConfig, so they are defined once tfmot
+    # imports; `keras_gelu.quantization.GELUQuantizeConfig` imports it on first use.
+    if name in ("GELUQuantizeConfig", "LearnableGELUQuantizeConfig"):
+        return getattr(_configs(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def quantize_config_for(layer, mode="builtin", form="sigmoid"):
+    """Our QuantizeConfig for a keras_gelu layer, or None for any other layer (exact class, as tfmot).
+
+    mode and form: those the model will be converted with (see GELUQuantizeConfig).
+    """
+    if type(layer) is GELU:
+        return _configs().GELUQuantizeConfig(mode=mode, form=form)
+    if type(layer) is LearnableGELU:
+        return _configs().LearnableGELUQuantizeConfig()
+    return None
+
+
+def custom_objects():
+    """Every class a saved QAT model of ours refers to, by the names it is saved under."""
+    configs = _configs()
+    return {
+        "GELUQuantizeConfig": configs.GELUQuantizeConfig,
+        "LearnableGELUQuantizeConfig": configs.LearnableGELUQuantizeConfig,
+        "GELU": GELU,
+        "LearnableGELU": LearnableGELU,
+        "GELUActivation": activations.GELUActivation,
+    }
+
+
+@contextlib.contextmanager
+def quantize_scope():
+    """tfmot's quantize_scope with our layers and configs: use it to load QAT models."""
+    with require_tfmot().quantize_scope(custom_objects()):
+        yield
+
+
+def _activation_layer_for(activation, name):
+    """A stand-alone layer computing `activation` (one of SPLIT_ACTIVATIONS), named `name`."""
+    if isinstance(activation, activations.GELUActivation):
+        return GELU(activation.approximate, name=name)
+    config = activation.get_config()
+    config["name"] = name
+    return type(activation).from_config(config)
+
+
+def _unique_name(base, taken):
+    name, suffix = base, 1
+    while name in taken:
+        name, suffix = f"{base}_{suffix}", suffix + 1
+    taken.add(name)
+    return name
+
+
+def split_activations(model):
+    """A copy of `model` where each layer with one of our GELUs as `activation=` is
+    split into the same layer with a linear activation plus the GELU as a layer.
+
+    Weights are copied, so the copy computes the same function. Other layers
+    are rebuilt from their configs with their weights. Returns `model` itself
+    when there is nothing to split.
+    """
+    splits = [layer for layer in model.layers if isinstance(getattr(layer, "activation", None), SPLIT_ACTIVATIONS)]
+    if not splits:
+        return model
+    taken = {layer.name for layer in model.layers}
+    activation_layers = {layer.name: _activation_layer_for(layer.activation, _unique_name(f"{layer.name}_gelu", taken))
+                         for layer in splits}
+    config = model.get_config()
+    for layer_config in config["layers"]:
+        if layer_config["config"]["name"] in activation_layers:
+            layer_config["config"]["activation"] = "linear"
+    if isinstance(model, keras.Sequential):
+        layer_configs = []
+        for layer_config in config["layers"]:
+            layer_configs.append(layer_config)
+            activation_layer = activation_layers.get(layer_config["config"]["name"])
+            if activation_layer is not None:
+                layer_configs.append(keras.layers.serialize(activation_layer))
+        config["layers"] = layer_configs
+        rebuilt = keras.Sequential.from_config(config, custom_objects=custom_objects())
+    else:
+        _rewire_functional_config(config, activation_layers)
+        rebuilt = keras.Model.from_config(config, custom_objects=custom_objects())
+    _copy_weights(model, rebuilt, activation_layers)
+    return rebuilt
+
+
+def _rewire_functional_config(config, activation_layers):
+    """Insert each activation layer after its linear layer, once per call (node) of it."""
+    def renamed(reference):
+        layer_name, node_index, tensor_index = reference[:3]
+        if layer_name in activation_layers:
+            return [activation_layers[layer_name].name, node_index, tensor_index, *reference[3:]]
+        return reference
+
+    new_layers = []
+    for layer_config in config["layers"]:
+        layer_config["inbound_nodes"] = [[renamed(reference) for reference in node]
+                                         for node in layer_config["inbound_nodes"]]
+        new_layers.append(layer_config)
+        activation_layer = activation_layers.get(layer_config["name"])
+        if activation_layer is not None:
+            serialized = keras.layers.serialize(activation_layer)
+            serialized["name"] = activation_layer.name
+            serialized["inbound_nodes"] = [[[layer_config["name"], node_index, 0, {}]]
+                                           for node_index in range(len(layer_config["inbound_nodes"]))]
+            new_layers.append(serialized)
+    config["layers"] = new_layers
+    config["output_layers"] = [renamed(reference) for reference in config["output_layers"]]
+
+
+def _copy_weights(source, target, activation_layers):
+    for layer in source.layers:
+        activation = getattr(layer, "activation", None)
+        moved = activation.weights if isinstance(activation, keras.layers.Layer) else []
+        moved_ids = {id(weight) for weight in moved}
+        own = [weight for weight in layer.weights if id(weight) not in moved_ids]
+        target.get_layer(layer.name).set_weights([weight.numpy() for weight in own])
+        if moved:
+            target.get_layer(activation_layers[layer.name].name).set_weights([weight.numpy() for weight in moved])
+
+
+def _annotator(mode, form):
+    from tensorflow_model_optimization.python.core.quantization.keras.quantize_annotate import QuantizeAnnotate
+
+    def annotate(layer):
+        if isinstance(layer, QuantizeAnnotate):
+            return layer  # annotated by the user, with a config of their own
+        config = quantize_config_for(layer, mode, form)
+        if config is not None:
+            return require_tfmot().quantize_annotate_layer(layer, config)
+        if isinstance(layer, keras.layers.InputLayer):
+            return layer
+        return require_tfmot().quantize_annotate_layer(layer)
+
+    return annotate
+
+
+@contextlib.contextmanager
+def _moving_averages_without_memory():
+    """tfmot's moving-average ranges set to the current batch's range (EMA decay 0), for a while."""
+    from tensorflow_model_optimization.python.core.quantization.keras import quant_ops
+
+    moving_average = quant_ops.MovingAvgQuantize
+
+    def without_memory(*args, **kwargs):
+        kwargs["ema_decay"] = 0.0
+        return moving_average(*args, **kwargs)
+
+    quant_ops.MovingAvgQuantize = without_memory
+    try:
+        yield
+    finally:
+        quant_ops.MovingAvgQuantize = moving_average
+
+
+def initialize_ranges(qat_model, samples):
+    """Set every moving-average int8 range of a QAT model to its range over `samples`.
+
+    tfmot starts each range at [-6, 6] and moves it with an exponential
+    moving average of decay 0.999, so a few hundred training steps leave it
+    mostly where it started, and QAT trains against needlessly coarse grids.
+    This does what post-training calibration does instead: one forward pass
+    in training mode over `samples` (a batch: an array, or a list of arrays
+    for several inputs), with each range taken from that batch. Every other
+    variable (batch-norm statistics, weights) is restored afterwards.
+
+    Args:
+        qat_model: A model from `quantize_model`.
+        samples: Representative inputs, as one batch.
+    """
+    require_tfmot()
+    snapshot = [(variable, variable.numpy()) for variable in qat_model.variables]
+    with _moving_averages_without_memory():
+        qat_model(samples, training=True)
+    ranges = {id(variable) for layer in qat_model.layers for variable in layer.non_trainable_variables
+              if variable.name.split("/")[-1].split(":")[0].endswith(("_min", "_max"))}
+    for variable, value in snapshot:
+        if id(variable) not in ranges:
+            variable.assign(value)
+
+
+def quantize_model(model, mode="builtin", form="sigmoid", calibration_data=None):
+    """A quantization-aware copy of a Sequential or functional tf-keras model.
+
+    It splits `Dense/Conv(..., activation=<keras_gelu GELU or activation>)`
+    into the layer plus a GELU layer (tfmot accepts only Keras's named
+    activations there), annotates our layers with their QuantizeConfigs and
+    leaves every other layer to tfmot's default 8-bit scheme. Layers you
+    annotated yourself (`tfmot.quantization.keras.quantize_annotate_layer`
+    with a config of yours, for a layer tfmot does not know) keep that
+    config; call it under a `quantize_scope` that knows your classes. The
+    float weights are kept. Train the result, then convert it with
+    `keras-gelu-convert --int8 --mode <mode> [--form <form>]`.
+
+    Args:
+        model: A built Sequential or functional tf-keras model.
+        mode: The conversion mode the model is meant for, "builtin" (no GELU
+            op; the default, as the converter's) or "native". QAT then
+            trains against exactly the int8 ops that mode produces; the
+            model converts in the other mode too, a few int8 steps apart.
+        form: builtin mode's spelling of exact GELU, as the converter's
+            --form: "sigmoid" (default), "tanh" or "erf" (int8 spells it as tanh).
+        calibration_data: Optional representative inputs (one batch). When
+            given, every int8 range starts at its range over them (see
+            `initialize_ranges`) instead of tfmot's [-6, 6], which short
+            QAT runs barely move away from.
+
+    Returns:
+        The QAT model (tfmot's `quantize_apply` output).
+    """
+    tfmot = require_tfmot()
+    if not isinstance(model, keras.Model) or not (isinstance(model, keras.Sequential) or model._is_graph_network):
+        raise ValueError(
+            "quantize_model takes a built Sequential or functional tf-keras model (tfmot cannot quantize "
+            f"subclassed models). Received: model={type(model).__name__}")
+    if not model.built:
+        raise ValueError(f"quantize_model needs a built model; call it on data or build it first. "
+                         f"Received: model={model.name} (not built)")
+    split = split_activations(model)
+    configs = _configs()
+    if mode not in configs.MODES:
+        raise ValueError(f"Argument `mode` must be one of {configs.MODES}. Received: mode={mode!r}")
+    if form not in configs.FORMS:
+        raise ValueError(f"Argument `form` must be one of {configs.FORMS}. Received: form={form!r}")
+    annotated = keras.models.clone_model(split, clone_function=_annotator(mode, form))
+    with quantize_scope():
+        qat_model = tfmot.quantize_apply(annotated)
+    if calibration_data is not None:
+        initialize_ranges(qat_model, calibration_data)
+    return qat_model
+
+
+__all__ = [
+    "GELUQuantizeConfig",
+    "LearnableGELUQuantizeConfig",
+    "custom_objects",
+    "initialize_ranges",
+    "quantize_config_for",
+    "quantize_model",
+    "quantize_scope",
+    "require_tfmot",
+    "split_activations",
+]

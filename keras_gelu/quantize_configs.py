@@ -1,0 +1,223 @@
+"""tfmot QuantizeConfigs for keras_gelu's layers.
+
+Import them through `keras_gelu.quantization`, which checks for tf-keras and
+tfmot first; this module imports tfmot at once. See that module's docstring
+for what each config fake-quantizes and why.
+"""
+
+from keras_gelu.quantization import require_tfmot
+
+tfmot_keras = require_tfmot()
+
+from keras_gelu import formulas  # noqa: E402 - only after the check above
+from keras_gelu.converters import spellings  # noqa: E402
+from keras_gelu.flavour import keras  # noqa: E402
+
+MODES = ("builtin", "native")
+FORMS = ("sigmoid", "tanh", "erf")
+
+# GELU.approximate -> the function name the converter's spelling table uses.
+_FUNCTIONS = {"none": "exact", "tanh": "tanh", "sigmoid": "sigmoid"}
+
+
+def activation_quantizer():
+    """8-bit asymmetric per-tensor range from moving averages: TFLite's activation scheme."""
+    return tfmot_keras.quantizers.MovingAverageQuantizer(
+        num_bits=8, per_axis=False, symmetric=False, narrow_range=False)
+
+
+class IntermediateQuantizer(tfmot_keras.quantizers.MovingAverageQuantizer):
+    """The activation quantizer, for the i-th of several intermediates of one layer.
+
+    tfmot names an activation quantizer's range variables after its kind
+    ("post_activation_min"), so a layer with several would save duplicate
+    names into an .h5 file; the index keeps them apart.
+    """
+
+    def __init__(self, index):
+        super().__init__(num_bits=8, per_axis=False, symmetric=False, narrow_range=False)
+        self.index = index
+
+    def build(self, tensor_shape, name, layer):
+        return super().build(tensor_shape, f"{name}_{self.index}", layer)
+
+    def get_config(self):
+        return {"index": self.index}
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other.index == self.index
+
+    def __ne__(self, other):
+        return not self == other
+
+
+def constant_quantizer():
+    """8-bit asymmetric per-tensor range from the current value: how TFLite quantizes a MUL/ADD constant."""
+    return tfmot_keras.quantizers.LastValueQuantizer(
+        num_bits=8, per_axis=False, symmetric=False, narrow_range=False)
+
+
+def int8_spelling(approximate, mode, form):
+    """The ops `keras-gelu-convert --int8 --mode <mode> --form <form>` computes a GELU(approximate) with."""
+    function, _ = spellings.replacement(_FUNCTIONS[approximate], mode, form, int8=True)
+    return function
+
+
+def intermediate_count(spelling):
+    """How many intermediate tensors of `spelling` get an int8 range of their own (0: one lookup-table op)."""
+    count = 0
+
+    def count_marks(tensor, logistic=False):
+        nonlocal count
+        count += not logistic
+        return tensor
+
+    spelling(keras.backend.constant([0.0]), 1.0, mark=count_marks)
+    return count
+
+
+def _marking_with(quantize_activations):
+    """A spelling's `mark` that applies the i-th quantizer to the i-th intermediate."""
+    remaining = iter(quantize_activations)
+
+    def mark(tensor, logistic=False):
+        return formulas.on_logistic_int8_grid(tensor) if logistic else next(remaining)(tensor)
+
+    return mark
+
+
+class _OutputQuantizingConfig(tfmot_keras.QuantizeConfig):
+    """Shared by our configs: the output quantizer, equality and serialization.
+
+    Equality is by class and config (tfmot's own Default8BitQuantizeConfig
+    compares a field with itself).
+
+    Args:
+        quantize_output: False leaves the output float, for a layer whose
+            consumer quantizes it anyway.
+    """
+
+    def __init__(self, quantize_output=True):
+        if not isinstance(quantize_output, bool):
+            raise ValueError(f"Argument `quantize_output` must be a bool. Received: quantize_output={quantize_output!r}")
+        self.quantize_output = quantize_output
+
+    def get_output_quantizers(self, layer):
+        return [activation_quantizer()] if self.quantize_output else []
+
+    def get_config(self):
+        return {"quantize_output": self.quantize_output}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other.get_config() == self.get_config()
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        return hash((type(self).__name__, tuple(sorted(self.get_config().items()))))
+
+    def __repr__(self):
+        arguments = ", ".join(f"{key}={value!r}" for key, value in self.get_config().items())
+        return f"{type(self).__name__}({arguments})"
+
+
+class GELUQuantizeConfig(_OutputQuantizingConfig):
+    """Fake-quantizes a GELU layer as the int8 model will compute it.
+
+    The int8 model depends on the conversion: `mode` and `form` are those of
+    `keras-gelu-convert --int8`, and QAT then trains against exactly the
+    int8 ops that conversion produces.
+
+    * native mode, exact or tanh GELU: TFLite's GELU op, an int8 lookup
+      table. Only the output is fake-quantized (the input comes quantized).
+    * otherwise the GELU is LOGISTIC/MUL/ADD ops (the sigmoid form always):
+      each intermediate gets a moving-average range, the sigmoid output
+      TFLite's fixed LOGISTIC grid, and the output its range.
+
+    Args:
+        mode: "builtin" (default, as the converter) or "native".
+        form: builtin mode's spelling of exact GELU: "sigmoid" (default, as
+            the converter), "tanh" or "erf" (which int8 spells as tanh).
+        quantize_output: False leaves the output float.
+    """
+
+    def __init__(self, mode="builtin", form="sigmoid", quantize_output=True):
+        super().__init__(quantize_output)
+        if mode not in MODES:
+            raise ValueError(f"Argument `mode` must be one of {MODES}. Received: mode={mode!r}")
+        if form not in FORMS:
+            raise ValueError(f"Argument `form` must be one of {FORMS}. Received: form={form!r}")
+        self.mode, self.form = mode, form
+
+    def _spelling(self, layer):
+        return int8_spelling(layer.approximate, self.mode, self.form)
+
+    def get_weights_and_quantizers(self, layer):
+        return []
+
+    def get_activations_and_quantizers(self, layer):
+        # tfmot fake-quantizes the output of an activation named "linear":
+        # one per intermediate tensor of the int8 spelling.
+        count = intermediate_count(self._spelling(layer))
+        return [(keras.activations.linear, IntermediateQuantizer(index)) for index in range(count)]
+
+    def set_quantize_weights(self, layer, quantize_weights):
+        if quantize_weights:
+            raise ValueError(f"GELU has no weights to quantize. Received: {len(quantize_weights)} weights")
+
+    def set_quantize_activations(self, layer, quantize_activations):
+        spelling = self._spelling(layer)
+        expected = intermediate_count(spelling)
+        if len(quantize_activations) != expected:
+            raise ValueError(f"GELU({layer.approximate!r}) in {self.mode} mode has {expected} int8 intermediates. "
+                             f"Received: {len(quantize_activations)} activations")
+        if not quantize_activations:
+            layer.quantized_call = None  # one lookup-table op: the float GELU, then the output quantizer
+            return
+        layer.quantized_call = lambda x: spelling(x, 1.0, mark=_marking_with(quantize_activations))
+
+    def get_config(self):
+        return {"mode": self.mode, "form": self.form, **super().get_config()}
+
+
+class LearnableGELUQuantizeConfig(_OutputQuantizingConfig):
+    """Fake-quantizes a LearnableGELU as the int8 MUL, ADD, LOGISTIC, MUL it becomes.
+
+    alpha and beta as TFLite quantizes a MUL/ADD constant (8-bit asymmetric
+    per tensor, from their current values); alpha x and alpha x + beta with
+    moving-average ranges; the gate on the int8 LOGISTIC's fixed grid of
+    1/256; the output. So QAT trains alpha and beta against the grids the
+    int8 model will use, in every conversion mode.
+    """
+
+    def get_weights_and_quantizers(self, layer):
+        return [(layer.alpha, constant_quantizer()), (layer.beta, constant_quantizer())]
+
+    def get_activations_and_quantizers(self, layer):
+        # tfmot fake-quantizes the output of an activation named "linear" and
+        # the *input* of one named "sigmoid": alpha x, then alpha x + beta.
+        return [(keras.activations.linear, activation_quantizer()),
+                (keras.activations.sigmoid, activation_quantizer())]
+
+    def set_quantize_weights(self, layer, quantize_weights):
+        if len(quantize_weights) != 2:
+            raise ValueError(f"LearnableGELU quantizes alpha and beta. Received: {len(quantize_weights)} weights")
+        layer.alpha, layer.beta = quantize_weights
+
+    def set_quantize_activations(self, layer, quantize_activations):
+        if len(quantize_activations) != 2:
+            raise ValueError(
+                f"LearnableGELU quantizes alpha x and the gate. Received: {len(quantize_activations)} activations")
+        quantized_product, quantized_sigmoid = quantize_activations
+
+        def quantized_call(x):
+            # alpha and beta are read at call time: the fake-quantized values set above.
+            gate = quantized_sigmoid(quantized_product(layer.alpha * x) + layer.beta)
+            return x * formulas.on_logistic_int8_grid(gate)
+
+        layer.quantized_call = quantized_call

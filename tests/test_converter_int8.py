@@ -1,0 +1,187 @@
+"""Post-training int8 conversion (--int8 --calibration) of float models, in every mode and flavour.
+
+Quantization-aware models are tested in test_quantization.py (tfmot, tf-keras).
+"""
+
+import numpy as np
+import pytest
+
+import keras_gelu
+import tflite_helpers
+from conftest import IS_KERAS3
+from conftest import keras
+from gelu_models import every_gelu_functional
+from keras_gelu import converters
+from keras_gelu.converters import cli
+from keras_gelu.converters import report as reporting
+
+MODES = [("builtin", "sigmoid"), ("builtin", "tanh"), ("builtin", "erf"), ("native", "sigmoid"),
+         ("select", "sigmoid")]
+
+# A post-training int8 model against its float model, in steps of the output's
+# int8 scale, on inputs it was calibrated on (so nothing is clipped): every
+# quantized tensor (input, each Dense and GELU output, GELU intermediates)
+# rounds by half a step of its own scale, and the errors add up over the 7
+# layers of this untrained model, whose output range is small next to its
+# hidden ones. Measured over seeds and modes: 2.7 to 9.1 steps. A wrong scale
+# or a float island is off by tens of steps. (On inputs outside the
+# calibration set PTQ also clips: 25 steps were seen on one random row.)
+PTQ_STEPS = 12.0
+
+
+def _save(model, path):
+    if IS_KERAS3:
+        model.export(path, verbose=False)
+    else:
+        model.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def every_layer(tmp_path_factory):
+    model = every_gelu_functional(seed=8)
+    return _save(model, str(tmp_path_factory.mktemp("ptq") / "model")), model
+
+
+def _calibration_inputs(rng, path_to_npz):
+    x = rng.normal(0.0, 2.0, size=(64, 12)).astype(np.float32)
+    np.savez(path_to_npz, features=x)
+    return x
+
+
+def _steps(tflite_model, model, x):
+    (scale,) = reporting.output_scales(tflite_model)
+    return np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - model(x).numpy())) / scale
+
+
+@pytest.mark.parametrize("mode, form", MODES, ids=[f"{m}-{f}" for m, f in MODES])
+def test_every_layer_converts_to_a_fully_integer_model(every_layer, mode, form, rng):
+    path, model = every_layer
+    tflite_model, report = converters.convert(path, mode=mode, form=form, int8=True, calibration="random:64")
+    assert report.int8 and not report.quantization_aware
+    assert report.float_ops == {}, report.op_types
+    assert "calibrated on 64 samples" in report.int8_ranges
+    assert set(report.op_types["FULLY_CONNECTED"]) == {"int8"}
+    assert ("GELU" in report.ops) == (mode != "builtin")
+    # The report's drift is measured on random:N's first sample (the same seed): calibrated on.
+    # Builtin mode's default form swaps exact GELU for the sigmoid form: 0.02 per activation, a step more.
+    swapped = mode == "builtin" and form == "sigmoid"
+    assert report.drift[0]["steps"] <= PTQ_STEPS + (1 if swapped else 0)
+
+
+@pytest.mark.parametrize("mode, form", [("builtin", "tanh"), ("native", "sigmoid")])
+def test_calibration_from_an_npz_file(every_layer, tmp_path, rng, mode, form):
+    path, model = every_layer
+    x = _calibration_inputs(rng, tmp_path / "calibration.npz")
+    tflite_model, report = converters.convert(path, mode=mode, form=form, int8=True,
+                                              calibration=str(tmp_path / "calibration.npz"))
+    assert "64 samples" in report.int8_ranges and report.float_ops == {}
+    assert _steps(tflite_model, model, x) <= PTQ_STEPS
+
+
+def test_int8_io_model_has_integer_inputs_and_outputs(every_layer, tmp_path, rng):
+    path, model = every_layer
+    x = _calibration_inputs(rng, tmp_path / "calibration.npz")
+    tflite_model, report = converters.convert(path, mode="builtin", form="tanh", int8=True,
+                                              calibration=str(tmp_path / "calibration.npz"), int8_io=True)
+    assert "QUANTIZE" not in report.ops and "DEQUANTIZE" not in report.ops and report.float_ops == {}
+    # The same rounding as with float io: verify.invoke quantizes the input as QUANTIZE would.
+    assert _steps(tflite_model, model, x) <= PTQ_STEPS
+
+
+def test_transformer_encoder_block_is_integer_too(tmp_path):
+    keras.utils.set_random_seed(6)
+    tokens = keras.Input((10, 32), name="tokens")
+    attention = keras.layers.MultiHeadAttention(num_heads=4, key_dim=8)(tokens, tokens)
+    h = keras.layers.LayerNormalization()(tokens + attention)
+    ffn = keras.layers.Dense(32)(keras.layers.Dense(64, activation=keras_gelu.GELU())(h))
+    model = keras.Model(tokens, keras.layers.LayerNormalization()(h + ffn))
+    path = _save(model, str(tmp_path / "encoder"))
+    _, report = converters.convert(path, mode="builtin", form="tanh", int8=True, calibration="random:16")
+    assert report.float_ops == {}, report.op_types
+    assert report.fidelity[0]["cosine"] > 0.99
+
+
+def test_mixed_precision_model_quantizes_like_a_float32_one(tmp_path):
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    keras.utils.set_random_seed(9)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation=keras_gelu.GELU()),
+                              keras_gelu.LearnableGELU(), keras.layers.Dense(2, dtype="float32")])
+    keras.mixed_precision.set_global_policy("float32")
+    _, report = converters.convert(_save(model, str(tmp_path / "mp")), mode="native", int8=True,
+                                   calibration="random:16")
+    assert report.promoted_to_float32 and report.float_ops == {}, report.op_types
+
+
+def test_report_names_ops_that_stayed_float(tmp_path):
+    import tensorflow as tf
+
+    class BareErf(tf.Module):  # erf outside a GELU becomes the erf polynomial, whose DIV has no int8 kernel
+        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+        def __call__(self, x):
+            return {"y": tf.math.erf(x)}
+
+    path = str(tmp_path / "erf")
+    tf.saved_model.save(BareErf(), path)
+    _, report = converters.convert(path, int8=True, calibration="random:8", verify=False)
+    assert report.float_ops and any("not fully integer" in warning for warning in report.warnings)
+    assert "still float:" in report.to_text()
+
+
+# --- flags and errors -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--calibration", "random:4"], "--calibration applies to --int8 only"),
+    (["--int8-io"], "--int8-io applies to --int8 only"),
+    (["--max-steps", "2"], "--max-steps applies to --int8 only"),
+    (["--int8", "--float16-weights"], "exclude each other"),
+    (["--int8", "--max-steps", "-1"], "--max-steps must be >= 0"),
+])
+def test_flag_combinations_are_refused(every_layer, argv, message, capsys):
+    path, _ = every_layer
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([path, *argv])
+    assert exit_info.value.code == converters.errors.USAGE_EXIT_CODE
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("calibration, message", [
+    (None, "needs --calibration"),
+    ("random:0", "at least one sample"),
+    ("missing.npz", "cannot read as .npz for --calibration"),
+    ("wrong_key.npz", "missing input(s) features"),
+    ("wrong_shape.npz", "per sample, the model expects (?, 12)"),
+])
+def test_bad_calibration_is_a_one_line_error(every_layer, tmp_path, calibration, message, capsys):
+    path, _ = every_layer
+    np.savez(tmp_path / "wrong_key.npz", pixels=np.zeros((4, 12), np.float32))
+    np.savez(tmp_path / "wrong_shape.npz", features=np.zeros((4, 13), np.float32))
+    output = tmp_path / "out.tflite"
+    argv = [path, "--int8", "-o", str(output)]
+    if calibration is not None:
+        argv += ["--calibration", calibration if calibration.startswith("random") else str(tmp_path / calibration)]
+    assert cli.main(argv) == converters.errors.BadInputs.exit_code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "Traceback" not in err[0]
+    assert not output.exists()
+
+
+def test_int8_cli_prints_types_and_steps(every_layer, tmp_path, capsys):
+    path, _ = every_layer
+    output = tmp_path / "model_int8.tflite"
+    assert cli.main([path, "--int8", "--calibration", "random:16", "--mode", "native", "-o", str(output)]) == 0
+    text = capsys.readouterr().err
+    assert "FULLY_CONNECTED int8 7" in text and "GELU int8 3" in text  # exact, tanh function, Keras 'gelu'
+
+    assert "integer throughout" in text and "int8 steps" in text
+    assert output.stat().st_size > 0
+
+
+def test_a_tight_max_steps_fails_and_writes_nothing(every_layer, tmp_path, capsys):
+    path, _ = every_layer
+    output = tmp_path / "model.tflite"
+    code = cli.main([path, "--int8", "--calibration", "random:16", "--max-steps", "0", "-o", str(output)])
+    assert code == converters.errors.ParityFailure.exit_code
+    assert "int8 steps" in capsys.readouterr().err
+    assert not output.exists()

@@ -1,0 +1,126 @@
+"""Int8 accuracy on real data: scikit-learn's digits, for every GELU form, PTQ and QAT side by side.
+
+Fixed seeds and few epochs keep it quick; digits ships inside scikit-learn.
+Needs tf-keras, tfmot and scikit-learn (not installed in the TF 2.18 leg).
+"""
+
+import numpy as np
+import pytest
+
+import keras_gelu
+import tflite_helpers
+from conftest import IS_KERAS3
+from conftest import keras
+from keras_gelu import converters
+from keras_gelu.converters import report as reporting
+
+if IS_KERAS3:  # before importing tfmot, which sets TF_USE_LEGACY_KERAS=1 for the whole session
+    pytest.skip("tfmot QAT needs tf-keras (TF_USE_LEGACY_KERAS=1)", allow_module_level=True)
+sklearn_datasets = pytest.importorskip("sklearn.datasets")
+pytest.importorskip("tensorflow_model_optimization")
+
+FORMS = keras_gelu.GELU_LAYER_FORMS
+
+# The issue's bar: int8 loses at most one point of test accuracy.
+ACCURACY_DROP = 0.01
+# QAT logits vs int8 logits, in output steps: see test_quantization.QAT_INT8_STEPS
+# (plus 1e-3: the step count is a ratio of float32 values).
+QAT_INT8_STEPS = 2.0 + 1e-3
+
+
+@pytest.fixture(scope="module")
+def digits():
+    data = sklearn_datasets.load_digits()
+    x = (data.data / 16.0).astype(np.float32)
+    order = np.random.default_rng(0).permutation(len(x))
+    test, train = order[:360], order[360:]
+    return x[train], data.target[train], x[test], data.target[test]
+
+
+def _train(model, x, y, epochs, learning_rate):
+    model.compile(keras.optimizers.Adam(learning_rate),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.fit(x, y, epochs=epochs, batch_size=32, verbose=0)
+
+
+def _accuracy(logits, labels):
+    return float(np.mean(np.argmax(logits, -1) == labels))
+
+
+@pytest.fixture(scope="module")
+def results(digits, tmp_path_factory):
+    """Per form: float, PTQ int8, QAT and QAT int8 figures (module-scoped: training is the slow part)."""
+    import tensorflow as tf
+
+    from keras_gelu import quantization
+
+    x_train, y_train, x_test, y_test = digits
+    figures = {}
+    for form in FORMS:
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((64,), name="pixels")
+        hidden = keras.layers.Dense(32, activation=keras_gelu.gelu_layer(form))(inputs)
+        hidden = keras.layers.Dense(32, activation=keras_gelu.gelu_layer(form))(hidden)
+        model = keras.Model(inputs, keras.layers.Dense(10)(hidden))
+        _train(model, x_train, y_train, epochs=12, learning_rate=3e-3)
+        directory = tmp_path_factory.mktemp(form)
+        tf.saved_model.save(model, str(directory / "float"))
+        np.savez(directory / "calibration.npz", pixels=x_train[:200])
+        ptq, ptq_report = converters.convert(str(directory / "float"), int8=True,
+                                             calibration=str(directory / "calibration.npz"))
+
+        qat = quantization.quantize_model(model, calibration_data=x_train[:256])
+        alpha_before = [w.numpy().copy() for w in qat.weights if w.name.endswith("alpha:0")]
+        _train(qat, x_train, y_train, epochs=2, learning_rate=1e-4)
+        alpha_after = [w.numpy() for w in qat.weights if w.name.endswith("alpha:0")]
+        tf.saved_model.save(qat, str(directory / "qat"))
+        int8, int8_report = converters.convert(str(directory / "qat"), int8=True)
+        qat_logits = qat.predict(x_test, verbose=0)
+        int8_logits = tflite_helpers.run(int8, x_test)[0]
+        (scale,) = reporting.output_scales(int8)
+        figures[form] = {
+            "float": _accuracy(model.predict(x_test, verbose=0), y_test),
+            "ptq_int8": _accuracy(tflite_helpers.run(ptq, x_test)[0], y_test),
+            "ptq_float_ops": ptq_report.float_ops,
+            "qat": _accuracy(qat_logits, y_test),
+            "qat_int8": _accuracy(int8_logits, y_test),
+            "int8_float_ops": int8_report.float_ops,
+            "argmax_agreement": float(np.mean(np.argmax(int8_logits, -1) == np.argmax(qat_logits, -1))),
+            "steps": float(np.max(np.abs(int8_logits - qat_logits)) / scale),
+            "alpha_moved": max((float(np.max(np.abs(a - b))) for a, b in zip(alpha_before, alpha_after)), default=None),
+        }
+    return figures
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_qat_int8_keeps_float_accuracy(results, form):
+    figures = results[form]
+    assert figures["float"] > 0.9  # the float model learned digits at all
+    assert figures["int8_float_ops"] == {}
+    assert figures["qat_int8"] >= figures["float"] - ACCURACY_DROP, figures
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_int8_model_agrees_with_its_qat_model(results, form):
+    figures = results[form]
+    assert figures["argmax_agreement"] >= 0.99, figures
+    assert figures["steps"] <= QAT_INT8_STEPS, figures
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_post_training_int8_side_by_side(results, form):
+    """PTQ of the same float model: on digits it keeps accuracy as well as QAT does.
+
+    The claim that GELU needs QAT to survive int8 does not show on this
+    model: both land within a point of float (the README's table has figures).
+    """
+    figures = results[form]
+    assert figures["ptq_float_ops"] == {}
+    assert figures["ptq_int8"] >= figures["float"] - ACCURACY_DROP, figures
+    assert abs(figures["ptq_int8"] - figures["qat_int8"]) <= 0.02, figures
+
+
+def test_learnable_alpha_moves_during_qat_on_digits(results):
+    assert results["learnable"]["alpha_moved"] > 1e-4
+    assert results["exact"]["alpha_moved"] is None

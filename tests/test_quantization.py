@@ -1,0 +1,435 @@
+"""keras_gelu.quantization: QuantizeConfigs, quantize_model, quantize_scope, and their int8 conversion.
+
+tfmot works only with tf-keras, so most of this runs in the tf-keras leg and
+where tensorflow-model-optimization is installed (not in the TF 2.18 leg).
+"""
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+import keras_gelu
+from conftest import IS_KERAS3
+from conftest import keras
+from conftest import keras3_only
+from conftest import tf_keras_only
+from gelu_models import every_gelu_functional
+from keras_gelu import converters
+from keras_gelu import quantization
+
+# Whether tfmot is installed, without importing it: its import sets TF_USE_LEGACY_KERAS=1
+# in os.environ, which would switch tf.keras for the rest of a Keras 3 session.
+HAS_TFMOT = importlib.util.find_spec("tensorflow_model_optimization") is not None
+
+needs_tfmot = pytest.mark.skipif(IS_KERAS3 or not HAS_TFMOT,
+                                 reason="tfmot QAT needs tf-keras and tensorflow-model-optimization")
+
+# The QAT model against its int8 .tflite, in steps of the output's int8 scale,
+# when QAT trained for the conversion's mode: both compute the same ops on the
+# same grids, but TFLite's fixed-point rescaling rounds a value on a rounding
+# boundary the other way (1 step), which can carry into the next layer.
+# Measured: at most 1 step here, 2 on digits' three layers. (The 1e-3: step
+# counts are ratios of float32 values.)
+QAT_INT8_STEPS = 2.0 + 1e-3
+
+ACTIVATIONS = {
+    "exact layer": lambda: keras_gelu.GELU("none"),
+    "tanh layer": lambda: keras_gelu.GELU("tanh"),
+    "sigmoid layer": lambda: keras_gelu.GELU("sigmoid"),
+    "learnable layer": lambda: keras_gelu.LearnableGELU(),
+    "tanh function": lambda: keras_gelu.gelu_tanh,
+    "keras 'gelu' string": lambda: "gelu",
+}
+
+
+def _dense_model(activation, units=24, features=12, outputs=5):
+    keras.utils.set_random_seed(11)
+    inputs = keras.Input((features,), name="features")
+    hidden = keras.layers.Dense(units, activation=activation, name="hidden")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(outputs, name="head")(hidden))
+
+
+def _fit(model, rng, epochs=2):
+    x = rng.normal(size=(256, 12)).astype(np.float32)
+    y = rng.normal(size=(256, model.output_shape[-1])).astype(np.float32)
+    model.compile(keras.optimizers.Adam(1e-2), "mse")
+    model.fit(x, y, epochs=epochs, batch_size=32, verbose=0)
+    return x
+
+
+def _saved(model, tmp_path, name="qat"):
+    import tensorflow as tf
+
+    path = str(tmp_path / name)
+    tf.saved_model.save(model, path)
+    return path
+
+
+# --- the flavour guard --------------------------------------------------------
+
+
+@keras3_only
+def test_quantize_model_under_keras3_names_the_variable_to_set_and_leaves_the_environment_alone():
+    before = os.environ.get("TF_USE_LEGACY_KERAS")
+    model = _dense_model(keras_gelu.GELU())
+    with pytest.raises(RuntimeError, match="TF_USE_LEGACY_KERAS=1"):
+        quantization.quantize_model(model)
+    with pytest.raises(RuntimeError, match="tf-keras"):
+        quantization.GELUQuantizeConfig  # noqa: B018 - the lazy attribute is what is tested
+    assert os.environ.get("TF_USE_LEGACY_KERAS") == before  # importing tfmot would have set it
+
+
+@tf_keras_only
+@pytest.mark.skipif(HAS_TFMOT, reason="checks the message shown when tfmot is missing")
+def test_missing_tfmot_says_what_to_install():
+    with pytest.raises(ImportError, match=r"keras-gelu\[qat\]"):
+        quantization.quantize_model(_dense_model(keras_gelu.GELU()))
+
+
+# --- the configs --------------------------------------------------------------
+
+
+@needs_tfmot
+def test_gelu_config_round_trips_and_compares_by_value():
+    config_class = quantization.GELUQuantizeConfig
+    default = config_class()
+    assert default.get_config() == {"mode": "builtin", "form": "sigmoid", "quantize_output": True}
+    variants = [config_class(mode="native"), config_class(form="tanh"), config_class(quantize_output=False)]
+    for variant in variants:
+        assert config_class.from_config(variant.get_config()) == variant
+        assert variant != default  # tfmot's own __eq__ would call these equal
+    assert default == config_class() and hash(default) == hash(config_class())
+    assert default != quantization.LearnableGELUQuantizeConfig()
+    for argument, message in (({"quantize_output": "yes"}, "Received: quantize_output='yes'"),
+                              ({"mode": "select"}, "Received: mode='select'"),
+                              ({"form": "exact"}, "Received: form='exact'")):
+        with pytest.raises(ValueError, match=message):
+            config_class(**argument)
+
+
+@needs_tfmot
+def test_learnable_config_round_trips_and_compares_by_value():
+    config_class = quantization.LearnableGELUQuantizeConfig
+    default, no_output = config_class(), config_class(quantize_output=False)
+    assert default.get_config() == {"quantize_output": True}
+    assert config_class.from_config(no_output.get_config()) == no_output
+    assert default == config_class() and hash(default) == hash(config_class()) and default != no_output
+    with pytest.raises(ValueError, match="Received: quantize_output=1"):
+        config_class(quantize_output=1)
+
+
+@needs_tfmot
+@pytest.mark.parametrize("approximate, mode, form, intermediates", [
+    ("none", "native", "sigmoid", 0),  # the GELU op: one lookup table
+    ("tanh", "native", "sigmoid", 0),
+    ("sigmoid", "native", "sigmoid", 1),  # 1.702 x, then LOGISTIC and MUL
+    ("none", "builtin", "sigmoid", 1),
+    ("none", "builtin", "tanh", 4),  # u*u, c*u^2, l + c*u^2, u*(...), then LOGISTIC and MUL
+    ("none", "builtin", "erf", 4),  # int8 spells the erf form as the tanh form
+    ("tanh", "builtin", "sigmoid", 4),
+])
+def test_gelu_config_quantizes_each_intermediate_of_the_int8_ops(approximate, mode, form, intermediates):
+    gelu = keras_gelu.GELU(approximate)
+    config = quantization.GELUQuantizeConfig(mode=mode, form=form)
+    assert config.get_weights_and_quantizers(gelu) == []
+    activations = config.get_activations_and_quantizers(gelu)
+    assert [fn.__name__ for fn, _ in activations] == ["linear"] * intermediates
+    assert len(config.get_output_quantizers(gelu)) == 1
+    assert quantization.GELUQuantizeConfig(quantize_output=False).get_output_quantizers(gelu) == []
+    with pytest.raises(ValueError, match=f"has {intermediates} int8 intermediates"):
+        config.set_quantize_activations(gelu, [lambda x: x] * (intermediates + 1))
+
+
+@needs_tfmot
+def test_quantized_gelu_computes_its_function_between_the_roundings(rng):
+    """With identity 'quantizers' the quantized call is the form itself, but for the LOGISTIC grid.
+
+    The gate is rounded to k/256, k <= 255: off by 1/512, or 1/256 where the
+    gate nears 1 (the grid stops at 255/256), times |x|.
+    """
+    x = np.linspace(-6.0, 6.0, 1001).astype(np.float32)
+    for approximate, form in (("tanh", "sigmoid"), ("none", "tanh"), ("sigmoid", "sigmoid")):
+        gelu = keras_gelu.GELU(approximate)
+        config = quantization.GELUQuantizeConfig(mode="builtin", form=form)
+        config.set_quantize_activations(gelu, [lambda t: t] * len(config.get_activations_and_quantizers(gelu)))
+        reference_form = "tanh" if approximate == "none" else approximate
+        reference = np.asarray(keras_gelu.gelu(x.astype(np.float64), reference_form))
+        assert np.max(np.abs(gelu(x).numpy() - reference) / np.maximum(np.abs(x), 1.0)) <= 1.0 / 256 + 1e-6
+
+
+@needs_tfmot
+def test_learnable_config_quantizes_alpha_beta_and_both_intermediates():
+    learnable = keras_gelu.LearnableGELU()
+    learnable.build((None, 4))
+    config = quantization.LearnableGELUQuantizeConfig()
+    weights = [weight for weight, _ in config.get_weights_and_quantizers(learnable)]
+    assert weights == [learnable.alpha, learnable.beta]
+    activations = [fn.__name__ for fn, _ in config.get_activations_and_quantizers(learnable)]
+    assert activations == ["linear", "sigmoid"]  # alpha x, then the gate's argument
+    with pytest.raises(ValueError, match="Received: 1 weights"):
+        config.set_quantize_weights(learnable, [learnable.alpha])
+
+
+@needs_tfmot
+def test_quantize_config_for_matches_exact_classes_only():
+    class MyGELU(keras_gelu.GELU):
+        pass
+
+    assert quantization.quantize_config_for(keras_gelu.GELU()) == quantization.GELUQuantizeConfig()
+    assert quantization.quantize_config_for(keras_gelu.GELU(), "native", "tanh") == quantization.GELUQuantizeConfig(
+        "native", "tanh")
+    assert quantization.quantize_config_for(keras_gelu.LearnableGELU()) == quantization.LearnableGELUQuantizeConfig()
+    assert quantization.quantize_config_for(MyGELU()) is None  # as tfmot's registry: by exact class
+    assert quantization.quantize_config_for(keras.layers.Dense(3)) is None
+
+
+# --- quantize_model -----------------------------------------------------------
+
+
+@needs_tfmot
+@pytest.mark.parametrize("name", [n for n in ACTIVATIONS if n != "keras 'gelu' string"])
+def test_split_activations_keeps_the_function(name, rng):
+    model = _dense_model(ACTIVATIONS[name]())
+    x = rng.normal(size=(16, 12)).astype(np.float32)
+    if name == "learnable layer":  # non-default alpha and beta must move with the split
+        dense = model.get_layer("hidden")
+        dense.activation.set_weights([w + rng.normal(scale=0.1, size=w.shape) for w in dense.activation.get_weights()])
+    split = quantization.split_activations(model)
+    names = [layer.name for layer in split.layers]
+    assert names == ["features", "hidden", "hidden_gelu", "head"]
+    assert split.get_layer("hidden").get_config()["activation"] == "linear"
+    np.testing.assert_allclose(split(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+@needs_tfmot
+def test_split_activations_rewires_every_call_and_output_of_a_shared_layer(rng):
+    keras.utils.set_random_seed(3)
+    shared = keras.layers.Dense(6, activation=keras_gelu.GELU("tanh"), name="shared")
+    a, b = keras.Input((6,), name="a"), keras.Input((6,), name="b")
+    out_a, out_b = shared(a), shared(b)
+    model = keras.Model([a, b], [out_a, keras.layers.Add(name="sum")([out_a, out_b]), out_b])
+    split = quantization.split_activations(model)
+    x = [rng.normal(size=(4, 6)).astype(np.float32) for _ in range(2)]
+    for got, want in zip(split(x), model(x)):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def _every_layer_sequential():
+    keras.utils.set_random_seed(6)
+    return keras.Sequential([
+        keras.Input((12,)),
+        keras.layers.Dense(16, activation=keras_gelu.GELU("tanh")),
+        keras_gelu.GELU("none"),
+        keras.layers.Dense(16, activation=keras_gelu.gelu_sigmoid),
+        keras.layers.Dense(16),
+        keras_gelu.LearnableGELU(),
+        keras.layers.Dense(5),
+    ])
+
+
+@needs_tfmot
+@pytest.mark.parametrize("build", [lambda: every_gelu_functional(seed=5), _every_layer_sequential],
+                         ids=["functional", "sequential"])
+def test_quantize_model_wraps_every_layer_and_trains(build, rng):
+    model = build()
+    qat = quantization.quantize_model(model)
+    wrapped = [layer.layer for layer in qat.layers if hasattr(layer, "quantize_config")]
+    ours = [layer for layer in wrapped if isinstance(layer, (keras_gelu.GELU, keras_gelu.LearnableGELU))]
+    split_count = sum(isinstance(getattr(layer, "activation", None), quantization.SPLIT_ACTIVATIONS)
+                      for layer in model.layers)
+    own_count = sum(isinstance(layer, (keras_gelu.GELU, keras_gelu.LearnableGELU)) for layer in model.layers)
+    assert len(ours) == split_count + own_count
+    assert all(not isinstance(getattr(layer, "activation", None), quantization.SPLIT_ACTIVATIONS) for layer in wrapped)
+    # The float weights are kept: each Dense's kernel and bias, every alpha and beta.
+    float_weights = sorted(w.numpy().tobytes() for w in model.weights)
+    qat_weights = [w.numpy().tobytes() for w in qat.weights]
+    assert all(w in qat_weights for w in float_weights)
+    x = _fit(qat, rng, epochs=3)
+    assert qat.history.history["loss"][-1] < qat.history.history["loss"][0]
+    assert np.all(np.isfinite(qat(x[:4]).numpy()))
+
+
+@needs_tfmot
+def test_learnable_alpha_and_beta_change_during_qat(rng):
+    qat = quantization.quantize_model(_dense_model(keras_gelu.LearnableGELU()))
+    alpha = next(w for w in qat.weights if w.name.endswith("alpha:0"))
+    beta = next(w for w in qat.weights if w.name.endswith("beta:0"))
+    alpha_before, beta_before = alpha.numpy().copy(), beta.numpy().copy()
+    _fit(qat, rng)
+    assert np.max(np.abs(alpha.numpy() - alpha_before)) > 1e-3
+    assert np.max(np.abs(beta.numpy() - beta_before)) > 1e-3
+
+
+@needs_tfmot
+def test_quantize_model_refuses_subclassed_and_unbuilt_models():
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(3, activation=keras_gelu.GELU())
+
+        def call(self, x):
+            return self.dense(x)
+
+    subclassed = Subclassed()
+    subclassed(np.zeros((1, 4), np.float32))
+    with pytest.raises(ValueError, match="Received: model=Subclassed"):
+        quantization.quantize_model(subclassed)
+    with pytest.raises(ValueError, match="not built"):
+        quantization.quantize_model(keras.Sequential([keras.layers.Dense(3, activation=keras_gelu.GELU())]))
+
+
+@needs_tfmot
+@pytest.mark.parametrize("fmt", ["h5", "savedmodel"])
+def test_quantize_scope_loads_saved_qat_models(fmt, tmp_path, rng):
+    qat = quantization.quantize_model(every_gelu_functional(seed=5))
+    x = _fit(qat, rng, epochs=1)[:16]
+    path = str(tmp_path / ("qat.h5" if fmt == "h5" else "qat_savedmodel"))
+    qat.save(path)
+    with quantization.quantize_scope():
+        restored = keras.models.load_model(path)
+    np.testing.assert_array_equal(restored(x).numpy(), qat(x).numpy())
+    configs = sorted(type(layer.quantize_config).__name__ for layer in restored.layers
+                     if isinstance(getattr(layer, "layer", None), (keras_gelu.GELU, keras_gelu.LearnableGELU)))
+    assert configs == sorted(type(layer.quantize_config).__name__ for layer in qat.layers
+                             if isinstance(getattr(layer, "layer", None), (keras_gelu.GELU, keras_gelu.LearnableGELU)))
+
+
+# --- QAT model -> int8 .tflite -------------------------------------------------
+
+CONVERSIONS = [("builtin", "sigmoid"), ("builtin", "tanh"), ("builtin", "erf"), ("native", "sigmoid"),
+               ("select", "sigmoid")]
+QAT_TARGETS = ["builtin", "native"]  # quantize_model(mode=...), form "sigmoid"
+
+# A model trained for one mode and converted in the other: its exact or tanh
+# GELU was trained as one lookup table and is now re-spelled in ops (or
+# back), so their rounding differs. Measured on these models: up to 2 steps.
+CROSS_MODE_STEPS = 3.0 + 1e-3
+
+
+def _int8_ops_differ(name, qat_mode, conversion_mode):
+    """Whether conversion computes a GELU with other int8 ops than QAT trained with.
+
+    Our sigmoid and learnable forms are LOGISTIC/MUL ops in every mode; an op
+    chain trained by QAT is kept by the converter as it is. A lookup-table GELU
+    (ours trained for native mode, Keras's 'gelu' always) is re-spelled in ops
+    by builtin mode.
+    """
+    lookup_table = name == "keras 'gelu' string" or (
+        qat_mode == "native" and name in ("exact layer", "tanh layer", "tanh function"))
+    return lookup_table and conversion_mode == "builtin"
+
+
+@pytest.fixture(scope="module")
+def trained_qat_models(tmp_path_factory):
+    """One trained QAT SavedModel per activation and QAT target mode (module-scoped: training is the slow part)."""
+    if IS_KERAS3 or not HAS_TFMOT:
+        pytest.skip("tfmot QAT needs tf-keras and tensorflow-model-optimization")
+    rng = np.random.default_rng(7)
+    models = {}
+    for name, make in ACTIVATIONS.items():
+        for qat_mode in QAT_TARGETS:
+            keras.backend.clear_session()
+            qat = quantization.quantize_model(_dense_model(make()), mode=qat_mode)
+            x = _fit(qat, rng)
+            models[name, qat_mode] = (_saved(qat, tmp_path_factory.mktemp("qat")), qat, x[:64])
+    return models
+
+
+@pytest.mark.parametrize("mode,form", CONVERSIONS)
+@pytest.mark.parametrize("qat_mode", QAT_TARGETS)
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_qat_model_converts_to_a_fully_integer_tflite(name, qat_mode, mode, form, trained_qat_models):
+    import tflite_helpers
+
+    path, qat, x = trained_qat_models[name, qat_mode]
+    tflite_model, report = converters.convert(path, mode=mode, form=form, int8=True)
+    assert report.int8 and report.quantization_aware
+    assert report.float_ops == {}, report.op_types
+    assert set(report.op_types["FULLY_CONNECTED"]) == {"int8"}
+    lookup_table = name == "keras 'gelu' string" or (
+        qat_mode == "native" and name in ("exact layer", "tanh layer", "tanh function"))
+    assert ("GELU" in report.ops) == (lookup_table and mode != "builtin"), report.ops
+    # The .tflite against the QAT Keras model itself (not our rewritten graph).
+    (scale,) = converters.report.output_scales(tflite_model)
+    steps = np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale
+    if _int8_ops_differ(name, qat_mode, mode):
+        # Builtin mode's default form also swaps exact GELU for x*sigmoid(1.702x): 0.02 per activation.
+        swapped = form == "sigmoid" and name in ("exact layer", "keras 'gelu' string")
+        assert steps <= CROSS_MODE_STEPS + (1 if swapped else 0)
+    else:
+        assert steps <= QAT_INT8_STEPS
+        assert report.drift[0]["steps"] <= QAT_INT8_STEPS  # the converter's own check agrees
+    assert report.fidelity[0]["steps"] <= 1.0  # the rewritten graph mirrors the int8 ops
+
+
+@pytest.mark.parametrize("name", ["exact layer", "learnable layer"])
+def test_qat_int8_io_takes_and_returns_int8(name, trained_qat_models):
+    import tflite_helpers
+    from keras_gelu.converters import verify
+
+    path, qat, x = trained_qat_models[name, "native"]
+    tflite_model, report = converters.convert(path, mode="native", int8=True, int8_io=True)
+    assert "QUANTIZE" not in report.ops and "DEQUANTIZE" not in report.ops
+    interpreter_class, _ = verify.interpreter_class()
+    interpreter = interpreter_class(model_content=tflite_model)
+    assert interpreter.get_input_details()[0]["dtype"] == np.int8
+    assert interpreter.get_output_details()[0]["dtype"] == np.int8
+    scale = interpreter.get_output_details()[0]["quantization"][0]
+    # verify.invoke quantizes the float input as the float model's QUANTIZE op would, and dequantizes.
+    got = tflite_helpers.run(tflite_model, x)[0]
+    assert np.max(np.abs(got - qat(x).numpy())) <= QAT_INT8_STEPS * scale
+
+
+def test_qat_h5_file_converts_through_the_cli(trained_qat_models, tmp_path, capsys):
+    from keras_gelu.converters import cli
+
+    _, qat, _ = trained_qat_models["learnable layer", "builtin"]
+    path = str(tmp_path / "qat.h5")
+    qat.save(path)
+    output = str(tmp_path / "qat.tflite")
+    assert cli.main([path, "--int8", "--mode", "native", "-o", output]) == 0
+    text = capsys.readouterr().err
+    assert "integer throughout" in text and "int8 steps" in text
+    assert os.path.getsize(output) > 0
+
+
+def test_qat_model_refuses_calibration(trained_qat_models):
+    path, _, _ = trained_qat_models["exact layer", "builtin"]
+    with pytest.raises(converters.errors.BadInputs, match="drop --calibration"):
+        converters.convert(path, int8=True, calibration="random:4")
+
+
+def test_qat_model_converted_without_int8_says_so(trained_qat_models):
+    path, _, _ = trained_qat_models["sigmoid layer", "builtin"]
+    _, report = converters.convert(path, verify=False)
+    assert any("--int8" in warning for warning in report.warnings)
+
+
+@needs_tfmot
+def test_initialize_ranges_starts_every_range_at_the_data_and_keeps_the_weights(rng):
+    model = every_gelu_functional(seed=5)
+    x = rng.normal(0.0, 2.0, size=(128, 12)).astype(np.float32)
+    untouched = quantization.quantize_model(model)
+    qat = quantization.quantize_model(model)
+    weights_before = {w.name: w.numpy().copy() for w in qat.weights if not w.name.endswith(("_min:0", "_max:0"))}
+    quantization.initialize_ranges(qat, x)
+    for weight in qat.weights:
+        if weight.name in weights_before:
+            np.testing.assert_array_equal(weight.numpy(), weights_before[weight.name], err_msg=weight.name)
+    # The input's range is the data's range (widened to hold 0, as TFLite needs).
+    input_layer = next(layer for layer in qat.layers if type(layer).__name__ == "QuantizeLayer")
+    low, high = (next(w for w in input_layer.weights if w.name.endswith(suffix)).numpy()
+                 for suffix in ("_min:0", "_max:0"))
+    np.testing.assert_allclose([low, high], [min(x.min(), 0.0), max(x.max(), 0.0)], rtol=1e-6)
+    # Before any training, the calibrated QAT model already computes the float model's function,
+    # as post-training int8 would: 7 quantized layers each round by half a step of their own
+    # scale (measured: 6.3 output steps). tfmot's [-6, 6] start is at least twice as far off.
+    (head_min, head_max) = (next(w for w in qat.weights if w.name == f"quant_head/post_activation_{end}:0").numpy()
+                            for end in ("min", "max"))
+    step = (head_max - head_min) / 255
+    reference = model(x).numpy()
+    calibrated_error = np.max(np.abs(qat(x).numpy() - reference))
+    assert calibrated_error <= 8 * step, calibrated_error / step
+    assert np.max(np.abs(untouched(x).numpy() - reference)) > 2 * calibrated_error

@@ -1,0 +1,50 @@
+"""The int8 recipes in examples/ run as the README says (shortened: one form, one epoch each).
+
+They need tf-keras, tfmot and scikit-learn, so they run in the tf-keras leg.
+"""
+
+import importlib
+import os
+import sys
+
+import pytest
+
+from conftest import IS_KERAS3
+
+if IS_KERAS3:  # before importing tfmot, which sets TF_USE_LEGACY_KERAS=1 for the whole session
+    pytest.skip("the recipes run QAT, which needs tf-keras", allow_module_level=True)
+pytest.importorskip("sklearn")
+pytest.importorskip("tensorflow_model_optimization")
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "examples"))
+
+SHORT = ["--epochs", "1", "--qat-epochs", "1", "--calibration-samples", "32"]
+
+
+@pytest.mark.parametrize("recipe, extra, prefix", [
+    ("qat_digits", ["--forms", "learnable"], "digits"),
+    ("qat_transformer", ["--forms", "exact", "--train-size", "256", "--test-size", "64"], "encoder"),
+])
+def test_recipe_runs_and_refuses_to_overwrite(recipe, extra, prefix, tmp_path, capsys):
+    module = importlib.import_module(recipe)
+    argv = [*SHORT, *extra, "--output-dir", str(tmp_path)]
+    assert module.main(argv) == 0
+    table = capsys.readouterr().out
+    assert "| form" in table and "PTQ int8" in table
+    row = next(line for line in table.splitlines() if line.startswith("|") and extra[1] in line)
+    assert " yes " in row  # the int8 model is integer throughout
+    written = tmp_path / f"{prefix}_{extra[1]}_int8.tflite"
+    assert written.stat().st_size > 0
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv)
+    assert exit_info.value.code == 7
+    assert "--force" in capsys.readouterr().err
+
+
+def test_recipe_flags_are_checked(capsys):
+    import qat_digits
+
+    with pytest.raises(SystemExit) as exit_info:
+        qat_digits.main(["--forms", "quadratic"])
+    assert exit_info.value.code == 2
+    assert "unknown form(s) quadratic" in capsys.readouterr().err
