@@ -1,8 +1,8 @@
 """Quantization-aware training of keras_gelu models with tfmot (tf-keras only).
 
     import keras_gelu.quantization as kq
-    qat_model = kq.quantize_model(model)      # annotate, split, quantize_apply
-    ...train qat_model...
+    qat_model = kq.quantize_model(model, mode="builtin", calibration_data=x_train[:256])
+    ...train qat_model, then: keras-gelu-convert <saved qat_model> --int8 --mode builtin
     with kq.quantize_scope():
         reloaded = tf_keras.models.load_model("qat.h5")
 
@@ -240,7 +240,8 @@ def initialize_ranges(qat_model, samples):
     This does what post-training calibration does instead: one forward pass
     in training mode over `samples` (a batch: an array, or a list of arrays
     for several inputs), with each range taken from that batch. Every other
-    variable (batch-norm statistics, weights) is restored afterwards.
+    variable (batch-norm statistics, weights) is restored afterwards. Dropout
+    is active in that pass, which can widen a range a little.
 
     Args:
         qat_model: A model from `quantize_model`.
