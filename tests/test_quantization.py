@@ -433,3 +433,24 @@ def test_initialize_ranges_starts_every_range_at_the_data_and_keeps_the_weights(
     calibrated_error = np.max(np.abs(qat(x).numpy() - reference))
     assert calibrated_error <= 8 * step, calibrated_error / step
     assert np.max(np.abs(untouched(x).numpy() - reference)) > 2 * calibrated_error
+
+
+@needs_tfmot
+def test_conv_with_a_gelu_activation_is_split_and_converts_to_integer(tmp_path, rng):
+    keras.utils.set_random_seed(12)
+    model = keras.Sequential([
+        keras.Input((8, 8, 1), name="image"),
+        keras.layers.Conv2D(4, 3, activation=keras_gelu.GELU("tanh")),
+        keras.layers.Conv2D(4, 3, activation=keras_gelu.LearnableGELU(shared_axes=[1, 2])),
+        keras.layers.Flatten(),
+        keras.layers.Dense(3),
+    ])
+    x = rng.normal(size=(64, 8, 8, 1)).astype(np.float32)
+    split = quantization.split_activations(model)
+    np.testing.assert_allclose(split(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)
+    qat = quantization.quantize_model(model, calibration_data=x)
+    qat.compile(keras.optimizers.Adam(1e-3), "mse")
+    qat.fit(x, rng.normal(size=(64, 3)).astype(np.float32), epochs=1, verbose=0)
+    _, report = converters.convert(_saved(qat, tmp_path), int8=True)
+    assert report.float_ops == {}, report.op_types
+    assert set(report.op_types["CONV_2D"]) == {"int8"}
