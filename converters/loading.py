@@ -96,6 +96,8 @@ def _keras_to_saved_model(path, directory):
         hint = ""
         if path.endswith(".keras") and KERAS_FLAVOUR != "keras3":
             hint = " (a .keras file from Keras 3 needs TF_USE_LEGACY_KERAS unset)"
+        elif KERAS_FLAVOUR == "keras3" and _mentions(path, b"QuantizeWrapper"):
+            hint = " (a tf-keras quantization-aware model: set TF_USE_LEGACY_KERAS=1, or convert its SavedModel)"
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise errors.CorruptModel(f"{path}: cannot load the Keras model{hint} ({first_line[:200]})") from error
     if KERAS_FLAVOUR == "keras3":

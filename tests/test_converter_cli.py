@@ -10,6 +10,7 @@ import pytest
 
 import spelling_models
 import tflite_helpers
+from conftest import keras3_only
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
 
@@ -175,3 +176,21 @@ def test_module_entry_point(model_dir, tmp_path):
     assert "1 x erf -> GELU op" in result.stderr
     assert output.read_bytes()[4:8] == b"TFL3"
     assert tflite_helpers.ops(output.read_bytes()).get("GELU") == 1
+
+
+@keras3_only
+def test_tf_keras_qat_h5_under_keras3_says_which_flavour_to_use(tmp_path, capsys):
+    import h5py
+
+    path = str(tmp_path / "qat.h5")
+    config = {"class_name": "Sequential", "config": {"name": "qat", "layers": [
+        {"class_name": "QuantizeWrapperV2", "config": {"name": "quant_dense", "layer": {}}}]}}
+    with h5py.File(path, "w") as stream:
+        stream.attrs["model_config"] = json.dumps(config)
+        stream.attrs["keras_version"] = "2.21.0"
+        stream.attrs["backend"] = "tensorflow"
+    output = tmp_path / "qat.tflite"
+    assert cli.main([path, "--int8", "-o", str(output)]) == errors.CorruptModel.exit_code
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "set TF_USE_LEGACY_KERAS=1" in line
+    assert not output.exists()
