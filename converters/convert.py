@@ -255,11 +255,12 @@ def _verify(tflite_model, source, reference, options, report):
     graph_outputs = parity.run_graph(reference, source, arrays)
     source_outputs = parity.run_source(source, arrays)
     report.tolerance = {"atol": options.atol, "rtol": options.rtol, "max_drift": options.max_drift}
-    scales = reporting.output_scales(tflite_model) if options.int8 else [None] * len(source.outputs)
-    max_steps = options.max_steps
-    if options.int8 and max_steps is None and report.quantization_aware:
-        max_steps = DEFAULT_QAT_STEPS
+    scales = [None] * len(source.outputs)
     if options.int8:
+        scales = reporting.output_scales(tflite_model)
+        max_steps = options.max_steps
+        if max_steps is None and report.quantization_aware:
+            max_steps = DEFAULT_QAT_STEPS
         report.tolerance = {"max_steps": max_steps, "max_drift": options.max_drift}
     for info, scale in zip(source.outputs, scales):
         atol, rtol = options.atol, options.rtol

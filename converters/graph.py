@@ -38,6 +38,16 @@ def nodes_by_name(graph_def):
     return {node.name: node for node in graph_def.node}
 
 
+def data_inputs(node):
+    """A node's data inputs, without its control inputs ('^name')."""
+    return [name for name in node.input if not name.startswith("^")]
+
+
+def producer(name, nodes):
+    """The node that produces tensor `name`'s value (through Identity-like nodes), or None."""
+    return nodes.get(split_tensor_name(resolve(name, nodes))[0])
+
+
 def consumers(graph_def):
     """tensor 'node:i' -> list of (consumer node, input position), data edges only."""
     result = {}
@@ -106,8 +116,8 @@ def inline_function_calls(graph_def):
                 continue
             function = library[node.attr["f"].func.name]
             body, flat_names = function_def_to_graph.function_def_to_graph_def(function)
-            data_inputs = [name for name in node.input if not name.startswith("^")]
-            arguments = {arg.name: data_inputs[i] for i, arg in enumerate(function.signature.input_arg)}
+            operands = data_inputs(node)
+            arguments = {arg.name: operands[i] for i, arg in enumerate(function.signature.input_arg)}
             _, outer = _copy_under_prefix(
                 inlined, body.node, node.name + "/inlined/", arguments,
                 control_inputs=[name for name in node.input if name.startswith("^")],  # the call's own
@@ -133,13 +143,12 @@ def resolve(name, nodes):
         node = nodes.get(node_name)
         if node is None or node.op not in PASS_THROUGH_OPS:
             return name
-        data_inputs = [i for i in node.input if not i.startswith("^")]
-        name = canonical(data_inputs[index if node.op == "IdentityN" else 0])
+        name = canonical(data_inputs(node)[index if node.op == "IdentityN" else 0])
 
 
 def constant_value(name, nodes):
     """The numpy value of a Const tensor (through Identity-like nodes), or None."""
-    node = nodes.get(split_tensor_name(resolve(name, nodes))[0])
+    node = producer(name, nodes)
     if node is None or node.op != "Const":
         return None
     return tf.make_ndarray(node.attr["value"].tensor)

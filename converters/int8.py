@@ -12,6 +12,7 @@ Two sources of int8 ranges:
   quantization) on --calibration data: an .npz of samples or random:N.
 """
 
+import functools
 import re
 
 import numpy as np
@@ -19,7 +20,7 @@ import tensorflow as tf
 
 from . import errors
 from . import graph
-from keras_gelu import formulas
+from . import spellings
 
 FAKE_QUANT_OPS = ("FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs")
 # Below this, a Maximum(x, c) is keras_gelu's -inf clamp.
@@ -42,10 +43,6 @@ def _is_zero(name, nodes):
     return value is not None and value.size == 1 and float(value.reshape(())) == 0.0
 
 
-def _operands(node):
-    return [name for name in node.input if not name.startswith("^")]
-
-
 def _guarded_value(node, nodes):
     """The tensor a keras_gelu inf/NaN guard passes through for finite inputs, or None.
 
@@ -53,7 +50,7 @@ def _guarded_value(node, nodes):
     * SelectV2(IsInf(x), ..., x): LearnableGELU's clamp of +-inf.
     * SelectV2(Equal(g, 0), ZerosLike(..), x * g): its 0 * inf guard; x * g is 0 there anyway.
     """
-    operands = _operands(node)
+    operands = graph.data_inputs(node)
     if node.op == "Maximum":
         for kept, bound in ((operands[0], operands[1]), (operands[1], operands[0])):
             if _is_lowest_float(bound, nodes):
@@ -61,18 +58,18 @@ def _guarded_value(node, nodes):
         return None
     if node.op not in ("Select", "SelectV2"):
         return None
-    condition = nodes.get(graph.split_tensor_name(graph.resolve(operands[0], nodes))[0])
+    condition = graph.producer(operands[0], nodes)
     if condition is None:
         return None
     otherwise = graph.resolve(operands[2], nodes)
     if condition.op == "IsInf" and graph.resolve(condition.input[0], nodes) == otherwise:
         return operands[2]
     if condition.op == "Equal":
-        compared = [graph.resolve(name, nodes) for name in _operands(condition) if not _is_zero(name, nodes)]
-        when_zero = nodes.get(graph.split_tensor_name(graph.resolve(operands[1], nodes))[0])
-        product = nodes.get(graph.split_tensor_name(otherwise)[0])
+        compared = [graph.resolve(name, nodes) for name in graph.data_inputs(condition) if not _is_zero(name, nodes)]
+        when_zero = graph.producer(operands[1], nodes)
+        product = graph.producer(otherwise, nodes)
         if (len(compared) == 1 and when_zero is not None and when_zero.op == "ZerosLike" and product is not None
-                and product.op == "Mul" and compared[0] in {graph.resolve(name, nodes) for name in _operands(product)}):
+                and product.op == "Mul" and compared[0] in {graph.resolve(name, nodes) for name in graph.data_inputs(product)}):
             return operands[2]
     return None
 
@@ -109,10 +106,10 @@ def negations_as_multiplications(graph_def):
         minus_one.attr["dtype"].type = dtype.as_datatype_enum
         minus_one.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(-1, dtype=dtype, shape=[]))
         node.op = "Mul"
-        data_inputs = [name for name in node.input if not name.startswith("^")]
         controls = [name for name in node.input if name.startswith("^")]
+        operands = graph.data_inputs(node)
         del node.input[:]
-        node.input.extend(data_inputs + [minus_one.name] + controls)
+        node.input.extend(operands + [minus_one.name] + controls)
         rewritten += 1
     return rewritten
 
@@ -132,15 +129,15 @@ def biases_before_reshapes(graph_def):
     for node in list(graph_def.node):
         if node.op not in ("BiasAdd", "Add", "AddV2"):
             continue
-        operands = _operands(node)
+        operands = graph.data_inputs(node)
         reshape = nodes.get(graph.split_tensor_name(operands[0])[0])
         bias = graph.constant_value(operands[1], nodes)
         if reshape is None or reshape.op != "Reshape" or bias is None or bias.ndim != 1:
             continue
-        matmul = nodes.get(graph.split_tensor_name(_operands(reshape)[0])[0])
+        matmul = nodes.get(graph.split_tensor_name(graph.data_inputs(reshape)[0])[0])
         if matmul is None or matmul.op != "MatMul" or matmul.attr["transpose_b"].b:
             continue
-        weights = graph.constant_value(_operands(matmul)[1], nodes)
+        weights = graph.constant_value(graph.data_inputs(matmul)[1], nodes)
         if weights is not None and weights.shape[-1] != bias.shape[0]:
             continue
         early_bias = graph_def.node.add()
@@ -163,7 +160,7 @@ def input_grid(x_name, nodes):
     The FakeQuant's range is nudged as TensorFlow does (zero exactly
     representable), so these are the values the int8 model sees.
     """
-    node = nodes.get(graph.split_tensor_name(graph.resolve(x_name, nodes))[0])
+    node = graph.producer(x_name, nodes)
     if node is None or node.op not in FAKE_QUANT_OPS:
         return None
     if node.op == "FakeQuantWithMinMaxArgs":
@@ -185,19 +182,17 @@ def input_grid(x_name, nodes):
 
 
 def intermediate_ranges(spelling, alpha, grid):
-    """[(min, max)] of each tensor `spelling` marks, evaluated eagerly on `grid`, in marking order.
+    """[(min, max)] of each intermediate `spelling` marks, evaluated eagerly on `grid`, in marking order.
 
-    None for a sigmoid output, whose grid TFLite fixes.
+    Sigmoid outputs are left out: TFLite fixes their grid.
     """
     ranges = []
 
     def record(tensor, logistic=False):
-        if logistic:
-            ranges.append(None)
-            return tensor
-        values = np.asarray(tensor, np.float64)
-        low, high = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
-        ranges.append((low, high if high > low else low + 1e-6))
+        if not logistic:
+            values = np.asarray(tensor, np.float64)
+            low, high = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
+            ranges.append((low, high if high > low else low + 1e-6))
         return tensor
 
     spelling(tf.constant(grid), alpha, mark=record)
@@ -205,29 +200,23 @@ def intermediate_ranges(spelling, alpha, grid):
 
 
 def fake_quantizer(ranges):
-    """A `mark` for the spelling that fake-quantizes the i-th marked tensor to ranges[i] (8 bits).
+    """A `mark` for the spelling that fake-quantizes the i-th intermediate to ranges[i] (8 bits).
 
     Sigmoid outputs go on TFLite's fixed LOGISTIC grid, so the rewritten graph
     computes what the int8 model computes.
     """
-    remaining = iter(ranges)
-
-    def mark(tensor, logistic=False):
-        bounds = next(remaining)
-        if logistic:
-            return formulas.on_logistic_int8_grid(tensor)
-        low, high = bounds
-        return tf.quantization.fake_quant_with_min_max_args(tensor, min=low, max=high, num_bits=8,
-                                                             narrow_range=False)
-
-    return mark
+    return spellings.marking([
+        functools.partial(tf.quantization.fake_quant_with_min_max_args, min=low, max=high, num_bits=8,
+                          narrow_range=False)
+        for low, high in ranges])
 
 
 def calibration_samples(spec, inputs, seed):
-    """A list of samples (one array per input, batch of 1) from --calibration.
+    """A list of samples (one array per input, in input order) from --calibration.
 
-    spec: "random:N" (seeded normal values, as for parity checks) or an .npz
-    path holding one array per input, samples along the first axis.
+    spec: "random:N" (N seeded random batches, as the parity check makes them)
+    or an .npz path holding one array per input, samples along the first axis
+    (each becomes a batch of one).
     """
     from . import verify
 

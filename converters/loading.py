@@ -89,8 +89,9 @@ def _keras_to_saved_model(path, directory):
     from keras_gelu.flavour import KERAS_FLAVOUR
     from keras_gelu.flavour import keras
 
+    scope = _quantize_scope_if_needed(path)  # its own error (tfmot missing) is already a one-line one
     try:
-        with _quantize_scope_if_needed(path):
+        with scope:
             model = keras.models.load_model(path, compile=False)
     except Exception as error:
         hint = ""

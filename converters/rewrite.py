@@ -82,7 +82,7 @@ class _Polynomials:
         node = self.nodes.get(node_name)
         if node is None or index != 0 or node.op not in patterns.ARITHMETIC_OPS:
             raise NotPolynomial(name)
-        operands = [i for i in node.input if not i.startswith("^")]
+        operands = graph.data_inputs(node)
         if node.op == "Neg":
             return {k: -v for k, v in self.of(operands[0]).items()}
         if node.op == "Square":
@@ -121,9 +121,8 @@ def _leaves(name, nodes, seen=None):
     if node is None or index != 0 or node.op not in patterns.ARITHMETIC_OPS:
         return {name}
     leaves = set()
-    for operand in node.input:
-        if not operand.startswith("^"):
-            leaves |= _leaves(operand, nodes, seen)
+    for operand in graph.data_inputs(node):
+        leaves |= _leaves(operand, nodes, seen)
     return leaves
 
 
@@ -149,8 +148,7 @@ def _effective_consumers(name, nodes, consumer_map):
     result = []
     for node, _ in consumer_map.get(graph.canonical(name), []):
         if node.op == "IdentityN":
-            data_inputs = [graph.canonical(i) for i in node.input if not i.startswith("^")]
-            for position, source in enumerate(data_inputs):
+            for position, source in enumerate(graph.canonical(i) for i in graph.data_inputs(node)):
                 if source == graph.canonical(name):
                     result.extend(_effective_consumers(f"{node.name}:{position}", nodes, consumer_map))
         elif node.op in graph.PASS_THROUGH_OPS:
@@ -231,7 +229,7 @@ def _int8_marker(function, alpha, x, nodes):
     """
     grid = integer.input_grid(x, nodes)
     if grid is None:
-        return (lambda tensor, logistic=False: tensor), False
+        return spellings.unmarked, False
     return integer.fake_quantizer(integer.intermediate_ranges(function, alpha, grid)), True
 
 

@@ -47,8 +47,20 @@ def erfc(t):
     return tf.where(t < constant_like(0.0, t), constant_like(2.0, t) - tail, tail)
 
 
-def _unmarked(tensor, logistic=False):
+def unmarked(tensor, logistic=False):
+    """The `mark` that leaves every tensor as it is (an int8 spelling whose ranges come from calibration)."""
     return tensor
+
+
+def marking(quantizers):
+    """A `mark` applying the i-th of `quantizers` to the i-th intermediate and TFLite's
+    fixed LOGISTIC grid to sigmoid outputs: the spelling as the int8 model computes it."""
+    remaining = iter(quantizers)
+
+    def mark(tensor, logistic=False):
+        return formulas.on_logistic_int8_grid(tensor) if logistic else next(remaining)(tensor)
+
+    return mark
 
 
 def _scaled(x, alpha, mark):
@@ -58,14 +70,14 @@ def _scaled(x, alpha, mark):
 def _prepared(x, mark):
     """(x, mark) to compute with: a float spelling (mark None) clamps -inf and marks nothing."""
     if mark is None:
-        return without_minus_inf(x), _unmarked
+        return without_minus_inf(x), unmarked
     return x, mark
 
 
 def exact_from_builtins(x, alpha):
     """x Phi(alpha x) with Phi from the erfc above: within 2e-6 of float64 GELU."""
     x = without_minus_inf(x)
-    u = _scaled(x, alpha, _unmarked)
+    u = _scaled(x, alpha, unmarked)
     half_tail = constant_like(0.5, x) * erfc_of_nonnegative(tf.abs(u) * constant_like(formulas.SQRT_HALF, x))
     cdf = tf.where(u < constant_like(0.0, x), half_tail, constant_like(1.0, x) - half_tail)
     return x * cdf

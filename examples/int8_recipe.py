@@ -55,7 +55,7 @@ def set_seed(seed):
     tf.config.experimental.enable_op_determinism()
 
 
-def train(model, x, y, epochs, learning_rate, label, batch_size=32, seed=0):
+def train(model, x, y, epochs, learning_rate, label, batch_size=32):
     model.compile(optimizer=keras.optimizers.Adam(learning_rate),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     model.fit(x, y, epochs=epochs, batch_size=batch_size, verbose=0, shuffle=True,

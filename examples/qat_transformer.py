@@ -41,7 +41,7 @@ CLASSES = 6  # the tokens whose counts are compared
 
 
 def make_task(count, seed):
-    """(features, labels): one-hot tokens and one-hot positions, and the most frequent of tokens 0-3."""
+    """(features, labels): one-hot tokens and one-hot positions; the most frequent of tokens 0 to CLASSES - 1."""
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, VOCABULARY, size=(count, SEQUENCE_LENGTH))
     counts = np.stack([(tokens == token).sum(axis=1) for token in range(CLASSES)], axis=1)

@@ -295,12 +295,8 @@ def quantize_model(model, mode="builtin", form="sigmoid", calibration_data=None)
     if not model.built:
         raise ValueError(f"quantize_model needs a built model; call it on data or build it first. "
                          f"Received: model={model.name} (not built)")
+    _configs().GELUQuantizeConfig(mode=mode, form=form)  # checks mode and form, before any work
     split = split_activations(model)
-    configs = _configs()
-    if mode not in configs.MODES:
-        raise ValueError(f"Argument `mode` must be one of {configs.MODES}. Received: mode={mode!r}")
-    if form not in configs.FORMS:
-        raise ValueError(f"Argument `form` must be one of {configs.FORMS}. Received: form={form!r}")
     annotated = keras.models.clone_model(split, clone_function=_annotator(mode, form))
     with quantize_scope():
         qat_model = tfmot.quantize_apply(annotated)

@@ -9,12 +9,21 @@ from keras_gelu.quantization import require_tfmot
 
 tfmot_keras = require_tfmot()
 
-from keras_gelu import formulas  # noqa: E402 - only after the check above
+import functools  # noqa: E402 - only after the check above
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from keras_gelu import formulas  # noqa: E402
+from keras_gelu.converters import FORMS  # noqa: E402 - the converter's --form values
+from keras_gelu.converters import int8 as integer  # noqa: E402
 from keras_gelu.converters import spellings  # noqa: E402
 from keras_gelu.flavour import keras  # noqa: E402
 
-MODES = ("builtin", "native")
-FORMS = ("sigmoid", "tanh", "erf")
+MODES = ("builtin", "native")  # select mode's int8 GELUs are native mode's
+
+# TFLite's int8 activations: 8 bits, asymmetric, one range per tensor.
+_INT8_PER_TENSOR = {"num_bits": 8, "per_axis": False, "symmetric": False, "narrow_range": False}
 
 # GELU.approximate -> the function name the converter's spelling table uses.
 _FUNCTIONS = {"none": "exact", "tanh": "tanh", "sigmoid": "sigmoid"}
@@ -22,8 +31,7 @@ _FUNCTIONS = {"none": "exact", "tanh": "tanh", "sigmoid": "sigmoid"}
 
 def activation_quantizer():
     """8-bit asymmetric per-tensor range from moving averages: TFLite's activation scheme."""
-    return tfmot_keras.quantizers.MovingAverageQuantizer(
-        num_bits=8, per_axis=False, symmetric=False, narrow_range=False)
+    return tfmot_keras.quantizers.MovingAverageQuantizer(**_INT8_PER_TENSOR)
 
 
 class IntermediateQuantizer(tfmot_keras.quantizers.MovingAverageQuantizer):
@@ -35,7 +43,7 @@ class IntermediateQuantizer(tfmot_keras.quantizers.MovingAverageQuantizer):
     """
 
     def __init__(self, index):
-        super().__init__(num_bits=8, per_axis=False, symmetric=False, narrow_range=False)
+        super().__init__(**_INT8_PER_TENSOR)
         self.index = index
 
     def build(self, tensor_shape, name, layer):
@@ -53,8 +61,7 @@ class IntermediateQuantizer(tfmot_keras.quantizers.MovingAverageQuantizer):
 
 def constant_quantizer():
     """8-bit asymmetric per-tensor range from the current value: how TFLite quantizes a MUL/ADD constant."""
-    return tfmot_keras.quantizers.LastValueQuantizer(
-        num_bits=8, per_axis=False, symmetric=False, narrow_range=False)
+    return tfmot_keras.quantizers.LastValueQuantizer(**_INT8_PER_TENSOR)
 
 
 def int8_spelling(approximate, mode, form):
@@ -63,27 +70,16 @@ def int8_spelling(approximate, mode, form):
     return function
 
 
-def intermediate_count(spelling):
-    """How many intermediate tensors of `spelling` get an int8 range of their own (0: one lookup-table op)."""
-    count = 0
+@functools.lru_cache(maxsize=None)
+def intermediate_count(approximate, mode, form):
+    """How many intermediate tensors of a GELU(approximate)'s int8 spelling get a range (0: one lookup-table op).
 
-    def count_marks(tensor, logistic=False):
-        nonlocal count
-        count += not logistic
-        return tensor
-
-    spelling(keras.backend.constant([0.0]), 1.0, mark=count_marks)
-    return count
-
-
-def _marking_with(quantize_activations):
-    """A spelling's `mark` that applies the i-th quantizer to the i-th intermediate."""
-    remaining = iter(quantize_activations)
-
-    def mark(tensor, logistic=False):
-        return formulas.on_logistic_int8_grid(tensor) if logistic else next(remaining)(tensor)
-
-    return mark
+    Counted once per spelling, eagerly (init_scope): a QuantizeWrapper asks
+    while Keras traces the model, whose graph must not gain the counting ops.
+    """
+    with tf.init_scope():
+        spelling = int8_spelling(approximate, mode, form)
+        return len(integer.intermediate_ranges(spelling, 1.0, np.zeros(1, np.float32)))
 
 
 class _OutputQuantizingConfig(tfmot_keras.QuantizeConfig):
@@ -154,16 +150,13 @@ class GELUQuantizeConfig(_OutputQuantizingConfig):
             raise ValueError(f"Argument `form` must be one of {FORMS}. Received: form={form!r}")
         self.mode, self.form = mode, form
 
-    def _spelling(self, layer):
-        return int8_spelling(layer.approximate, self.mode, self.form)
-
     def get_weights_and_quantizers(self, layer):
         return []
 
     def get_activations_and_quantizers(self, layer):
         # tfmot fake-quantizes the output of an activation named "linear":
         # one per intermediate tensor of the int8 spelling.
-        count = intermediate_count(self._spelling(layer))
+        count = intermediate_count(layer.approximate, self.mode, self.form)
         return [(keras.activations.linear, IntermediateQuantizer(index)) for index in range(count)]
 
     def set_quantize_weights(self, layer, quantize_weights):
@@ -171,15 +164,15 @@ class GELUQuantizeConfig(_OutputQuantizingConfig):
             raise ValueError(f"GELU has no weights to quantize. Received: {len(quantize_weights)} weights")
 
     def set_quantize_activations(self, layer, quantize_activations):
-        spelling = self._spelling(layer)
-        expected = intermediate_count(spelling)
+        expected = intermediate_count(layer.approximate, self.mode, self.form)
         if len(quantize_activations) != expected:
             raise ValueError(f"GELU({layer.approximate!r}) in {self.mode} mode has {expected} int8 intermediates. "
                              f"Received: {len(quantize_activations)} activations")
         if not quantize_activations:
             layer.quantized_call = None  # one lookup-table op: the float GELU, then the output quantizer
             return
-        layer.quantized_call = lambda x: spelling(x, 1.0, mark=_marking_with(quantize_activations))
+        spelling = int8_spelling(layer.approximate, self.mode, self.form)
+        layer.quantized_call = lambda x: spelling(x, 1.0, mark=spellings.marking(quantize_activations))
 
     def get_config(self):
         return {"mode": self.mode, "form": self.form, **super().get_config()}
