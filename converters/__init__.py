@@ -7,9 +7,9 @@ The same as the `keras-gelu-convert` command; see `converters.cli`.
 
 from . import errors
 from . import patterns
-from .convert import FORMS
-from .convert import MODES
 from .convert import convert
 from .errors import ConversionError
+from .options import FORMS
+from .options import MODES
 
 __all__ = ["FORMS", "MODES", "ConversionError", "convert", "errors", "patterns"]

@@ -1,8 +1,24 @@
-"""keras-gelu-convert: the command line, a thin layer over convert.convert."""
+"""keras-gelu-convert: the command line, a thin layer over convert.convert.
+
+Three steps, so that a mistake costs no TensorFlow start-up: `parse` and
+`preflight` need only the standard library (the flags, the model path, the
+input and output files), and only `run` imports TensorFlow. The installed
+command goes through keras_gelu_launcher, which holds back keras_gelu's own
+TensorFlow import until `preflight` has passed.
+"""
 
 import argparse
 import os
 import sys
+
+from . import errors
+from . import native_logs
+from . import paths
+from .options import DEFAULT_ATOL
+from .options import DEFAULT_DYNAMIC_SIZE
+from .options import DEFAULT_RTOL
+from .options import FORMS
+from .options import MODES
 
 EPILOG = """examples:
   keras-gelu-convert saved_model_dir                       # builtin ops, GELU as x*sigmoid(1.702x)
@@ -20,12 +36,6 @@ exit codes: 0 ok, 2 bad flags, 3 missing path, 4 not a model, 5 corrupt model,
 
 
 def _parser():
-    from .convert import FORMS
-    from .convert import MODES
-    from .verify import DEFAULT_ATOL
-    from .verify import DEFAULT_DYNAMIC_SIZE
-    from .verify import DEFAULT_RTOL
-
     parser = argparse.ArgumentParser(
         prog="keras-gelu-convert",
         description="Convert a SavedModel, .keras or .h5 model to .tflite, rewriting every GELU spelling "
@@ -93,50 +103,71 @@ def _check_flags(parser, args):
         parser.error("--max-steps must be >= 0")
 
 
-def _default_output(model):
-    stripped = os.path.normpath(model)
-    for suffix in (".keras", ".h5", ".hdf5"):
-        if stripped.endswith(suffix):
-            stripped = stripped[: -len(suffix)]
-    return stripped + ".tflite"
-
-
-def main(argv=None):
+def parse(argv=None):
+    """The checked arguments; argparse exits with code 2 on bad flags."""
     parser = _parser()
     args = parser.parse_args(argv)
     _check_flags(parser, args)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow is imported
+    args.output = args.output or paths.default_output(args.model)
+    return args
 
+
+def _fail(error, args):
+    """Print a user error as one line; its exit code."""
+    if args.debug:
+        raise error
+    print(f"keras-gelu-convert: error: {error.message}", file=sys.stderr)
+    return error.exit_code
+
+
+def preflight(args):
+    """Check the paths before any work: None if they are fine, else the exit code after a one-line error."""
+    try:
+        paths.model_kind(args.model)
+        for option, path in (("--inputs", args.inputs), ("--calibration", args.calibration)):
+            if path is not None and not path.startswith("random:"):
+                paths.check_readable_file(path, option)
+        paths.check_output_path(args.output, args.force)
+        if args.report_json:
+            paths.check_output_path(args.report_json, force=True)
+    except errors.ConversionError as error:
+        return _fail(error, args)
+    return None
+
+
+def run(args, before_import=None):
+    """Convert, verify and write; the exit code.
+
+    `before_import` runs first, with TensorFlow's start-up logging already
+    held back (the launcher runs keras_gelu's __init__ there).
+    """
+    with native_logs.filtered(show_all=args.verbose or args.debug):
+        if before_import is not None:
+            before_import()
+        return _convert_and_write(args)
+
+
+def _convert_and_write(args):
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")  # TF's deprecation notices are not the user's business
 
-    from .convert import check_output_path
     from .convert import convert
-    from .convert import write_atomically
-    from . import errors
 
-    output = args.output or _default_output(args.model)
     try:
-        check_output_path(output, args.force)
-        if args.report_json:
-            check_output_path(args.report_json, force=True)
         tflite_model, report = convert(
             args.model, mode=args.mode, form=args.form or "sigmoid", signature=args.signature,
             float16_weights=args.float16_weights, verify=args.verify, inputs=args.inputs, seed=args.seed,
             dynamic_size=args.dynamic_size, atol=args.atol, rtol=args.rtol, max_drift=args.max_drift,
             int8=args.int8, calibration=args.calibration, int8_io=args.int8_io, max_steps=args.max_steps)
-        write_atomically(tflite_model, output, args.force)
-        report.output = output
+        paths.write_atomically(tflite_model, args.output, args.force)
+        report.output = args.output
         if args.report_json:
-            write_atomically(report.to_json().encode(), args.report_json, force=True)
+            paths.write_atomically(report.to_json().encode(), args.report_json, force=True)
     except errors.ConversionError as error:
-        if args.debug:
-            raise
-        if isinstance(error, errors.ParityFailure) and not args.quiet:
+        if isinstance(error, errors.ParityFailure) and not args.quiet and not args.debug:
             print(error.report.to_text(args.verbose), file=sys.stderr)
-        print(f"keras-gelu-convert: error: {error.message}", file=sys.stderr)
-        return error.exit_code
+        return _fail(error, args)
     except Exception as error:  # noqa: BLE001 - one line, not a traceback, for anything unforeseen
         if args.debug:
             raise
@@ -146,3 +177,9 @@ def main(argv=None):
     if not args.quiet:
         print(report.to_text(args.verbose), file=sys.stderr)
     return 0
+
+
+def main(argv=None):
+    args = parse(argv)
+    failed = preflight(args)
+    return failed if failed is not None else run(args)

@@ -6,7 +6,6 @@ import dataclasses
 import logging
 import os
 import sys
-import tempfile
 import time
 import types
 
@@ -16,13 +15,11 @@ from . import errors
 from . import graph
 from . import int8 as integer
 from . import loading
+from . import options as conversion_options
 from . import report as reporting
 from . import rewrite
+from . import signatures
 from . import verify as parity
-
-MODES = ("builtin", "native", "select")
-FORMS = ("sigmoid", "tanh", "erf")
-
 
 def _tflite_converter(graph_def, source):
     """A TFLiteConverter over our already frozen GraphDef.
@@ -96,73 +93,6 @@ def _summarise(findings):
     return [{"spelling": s, "alpha": a, "became": b, "count": n} for (s, a, b), n in sorted(grouped.items())]
 
 
-def check_output_path(output, force):
-    """Fail early, before any work, on an output we may not write."""
-    directory = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(directory):
-        raise errors.OutputNotWritable(f"{output}: the folder {directory} does not exist")
-    if os.path.exists(output) and not force:
-        raise errors.OutputExists(f"{output}: exists; pass --force to overwrite it")
-    try:  # os.access says yes to root even where a write fails, so try one
-        with tempfile.TemporaryFile(dir=directory):
-            pass
-    except OSError as error:
-        raise errors.OutputNotWritable(f"{output}: cannot write in {directory} ({error.strerror})") from None
-
-
-def write_atomically(data, output, force):
-    """Write via a temporary file and rename: readers never see half a file."""
-    check_output_path(output, force)
-    directory = os.path.dirname(os.path.abspath(output))
-    try:
-        handle, temporary = tempfile.mkstemp(prefix=".keras_gelu_", suffix=".tmp", dir=directory)
-    except OSError as error:
-        raise errors.OutputNotWritable(f"{output}: cannot write in {directory} ({error.strerror})") from None
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-        if force:
-            os.replace(temporary, output)
-        else:
-            try:
-                os.link(temporary, output)  # fails, atomically, if the output appeared meanwhile
-            except FileExistsError:
-                raise errors.OutputExists(f"{output}: exists; pass --force to overwrite it") from None
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-
-
-@dataclasses.dataclass
-class Options:
-    mode: str = "builtin"
-    form: str = "sigmoid"
-    signature: str = None
-    float16_weights: bool = False
-    verify: bool = True
-    inputs: str = None  # .npz path
-    seed: int = 0
-    dynamic_size: int = parity.DEFAULT_DYNAMIC_SIZE
-    atol: float = parity.DEFAULT_ATOL
-    rtol: float = parity.DEFAULT_RTOL
-    max_drift: float = None
-    int8: bool = False
-    calibration: str = None  # "random:N" or an .npz of samples, for float models
-    int8_io: bool = False
-    max_steps: float = None  # int8 fidelity tolerance in output steps
-
-
-# int8 fidelity of a QAT model: the .tflite against its fake-quant graph in
-# TensorFlow, in steps of each output's int8 scale. Both compute the same ops
-# on the same grids, but a value on a rounding boundary can round the other
-# way (TFLite's fixed-point rescaling, its int8 SOFTMAX), and later layers
-# amplify that one step: a flipped 1/256 in an attention probability scales
-# a whole value vector. Measured: up to 2 steps on MLPs, 7 on the tiny
-# Transformer of examples/qat_transformer.py. A wrong range or a float
-# island is off by tens of steps.
-DEFAULT_QAT_STEPS = 10.0
-
-
 def convert(model_path, **options):
     """Convert a SavedModel/.keras/.h5 to TFLite; returns (tflite bytes, Report).
 
@@ -172,11 +102,7 @@ def convert(model_path, **options):
     `converters.errors.ConversionError` subclass for user errors, including
     a parity failure, in which case nothing is returned.
     """
-    options = Options(**options)
-    if options.mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}. Received: mode={options.mode!r}")
-    if options.form not in FORMS:
-        raise ValueError(f"form must be one of {FORMS}. Received: form={options.form!r}")
+    options = conversion_options.Options(**options)
     started = time.perf_counter()
     source = loading.load(model_path, options.signature)
     report = reporting.Report(model_path, source.kind, source.signature, options.mode, options.form,
@@ -192,6 +118,8 @@ def convert(model_path, **options):
     report.gelus = _summarise(result.findings)
     report.leftover_erf = result.leftover_erf
     tflite_model = to_tflite(result.graph_def, source, options.mode, options.float16_weights, int8_setup)
+    tflite_model = signatures.with_signature(tflite_model, source.signature, [info.name for info in source.inputs],
+                                             [info.name for info in source.outputs])
     report.ops = reporting.op_histogram(tflite_model)
     if options.int8:
         report.op_types = reporting.typed_op_histogram(tflite_model)
@@ -260,7 +188,7 @@ def _verify(tflite_model, source, reference, options, report):
         scales = reporting.output_scales(tflite_model)
         max_steps = options.max_steps
         if max_steps is None and report.quantization_aware:
-            max_steps = DEFAULT_QAT_STEPS
+            max_steps = conversion_options.DEFAULT_QAT_STEPS
         report.tolerance = {"max_steps": max_steps, "max_drift": options.max_drift}
     for info, scale in zip(source.outputs, scales):
         atol, rtol = options.atol, options.rtol

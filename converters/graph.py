@@ -233,6 +233,24 @@ def redirect(graph_def, old, new, keep=()):
                 node.input[position] = new
 
 
+def prune(graph_def, keep_tensors):
+    """A copy with only the nodes `keep_tensors` depend on (data and control edges); library kept."""
+    nodes = nodes_by_name(graph_def)
+    needed = set()
+    pending = [split_tensor_name(name)[0] for name in keep_tensors]
+    while pending:
+        name = pending.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        pending.extend(split_tensor_name(operand)[0] for operand in nodes[name].input)
+    pruned = graph_pb2.GraphDef()
+    pruned.versions.CopyFrom(graph_def.versions)
+    pruned.library.CopyFrom(graph_def.library)
+    pruned.node.extend(node for node in graph_def.node if node.name in needed)
+    return pruned
+
+
 def round_float_constants_to_float16(graph_def, except_scope=None):
     """A copy whose float32 constants hold float16-rounded values.
 

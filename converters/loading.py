@@ -11,6 +11,7 @@ from tensorflow.python.framework import convert_to_constants
 
 from . import errors
 from . import graph
+from . import paths
 
 
 @dataclasses.dataclass
@@ -107,22 +108,9 @@ def _keras_to_saved_model(path, directory):
         tf.saved_model.save(model, directory)
 
 
-def _kind(path):
-    if not os.path.exists(path):
-        raise errors.MissingPath(f"{path}: no such file or directory")
-    if os.path.isdir(path):
-        if not os.path.exists(os.path.join(path, "saved_model.pb")):
-            raise errors.NotAModel(f"{path}: a directory without saved_model.pb is not a SavedModel")
-        return "SavedModel"
-    for suffix in (".keras", ".h5", ".hdf5"):
-        if path.endswith(suffix):
-            return ".h5" if suffix == ".hdf5" else suffix
-    raise errors.NotAModel(f"{path}: not a SavedModel directory, .keras or .h5 file")
-
-
 def load(path, signature=None):
     """Load `path` and freeze its signature; raises errors.ConversionError subclasses."""
-    kind = _kind(path)
+    kind = paths.model_kind(path)
     if kind == "SavedModel":
         return _load_saved_model(path, path, kind, signature)
     # The exported copy is only read while loading and freezing: the loaded

@@ -216,11 +216,6 @@ def _dtype_of(name, nodes):
     return tf.float32
 
 
-def _prune(graph_def, keep_tensors):
-    keep = sorted({graph.split_tensor_name(name)[0] for name in keep_tensors})
-    return tf.compat.v1.graph_util.extract_sub_graph(graph_def, keep)
-
-
 def _int8_marker(function, alpha, x, nodes):
     """The `mark` of an int8 spelling and whether it sets exact ranges.
 
@@ -270,7 +265,7 @@ def rewrite(graph_def, keep_tensors, mode, form, int8=False):
         graph.redirect(rewritten, finding.root, new)
         finding.became = description
         findings.append(finding)
-    rewritten = _prune(rewritten, keep_tensors)
+    rewritten = graph.prune(rewritten, keep_tensors)
 
     leftover = collections.Counter()
     gelu_gates = {finding.gate for finding in findings}
@@ -286,5 +281,5 @@ def rewrite(graph_def, keep_tensors, mode, form, int8=False):
                            node.name + REWRITE_SCOPE, nodes)
         graph.redirect(rewritten, node.name + ":0", new)
     if leftover and mode != "select":
-        rewritten = _prune(rewritten, keep_tensors)
+        rewritten = graph.prune(rewritten, keep_tensors)
     return RewriteResult(rewritten, findings, dict(leftover))

@@ -20,7 +20,7 @@ tf.get_logger().setLevel("ERROR")
 import keras_gelu  # noqa: E402
 from keras_gelu import converters  # noqa: E402
 from keras_gelu import quantization  # noqa: E402
-from keras_gelu.converters.convert import write_atomically  # noqa: E402
+from keras_gelu.converters.paths import write_atomically  # noqa: E402
 from keras_gelu.converters import verify  # noqa: E402
 from keras_gelu.flavour import keras  # noqa: E402
 

@@ -1,0 +1,56 @@
+"""What a conversion can be asked for, and the defaults: plain data, no TensorFlow.
+
+The command line checks its arguments against these before TensorFlow is
+imported (see keras_gelu_launcher), so this module imports nothing heavy.
+"""
+
+import dataclasses
+
+MODES = ("builtin", "native", "select")
+FORMS = ("sigmoid", "tanh", "erf")
+
+# Fidelity tolerance (the .tflite against the rewritten graph in TensorFlow):
+# TFLite and TensorFlow kernels round differently (fused multiply-adds,
+# XNNPACK's exp/sigmoid polynomials, summation order in matmuls). Measured
+# over this package's test models and the real model families of the suite,
+# the worst difference was ~1e-6 relative to the output scale; 1e-4 leaves
+# two orders of magnitude of headroom while still catching any wrong op (a
+# wrong GELU spelling moves outputs by >= 1e-3).
+DEFAULT_ATOL = 1e-4
+DEFAULT_RTOL = 1e-4
+DEFAULT_DYNAMIC_SIZE = 2
+
+# int8 fidelity of a QAT model: the .tflite against its fake-quant graph in
+# TensorFlow, in steps of each output's int8 scale. Both compute the same ops
+# on the same grids, but a value on a rounding boundary can round the other
+# way (TFLite's fixed-point rescaling, its int8 SOFTMAX), and later layers
+# amplify that one step: a flipped 1/256 in an attention probability scales
+# a whole value vector. Measured: up to 2 steps on MLPs, 7 on the tiny
+# Transformer of examples/qat_transformer.py. A wrong range or a float
+# island is off by tens of steps.
+DEFAULT_QAT_STEPS = 10.0
+
+
+@dataclasses.dataclass
+class Options:
+    mode: str = "builtin"
+    form: str = "sigmoid"
+    signature: str = None
+    float16_weights: bool = False
+    verify: bool = True
+    inputs: str = None  # .npz path
+    seed: int = 0
+    dynamic_size: int = DEFAULT_DYNAMIC_SIZE
+    atol: float = DEFAULT_ATOL
+    rtol: float = DEFAULT_RTOL
+    max_drift: float = None
+    int8: bool = False
+    calibration: str = None  # "random:N" or an .npz of samples, for float models
+    int8_io: bool = False
+    max_steps: float = None  # int8 fidelity tolerance in output steps
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}. Received: mode={self.mode!r}")
+        if self.form not in FORMS:
+            raise ValueError(f"form must be one of {FORMS}. Received: form={self.form!r}")
