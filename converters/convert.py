@@ -93,8 +93,12 @@ def _summarise(findings):
     return [{"spelling": s, "alpha": a, "became": b, "count": n} for (s, a, b), n in sorted(grouped.items())]
 
 
-def convert(model_path, **options):
-    """Convert a SavedModel/.keras/.h5 to TFLite; returns (tflite bytes, Report).
+def convert(model, **options):
+    """Convert a model to TFLite; returns (tflite bytes, Report).
+
+    `model` is a SavedModel directory, a .keras or .h5 file, or a live Keras
+    model (Keras 3 or tf-keras; Sequential, functional, or subclassed once
+    built), which is converted through its serving signature.
 
     Options are those of `Options` (mode, form, signature, float16_weights,
     verify, inputs, seed, dynamic_size, atol, rtol, max_drift, int8,
@@ -104,11 +108,11 @@ def convert(model_path, **options):
     """
     options = conversion_options.Options(**options)
     started = time.perf_counter()
-    source = loading.load(model_path, options.signature)
-    report = reporting.Report(model_path, source.kind, source.signature, options.mode, options.form,
+    source = loading.load(model, options.signature)
+    report = reporting.Report(source.path, source.kind, source.signature, options.mode, options.form,
                               float16_weights=options.float16_weights,
                               promoted_to_float32=source.promoted_to_float32)
-    int8_setup = _int8_setup(model_path, source, options, report)
+    int8_setup = _int8_setup(source, options, report)
     keep = [info.tensor for info in source.inputs + source.outputs]
     result = rewrite.rewrite(source.graph_def, keep, options.mode, options.form, int8=options.int8)
     reference = result.graph_def
@@ -140,7 +144,7 @@ def convert(model_path, **options):
     return tflite_model, report
 
 
-def _int8_setup(model_path, source, options, report):
+def _int8_setup(source, options, report):
     """Check the int8 flags against the model; (calibration samples or None, int8_io), or None for float."""
     report.quantization_aware = quantization_aware = integer.is_quantization_aware(source.graph_def)
     if not options.int8:
@@ -150,12 +154,12 @@ def _int8_setup(model_path, source, options, report):
     report.int8 = True
     if quantization_aware:
         if options.calibration:
-            raise errors.BadInputs(f"{model_path}: the model is quantization-aware, its int8 ranges are trained; "
+            raise errors.BadInputs(f"{source.path}: the model is quantization-aware, its int8 ranges are trained; "
                                    "drop --calibration")
         report.int8_ranges = "ranges trained by quantization-aware training (FakeQuant ops)"
         return None, options.int8_io
     if not options.calibration:
-        raise errors.BadInputs(f"{model_path}: a float model needs --calibration file.npz or random:N for --int8 "
+        raise errors.BadInputs(f"{source.path}: a float model needs --calibration file.npz or random:N for --int8 "
                                "(or train it with keras_gelu.quantization.quantize_model)")
     samples = integer.calibration_samples(options.calibration, source.inputs, options.seed)
     report.int8_ranges = f"post-training, calibrated on {len(samples)} samples ({options.calibration})"

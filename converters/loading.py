@@ -2,7 +2,9 @@
 
 import contextlib
 import dataclasses
+import functools
 import os
+import sys
 import tempfile
 import zipfile
 
@@ -25,7 +27,7 @@ class TensorInfo:
 @dataclasses.dataclass
 class Source:
     path: str
-    kind: str  # "SavedModel", ".keras" or ".h5"
+    kind: str  # "SavedModel", ".keras", ".h5" or "Keras model" (a live model object)
     signature: str
     function: object  # the original signature, callable with the inputs as keywords
     inputs: list
@@ -102,22 +104,60 @@ def _keras_to_saved_model(path, directory):
             hint = " (a tf-keras quantization-aware model: set TF_USE_LEGACY_KERAS=1, or convert its SavedModel)"
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise errors.CorruptModel(f"{path}: cannot load the Keras model{hint} ({first_line[:200]})") from error
-    if KERAS_FLAVOUR == "keras3":
-        model.export(directory, verbose=False)
+    export_keras_model(model, directory, path)
+
+
+def _keras_model_flavour(model):
+    """"keras3" or "tf_keras" for a Keras model object of either Keras, else None."""
+    for flavour, module_name in (("keras3", "keras"), ("tf_keras", "tf_keras")):
+        module = sys.modules.get(module_name)  # a model object means its Keras is imported
+        if module is not None and isinstance(model, module.Model):
+            return flavour
+    return None
+
+
+def export_keras_model(model, directory, description):
+    """Save a Keras model (either Keras, whichever is active) as a SavedModel with a serving signature."""
+    flavour = _keras_model_flavour(model)
+    if flavour is None:
+        raise errors.NotAModel(f"{description}: not a Keras model, SavedModel directory, .keras or .h5 file")
+    if not model.built:
+        raise errors.NotAModel(f"{description}: the model is not built; call it on a batch of inputs (or build "
+                               "it) before converting")
+    try:
+        if flavour == "keras3":
+            model.export(directory, verbose=False)
+        else:
+            tf.saved_model.save(model, directory)
+    except Exception as error:  # Keras raises many types for a model it cannot trace
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise errors.NotAModel(f"{description}: cannot export the Keras model for conversion ({first_line[:200]})") \
+            from error
+
+
+def describe(model):
+    """How the report names the model: its path, or a live Keras model's class and name."""
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    return f"<{type(model).__name__} {getattr(model, 'name', '?')!r}>"
+
+
+def load(model, signature=None):
+    """Load a path or a live Keras model and freeze its signature; raises errors.ConversionError subclasses."""
+    description = describe(model)
+    if isinstance(model, (str, os.PathLike)):
+        kind = paths.model_kind(description)
+        if kind == "SavedModel":
+            return _load_saved_model(description, description, kind, signature)
+        export = functools.partial(_keras_to_saved_model, description)
     else:
-        tf.saved_model.save(model, directory)
-
-
-def load(path, signature=None):
-    """Load `path` and freeze its signature; raises errors.ConversionError subclasses."""
-    kind = paths.model_kind(path)
-    if kind == "SavedModel":
-        return _load_saved_model(path, path, kind, signature)
+        kind = "Keras model"
+        export = functools.partial(export_keras_model, model, description=description)
     # The exported copy is only read while loading and freezing: the loaded
     # signature keeps its variables in memory, so the folder can go.
     with tempfile.TemporaryDirectory(prefix="keras_gelu_convert_") as directory:
-        _keras_to_saved_model(path, directory)
-        return _load_saved_model(path, directory, kind, signature)
+        export(directory)
+        return _load_saved_model(description, directory, kind, signature)
 
 
 def _frozen_graph_def(function):

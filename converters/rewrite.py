@@ -16,6 +16,7 @@ old ops become dead and are pruned.
 
 import collections
 import dataclasses
+import math
 
 import tensorflow as tf
 
@@ -48,11 +49,45 @@ def _add(a, b, sign=1.0):
     return dict(total)
 
 
+# Ops whose scalar constant operands are folded while matching, so that
+# coefficients written as tf.sqrt(2.0), 1 / tf.sqrt(2 / pi) or 2.0 ** 0.5 count
+# as the numbers they compute. The graph itself is left as it is: the whole
+# GELU, constants included, is replaced.
+_FOLDED = {
+    "Sqrt": lambda a: math.sqrt(a) if a >= 0 else None,
+    "Rsqrt": lambda a: 1.0 / math.sqrt(a) if a > 0 else None,
+    "Reciprocal": lambda a: 1.0 / a if a else None,
+    "Neg": lambda a: -a,
+    "Square": lambda a: a * a,
+    "Cast": lambda a: a,
+    "Identity": lambda a: a,
+    "Mul": lambda a, b: a * b,
+    "RealDiv": lambda a, b: a / b if b else None,
+    "Div": lambda a, b: a / b if b else None,
+    "AddV2": lambda a, b: a + b,
+    "Add": lambda a, b: a + b,
+    "Sub": lambda a, b: a - b,
+    "Pow": lambda a, b: a ** b if a > 0 else None,
+}
+
+
 def _scalar_constant(name, nodes):
+    """The value of a scalar constant, or of a scalar expression of constants (_FOLDED), else None."""
     value = graph.constant_value(name, nodes)
-    if value is None or value.size != 1 or value.dtype.kind not in "fiu":
+    if value is not None:
+        return float(value.reshape(())) if value.size == 1 and value.dtype.kind in "fiu" else None
+    node = graph.producer(name, nodes)
+    if node is None or node.op not in _FOLDED or graph.split_tensor_name(graph.resolve(name, nodes))[1] != 0:
         return None
-    return float(value.reshape(()))
+    if node.op == "Cast" and not tf.as_dtype(node.attr["DstT"].type).is_floating:
+        return None
+    operands = [_scalar_constant(operand, nodes) for operand in graph.data_inputs(node)]
+    if None in operands:
+        return None
+    try:
+        return _FOLDED[node.op](*operands)
+    except (ArithmeticError, TypeError):
+        return None
 
 
 class _Polynomials:

@@ -29,6 +29,13 @@ SPELLINGS = {
                                "tanh", 1.0),
     "tf_nn_gelu_tanh": (lambda x: tf.nn.gelu(x, approximate=True), "tanh", 1.0),
     "sigmoid_1_702": (lambda x: x * sigmoid(1.702 * x), "sigmoid", 1.0),
+    # Coefficients computed in the graph, as tutorials write them.
+    "tutorial_tf_sqrt": (lambda x: x * 0.5 * (1.0 + erf(x / tf.sqrt(2.0))), "exact", 1.0),
+    "tanh_computed_constants": (
+        lambda x: 0.5 * x * (1.0 + tanh(tf.sqrt(2.0 / tf.constant(math.pi)) * (x + 0.044715 * tf.pow(x, 3.0)))),
+        "tanh", 1.0),
+    # A GELU in a tf.function of its own, called from the signature.
+    "nested_tf_function": (tf.function(lambda x: 0.5 * x * (1.0 + erf(x / SQRT2))), "exact", 1.0),
     # No-op cases: not GELU, must keep their function.
     "silu": (lambda x: x * sigmoid(x), None, 1.0),
     "twice_gelu_shape": (lambda x: x * (1.0 + erf(x / SQRT2)), None, 1.0),
