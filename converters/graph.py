@@ -3,14 +3,20 @@
 Everything here is generic TensorFlow graph plumbing; nothing knows about GELU.
 """
 
+import itertools
+
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.framework import types_pb2
 from tensorflow.python.framework import function_def_to_graph
+from tensorflow.python.framework import graph_to_function_def
 
 CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
+# Attributes through which If/While/Case ops (and their Stateless twins) name
+# the library functions they run: branches, loop conditions and bodies.
+CONTROL_FLOW_FUNCTION_ATTRS = ("then_branch", "else_branch", "cond", "body", "branches")
 PASS_THROUGH_OPS = ("Identity", "IdentityN", "StopGradient", "Snapshot")
 # TFLite computes floats in float32: half types (Keras mixed precision) and
 # float64 (keras_gelu computes bfloat16 GELUs in float64) are retyped.
@@ -133,6 +139,93 @@ def inline_function_calls(graph_def):
                     node.input[position] = rename[canonical(name)]
         current = inlined
     raise ValueError("function calls nested more than 16 deep")
+
+
+def _functions_called_by_control_flow(nodes):
+    for node in nodes:
+        for key in CONTROL_FLOW_FUNCTION_ATTRS:
+            if key in node.attr:
+                value = node.attr[key]
+                yield from ([value.func.name] if value.HasField("func") else [f.name for f in value.list.func])
+
+
+def control_flow_functions(graph_def):
+    """Library functions that control flow runs, in the graph or inside those functions; callees first."""
+    library = {function.signature.name: function for function in graph_def.library.function}
+    found = []
+    pending = list(_functions_called_by_control_flow(graph_def.node))
+    while pending:
+        name = pending.pop()
+        if name in found or name not in library:
+            continue
+        found.append(name)
+        pending.extend(_functions_called_by_control_flow(library[name].node_def))
+    return found[::-1]
+
+
+def _function_as_graph(function, library):
+    """(GraphDef of the body with `library`, its output tensors, its control outputs' node names)."""
+    body, flat_names = function_def_to_graph.function_def_to_graph_def(function)
+    body.library.CopyFrom(library)
+    outputs = []
+    taken = {node.name for node in body.node}
+    for arg in function.signature.output_arg:
+        # An Identity per output, so that a rewrite redirecting the consumers
+        # of a tensor also reaches a tensor that is returned as it is.
+        name = next(f"{arg.name}/keras_gelu_output_{n}" for n in itertools.count()
+                    if f"{arg.name}/keras_gelu_output_{n}" not in taken)
+        output = body.node.add(name=name, op="Identity", input=[flat_names[function.ret[arg.name]]])
+        output.attr["T"].type = arg.type
+        outputs.append(output.name + ":0")
+    return body, outputs, dict(function.control_ret)
+
+
+def _graph_as_function(body, function, outputs, control_outputs):
+    """A FunctionDef with `function`'s name, argument and output names, attributes, computing `body`."""
+    with tf.Graph().as_default() as scratch:
+        tf.compat.v1.import_graph_def(body, name="")
+    arguments = [scratch.get_tensor_by_name(arg.name + ":0") for arg in function.signature.input_arg]
+    rebuilt = graph_to_function_def.graph_to_function_def(
+        scratch, scratch.get_operations(), arguments, [scratch.get_tensor_by_name(name) for name in outputs],
+        out_names=[arg.name for arg in function.signature.output_arg])
+    rebuilt.signature.name = function.signature.name
+    rebuilt.signature.is_stateful = function.signature.is_stateful
+    for key, value in function.attr.items():
+        rebuilt.attr[key].CopyFrom(value)
+    for key, value in function.arg_attr.items():
+        rebuilt.arg_attr[key].CopyFrom(value)
+    kept = {node.name for node in body.node}
+    for output in function.signature.control_output:
+        if control_outputs.get(output) in kept:
+            rebuilt.signature.control_output.append(output)
+            rebuilt.control_ret[output] = control_outputs[output]
+    return rebuilt
+
+
+def transform_control_flow_functions(graph_def, transform):
+    """Apply `transform(body GraphDef, its input and output tensors) -> GraphDef` to every control-flow function.
+
+    If/While/Case ops keep their branches and bodies as library functions,
+    which the TFLite converter turns into subgraphs; whatever is done to the
+    main graph must be done to them too. Each body is taken out as a GraphDef
+    (its arguments become Placeholders named after them), transformed and put
+    back under its own name and interface; callees go first, so a caller's
+    body is rebuilt against its callees' new signatures. Returns a new
+    GraphDef, or `graph_def` itself where there is no control flow.
+    """
+    names = control_flow_functions(graph_def)
+    if not names:
+        return graph_def
+    result = graph_pb2.GraphDef()
+    result.CopyFrom(graph_def)
+    for name in names:
+        position, function = next((index, function) for index, function in enumerate(result.library.function)
+                                  if function.signature.name == name)
+        body, outputs, control_outputs = _function_as_graph(function, result.library)
+        arguments = [arg.name + ":0" for arg in function.signature.input_arg]
+        new_body = transform(body, arguments + outputs + list(control_outputs.values()))
+        result.library.function[position].CopyFrom(_graph_as_function(new_body, function, outputs, control_outputs))
+    return result
 
 
 def resolve(name, nodes):
@@ -260,14 +353,18 @@ def round_float_constants_to_float16(graph_def, except_scope=None):
     Constants under `except_scope` are kept: those of GELU spellings the
     converter fuses into its GELU op, which leaves no constant to round.
     """
-    rounded = graph_pb2.GraphDef()
-    rounded.CopyFrom(graph_def)
-    for node in rounded.node:
-        if except_scope and except_scope in node.name:
-            continue
-        if node.op == "Const" and node.attr["value"].tensor.dtype == types_pb2.DT_FLOAT:
-            value = tf.make_ndarray(node.attr["value"].tensor)
-            with np.errstate(over="ignore"):  # float32's extremes become +-inf, as in TFLite
-                rounded_value = value.astype(np.float16).astype(np.float32)
-            node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(rounded_value))
-    return rounded
+
+    def round_constants(body, outputs=None):
+        rounded = graph_pb2.GraphDef()
+        rounded.CopyFrom(body)
+        for node in rounded.node:
+            if except_scope and except_scope in node.name:
+                continue
+            if node.op == "Const" and node.attr["value"].tensor.dtype == types_pb2.DT_FLOAT:
+                value = tf.make_ndarray(node.attr["value"].tensor)
+                with np.errstate(over="ignore"):  # float32's extremes become +-inf, as in TFLite
+                    rounded_value = value.astype(np.float16).astype(np.float32)
+                node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(rounded_value))
+        return rounded
+
+    return transform_control_flow_functions(round_constants(graph_def), round_constants)

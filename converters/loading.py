@@ -163,6 +163,10 @@ def load(model, signature=None):
 def _frozen_graph_def(function):
     """The signature's graph with its variables turned into constants.
 
+    Control flow stays functional (If/While with library functions), as the
+    TFLite converter itself freezes it: lowered to Switch/Merge frames, a
+    while loop cannot be converted and a rewrite inside it breaks the frames.
+
     The public convert_variables_to_constants_v2 also rebuilds a
     ConcreteFunction from the result, which took 8x longer than the freezing
     itself on a BERT-base encoder (6 s of 6.7 s for 4 layers); we only need the
@@ -171,7 +175,7 @@ def _frozen_graph_def(function):
     """
     try:
         data = convert_to_constants._FunctionConverterDataInEager(
-            func=function, lower_control_flow=True, aggressive_inlining=True)
+            func=function, lower_control_flow=False, aggressive_inlining=True)
         graph_def, _ = convert_to_constants._replace_variables_by_constants(converter_data=data)
         for node in graph_def.node:
             # Names of the functions the node was inlined from: the TFLite
@@ -202,6 +206,18 @@ def _load_saved_model(path, directory, kind, signature):
         TensorInfo(key, tensor.name, tensor.dtype, tuple(tensor.shape.as_list()) if tensor.shape.rank is not None else None)
         for key, tensor in zip(output_keys, function.outputs)
     ]
-    graph_def = graph.inline_function_calls(_frozen_graph_def(function))
-    graph_def, promoted = graph.retype_floats_to_float32(graph_def)
+    graph_def, promoted = _inlined_in_float32(_frozen_graph_def(function))
     return Source(path, kind, signature, function, inputs, outputs, graph_def, promoted)
+
+
+def _inlined_in_float32(graph_def):
+    """(graph_def, retyped?): calls inlined and half/double retyped, in the graph and its control flow."""
+    retyped = []
+
+    def prepare(body, outputs=None):
+        body, changed = graph.retype_floats_to_float32(graph.inline_function_calls(body))
+        retyped.append(changed)
+        return body
+
+    graph_def = graph.transform_control_flow_functions(prepare(graph_def), prepare)
+    return graph_def, any(retyped)

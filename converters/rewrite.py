@@ -268,8 +268,23 @@ def rewrite(graph_def, keep_tensors, mode, form, int8=False):
 
     `keep_tensors` are the graph's inputs and outputs: everything else that no
     longer feeds them is pruned. With `int8`, inf/NaN guards are dropped and the
-    spellings are the int8 ones (see spellings.replacement and int8.py).
+    spellings are the int8 ones (see spellings.replacement and int8.py). The
+    branches and bodies of If/While ops are rewritten the same way.
     """
+    findings, leftover = [], collections.Counter()
+
+    def rewrite_one(body, outputs):
+        rewritten, found, bare = _rewrite_graph(body, outputs, mode, form, int8)
+        findings.extend(found)
+        leftover.update(bare)
+        return rewritten
+
+    rewritten = graph.transform_control_flow_functions(rewrite_one(graph_def, keep_tensors), rewrite_one)
+    return RewriteResult(rewritten, findings, dict(leftover))
+
+
+def _rewrite_graph(graph_def, keep_tensors, mode, form, int8):
+    """rewrite() for one graph (the main graph or a function body): (graph_def, findings, leftover erf)."""
     rewritten = tf.compat.v1.GraphDef()
     rewritten.CopyFrom(graph_def)
     if int8:
@@ -317,4 +332,4 @@ def rewrite(graph_def, keep_tensors, mode, form, int8=False):
         graph.redirect(rewritten, node.name + ":0", new)
     if leftover and mode != "select":
         rewritten = graph.prune(rewritten, keep_tensors)
-    return RewriteResult(rewritten, findings, dict(leftover))
+    return rewritten, findings, leftover

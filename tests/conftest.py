@@ -45,5 +45,15 @@ def rng():
     return np.random.default_rng(20261129)
 
 
+def _cpu_kind():
+    try:
+        flags = set(open("/proc/cpuinfo").read().split())
+    except OSError:
+        return "unknown CPU"
+    return " ".join(flag for flag in ("avx2", "avx512f", "avx512_vnni") if flag in flags) or "no AVX2"
+
+
 def pytest_report_header(config):
-    return f"keras_gelu flavour: {keras_gelu.KERAS_FLAVOUR} (keras {keras.__version__}), tensorflow {tf.__version__}"
+    return (f"keras_gelu flavour: {keras_gelu.KERAS_FLAVOUR} (keras {keras.__version__}), tensorflow {tf.__version__}, "
+            f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', '(unset: the CPU default)')}, "
+            f"CPU: {_cpu_kind()}")

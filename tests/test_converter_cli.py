@@ -219,3 +219,70 @@ def test_tf_keras_qat_h5_under_keras3_says_which_flavour_to_use(tmp_path, capsys
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "set TF_USE_LEGACY_KERAS=1" in line
     assert not output.exists()
+
+
+def test_unnamed_npz_array_feeds_a_one_input_signature(model_dir, capsys, tmp_path):
+    inputs = tmp_path / "unnamed.npz"
+    np.savez(inputs, np.ones((3, 16), np.float32))  # stored as arr_0
+    code, stderr = _run([model_dir, "-o", str(tmp_path / "m.tflite"), "--inputs", str(inputs)], capsys)
+    assert code == 0, stderr
+
+
+def test_unnamed_npz_arrays_feed_inputs_in_signature_order(tmp_path):
+    from keras_gelu.converters import verify
+    from keras_gelu.converters.loading import TensorInfo
+
+    signature = [TensorInfo("b_second", "b:0", tf.float32, (None, 2)), TensorInfo("a_first", "a:0", tf.float32, (None, 3))]
+    first, second = np.zeros((1, 2), np.float32), np.ones((1, 3), np.float32)
+    np.savez(tmp_path / "positional.npz", first, second)
+    arrays = verify.load_npz(str(tmp_path / "positional.npz"), signature)
+    assert arrays["b_second"] is not None and np.array_equal(arrays["b_second"], first)
+    assert np.array_equal(arrays["a_first"], second)
+    np.savez(tmp_path / "one_too_few.npz", first)
+    with pytest.raises(errors.BadInputs, match=r"expected keys: b_second, a_first, or 2 unnamed array\(s\)"):
+        verify.load_npz(str(tmp_path / "one_too_few.npz"), signature)
+
+
+def _command(*argv, **environment):
+    """Run the installed keras-gelu-convert command; (exit code, stderr)."""
+    command = os.path.join(os.path.dirname(sys.executable), "keras-gelu-convert")
+    result = subprocess.run([command, *argv], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, **environment})
+    return result.returncode, result.stderr
+
+
+@pytest.mark.parametrize("argv, exit_code", [
+    (["/nonexistent/model"], errors.MissingPath.exit_code),
+    (["{tmp}"], errors.NotAModel.exit_code),
+    (["{model}", "-o", "/no/such/folder/m.tflite"], errors.OutputNotWritable.exit_code),
+    (["{model}", "--inputs", "/no/such.npz"], errors.BadInputs.exit_code),
+])
+def test_path_errors_come_before_tensorflow_is_imported(argv, exit_code, model_dir, tmp_path):
+    """The launcher answers path mistakes without importing TensorFlow (the command's 5 s start-up)."""
+    argv = [arg.format(tmp=tmp_path, model=model_dir) for arg in argv]
+    probe = ("import sys\nfrom keras_gelu_launcher import main\nsys.argv = ['keras-gelu-convert'] + sys.argv[1:]\n"
+             "code = main()\nprint('tensorflow' in sys.modules, code)")
+    result = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=600)
+    assert result.stdout.split() == ["False", str(exit_code)], result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("keras-gelu-convert: error: ")
+
+
+def test_command_prints_only_its_own_lines(model_dir, tmp_path):
+    code, stderr = _command(model_dir, "-o", str(tmp_path / "quiet.tflite"), "-q")
+    assert code == 0 and stderr == ""
+    code, stderr = _command(model_dir, "-o", str(tmp_path / "m.tflite"))
+    assert code == 0
+    lines = stderr.splitlines()
+    assert lines[0].startswith(model_dir) and lines[-1].startswith("time: "), stderr
+    assert not any(marker in stderr for marker in ("I0000", "absl::InitializeLog", "XNNPACK", "cuda", "To enable"))
+
+
+def test_native_warnings_that_are_not_start_up_chatter_are_kept(capfd):
+    from keras_gelu.converters import native_logs
+
+    with native_logs.filtered():
+        os.write(2, b"I0000 00:00:1.0 1 port.cc:153] oneDNN custom operations are on.\n")
+        os.write(2, b"W0000 00:00:1.0 1 something.cc:12] a real warning about the model\n")
+    err = capfd.readouterr().err
+    assert "a real warning about the model" in err and "oneDNN" not in err

@@ -147,3 +147,97 @@ def test_model_without_gelu_converts_and_reports_zero(tmp_path):
     _, report = converters.convert(_save(model, tmp_path, as_file=False))
     assert report.gelus == [] and report.leftover_erf == {}
     _assert_converted(report, "builtin", 0)
+
+
+def _signature_reference(model, tmp_path):
+    """The serving signature as TensorFlow's own loader gives it, for an independent comparison."""
+    import tensorflow as tf
+
+    directory = str(tmp_path / "reference_export")
+    if IS_KERAS3:
+        model.export(directory, verbose=False)
+    else:
+        tf.saved_model.save(model, directory)
+    return tf.saved_model.load(directory).signatures["serving_default"]
+
+
+def _two_named_outputs_model():
+    keras.utils.set_random_seed(9)
+    features, mask = keras.Input((6,), name="features"), keras.Input((3,), name="mask")
+    h = keras.layers.Dense(8, activation=keras_gelu.GELU())(keras.layers.Concatenate()([features, mask]))
+    return keras.Model({"features": features, "mask": mask},
+                       {"scores": keras.layers.Dense(2, name="scores")(h),
+                        "embedding": keras.layers.Dense(4, activation=keras_gelu.gelu_tanh, name="embedding")(h)})
+
+
+@pytest.mark.parametrize("source", ["savedmodel", "file", "live"])
+@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
+def test_signature_is_kept_by_name(tmp_path, source, int8):
+    """The .tflite runs through get_signature_runner() with the source signature's own names."""
+    import tensorflow as tf
+
+    from keras_gelu.converters import verify
+
+    model = _two_named_outputs_model()
+    reference = _signature_reference(model, tmp_path)
+    model_input = model if source == "live" else _save(model, tmp_path, as_file=source == "file")
+    options = {"int8": True, "calibration": "random:16"} if int8 else {}
+    tflite_model, _ = converters.convert(model_input, mode="native", **options)
+    _, input_specs = reference.structured_input_signature
+    rng = np.random.default_rng(1)
+    arrays = {name: rng.normal(size=(1, *spec.shape[1:])).astype(np.float32) for name, spec in input_specs.items()}
+    expected = {name: value.numpy() for name, value in reference(**{k: tf.constant(v) for k, v in arrays.items()}).items()}
+    actual = verify.run_signature(tflite_model, "serving_default", arrays)
+    assert sorted(actual) == sorted(expected) and len(expected) == 2
+    # float: kernel rounding (see options.DEFAULT_ATOL); int8: a few steps of outputs of range ~2.
+    tolerance = 0.1 if int8 else 1e-4
+    for name in expected:
+        np.testing.assert_allclose(actual[name], expected[name], atol=tolerance, err_msg=name)
+
+
+def test_live_subclassed_model_must_be_built_first():
+    class Tiny(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(4, activation=keras_gelu.GELU())
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Tiny()
+    with pytest.raises(converters.errors.NotAModel, match="not built; call it on a batch"):
+        converters.convert(model)
+    model(np.zeros((1, 3), np.float32))
+    _, report = converters.convert(model, mode="native")
+    assert report.kind == "Keras model" and report.input == "<Tiny 'tiny'>"
+    _assert_converted(report, "native", gelu_ops_expected=1)
+
+
+def test_not_a_model_object_is_refused():
+    with pytest.raises(converters.errors.NotAModel, match="not a Keras model"):
+        converters.convert(object())
+
+
+def test_reference_graph_computes_layer_normalization_as_written():
+    """The fidelity reference against float64 numpy, for the pattern oneDNN's remapper fuses.
+
+    tf-keras's LayerNormalization with constant (frozen) gamma and beta is
+    what grappler turns into _MklLayerNorm when oneDNN is on; that kernel was
+    2.5e-4 away from float64 here, the ops as written 5e-8.
+    """
+    from keras_gelu.converters import loading
+    from keras_gelu.converters import verify
+
+    keras.utils.set_random_seed(10)
+    inputs = keras.Input((16, 32), batch_size=4, name="x")
+    dense = keras.layers.Dense(32)
+    norm = keras.layers.LayerNormalization(epsilon=1e-12, gamma_initializer="random_normal",
+                                           beta_initializer="random_normal")
+    source = loading.load(keras.Model(inputs, norm(dense(inputs))))
+    x = np.random.default_rng(2).normal(size=(4, 16, 32)).astype(np.float32)
+    (output,) = verify.run_graph(source.graph_def, source, {source.inputs[0].name: x}).values()
+    h = x.astype(np.float64) @ dense.kernel.numpy().astype(np.float64) + dense.bias.numpy()
+    mean, variance = h.mean(-1, keepdims=True), h.var(-1, keepdims=True)
+    expected = (h - mean) / np.sqrt(variance + 1e-12) * norm.gamma.numpy() + norm.beta.numpy()
+    # float32 rounding of a 32-term matmul and mean/variance on values ~3: 1e-6.
+    assert np.max(np.abs(output - expected)) <= 1e-6
