@@ -13,6 +13,7 @@ from tensorflow.python.framework import convert_to_constants
 
 from . import errors
 from . import graph
+from . import integer_inputs
 from . import paths
 
 
@@ -22,6 +23,7 @@ class TensorInfo:
     tensor: str  # the tensor's name in the graph
     dtype: tf.DType
     shape: tuple  # None for dynamic dimensions
+    values: object = None  # integer_inputs.IntegerValues of an integer input, where the graph tells them
 
 
 @dataclasses.dataclass
@@ -207,6 +209,9 @@ def _load_saved_model(path, directory, kind, signature):
         for key, tensor in zip(output_keys, function.outputs)
     ]
     graph_def, promoted = _inlined_in_float32(_frozen_graph_def(function))
+    for info in inputs:
+        if info.dtype.is_integer:
+            info.values = integer_inputs.integer_values(graph_def, info.tensor, info.name)
     return Source(path, kind, signature, function, inputs, outputs, graph_def, promoted)
 
 

@@ -30,10 +30,15 @@ class Comparison:
     passed: bool
 
 
-def make_inputs(inputs, seed=0, dynamic_size=DEFAULT_DYNAMIC_SIZE, npz_path=None):
-    """Inputs for every signature input: seeded random, or read from an .npz file."""
+def make_inputs(inputs, seed=0, dynamic_size=DEFAULT_DYNAMIC_SIZE, npz_path=None, option="--inputs"):
+    """Inputs for every signature input: seeded random, or read from an .npz file.
+
+    Random integers are drawn from the values the graph shows the input takes
+    (TensorInfo.values: an embedding table's rows, a mask's 0/1); where it
+    shows none, we refuse rather than guess, naming `option` for real samples.
+    """
     if npz_path is not None:
-        return load_npz(npz_path, inputs)
+        return load_npz(npz_path, inputs, option)
     rng = np.random.default_rng(seed)
     arrays = {}
     for info in inputs:
@@ -41,12 +46,16 @@ def make_inputs(inputs, seed=0, dynamic_size=DEFAULT_DYNAMIC_SIZE, npz_path=None
         if info.dtype.is_floating:
             arrays[info.name] = (rng.normal(0.0, 2.0, size=shape)).astype(info.dtype.as_numpy_dtype)
         elif info.dtype.is_integer:
-            arrays[info.name] = rng.integers(0, 10, size=shape).astype(info.dtype.as_numpy_dtype)
+            if info.values is None:
+                raise errors.BadInputs(f"cannot make random values for integer input {info.name!r}: it indexes no "
+                                       f"embedding table and is no mask, so its valid values are unknown; pass "
+                                       f"real samples with {option} file.npz")
+            arrays[info.name] = info.values.sample(rng, shape, info.dtype.as_numpy_dtype)
         elif info.dtype == tf.bool:
             arrays[info.name] = rng.integers(0, 2, size=shape).astype(bool)
         else:
             raise errors.BadInputs(f"cannot make random values for input {info.name!r} of dtype {info.dtype.name}; "
-                                   "pass --inputs file.npz")
+                                   f"pass {option} file.npz")
     return arrays
 
 

@@ -1,0 +1,230 @@
+"""Real model families, from tiny random configs (nothing downloaded), through every conversion.
+
+keras-hub's BERT, GPT-2 and ViT backbones (Keras 3: exported SavedModel and
+.keras file) and Hugging Face's TFBertModel and TFGPT2Model (transformers 4.x,
+built on tf-keras, so they run in every leg that has transformers). Each is fed
+realistic inputs: token ids inside the vocabulary, padding masks that are ones
+then zeros, segment ids in range. We check parity against the model object
+itself (not only against the graph the converter read), the op promises, and,
+for int8, that the result is integer or that the report names what is not.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import IS_KERAS3
+from keras_gelu import converters
+from keras_gelu.converters import verify
+
+VOCABULARY, SEQUENCE, SAMPLES = 100, 16, 8
+FLOAT_CONVERSIONS = [("native", "sigmoid"), ("builtin", "sigmoid"), ("builtin", "tanh"), ("builtin", "erf")]
+INT8 = ("int8", "erf")
+
+# Parity of the float .tflite with the model object: kernel rounding through
+# two encoder layers, ~1e-6 measured, where the GELU's function is kept
+# (native mode, erf form, or a tanh/sigmoid GELU in any form); the issue's
+# bound is 1e-5. Where exact GELU becomes x*sigmoid(1.702x) (2e-2 per
+# activation) or the tanh form (4.7e-4 per activation), the next Dense and
+# LayerNorm carry that error to the outputs: up to 3.1e-2 and 7e-4 measured.
+KEPT = 1e-5
+APPROXIMATED = {"sigmoid": 0.1, "tanh": 5e-3}
+# int8 post-training quantization of a random 2-layer encoder: ~10 quantized
+# tensors each round by half a step; measured cosine to the float model over
+# the unpadded positions >= 0.998.
+INT8_COSINE = 0.99
+
+
+def _token_inputs(rng, names, batch, segments=2):
+    """Realistic inputs for text models: ids in the vocabulary, prefix padding masks, segment ids."""
+    lengths = rng.integers(4, SEQUENCE + 1, size=(batch, 1))
+    mask = (np.arange(SEQUENCE) < lengths).astype(np.int32)
+    values = {"token_ids": rng.integers(1, VOCABULARY, size=(batch, SEQUENCE)).astype(np.int32) * mask,
+              "padding_mask": mask, "attention_mask": mask,
+              "segment_ids": (np.arange(SEQUENCE) >= lengths // 2).astype(np.int32) % segments * mask,
+              "input_ids": rng.integers(1, VOCABULARY, size=(batch, SEQUENCE)).astype(np.int32) * mask}
+    values["token_type_ids"] = values["segment_ids"]
+    return {name: values[name] for name in names}
+
+
+def _keras_hub_models():
+    keras_hub = pytest.importorskip("keras_hub")
+    common = dict(num_layers=2, num_heads=2, hidden_dim=32)
+    return {
+        "keras_hub_bert": (lambda: keras_hub.models.BertBackbone(
+            vocabulary_size=VOCABULARY, intermediate_dim=64, max_sequence_length=SEQUENCE, num_segments=2,
+            **common), ("padding_mask", "segment_ids", "token_ids")),
+        "keras_hub_gpt2": (lambda: keras_hub.models.GPT2Backbone(
+            vocabulary_size=VOCABULARY, intermediate_dim=64, max_sequence_length=SEQUENCE, **common),
+            ("padding_mask", "token_ids")),
+        "keras_hub_vit": (lambda: keras_hub.models.ViTBackbone(
+            image_shape=(32, 32, 3), patch_size=8, mlp_dim=64, **common), ("images",)),
+    }
+
+
+def _hugging_face_models():
+    transformers = pytest.importorskip("transformers")
+
+    def bert(activation):
+        model = transformers.TFBertModel(transformers.BertConfig(
+            vocab_size=VOCABULARY, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            hidden_act=activation, max_position_embeddings=32, type_vocab_size=2))
+        return model, ("input_ids", "attention_mask", "token_type_ids"), lambda outputs: {
+            "last_hidden_state": outputs.last_hidden_state, "pooler_output": outputs.pooler_output}
+
+    def gpt2():
+        model = transformers.TFGPT2Model(transformers.GPT2Config(
+            vocab_size=VOCABULARY, n_embd=32, n_layer=2, n_head=2, n_positions=32, activation_function="gelu_new"))
+        return model, ("input_ids", "attention_mask"), lambda outputs: {
+            "last_hidden_state": outputs.last_hidden_state}
+
+    return {"hf_bert_gelu": lambda: bert("gelu"), "hf_bert_gelu_new": lambda: bert("gelu_new"),
+            "hf_bert_quick_gelu": lambda: bert("quick_gelu"), "hf_gpt2": gpt2}
+
+
+class Case:
+    """A built model, its converter input (a path) and a call computing the reference outputs."""
+
+    def __init__(self, path, reference, inputs_npz, calibration_npz, arrays, gelu_function):
+        self.path, self.reference, self.arrays = path, reference, arrays
+        self.inputs_npz, self.calibration_npz, self.gelu_function = inputs_npz, calibration_npz, gelu_function
+
+
+def _write_inputs(directory, arrays, calibration):
+    np.savez(directory / "inputs.npz", **arrays)
+    np.savez(directory / "calibration.npz", **calibration)
+    return str(directory / "inputs.npz"), str(directory / "calibration.npz")
+
+
+@pytest.fixture(scope="module")
+def keras_hub_cases(tmp_path_factory):
+    if not IS_KERAS3:
+        pytest.skip("keras-hub models are Keras 3 models")
+    from conftest import keras
+
+    cases = {}
+    for name, (build, input_names) in _keras_hub_models().items():
+        keras.utils.set_random_seed(11)
+        model = build()
+        directory = tmp_path_factory.mktemp(name)
+        rng = np.random.default_rng(12)
+        if input_names == ("images",):
+            arrays = {"images": rng.normal(size=(1, 32, 32, 3)).astype(np.float32)}
+            calibration = {"images": rng.normal(size=(SAMPLES, 32, 32, 3)).astype(np.float32)}
+        else:
+            arrays, calibration = _token_inputs(rng, input_names, 1), _token_inputs(rng, input_names, SAMPLES)
+        outputs = model(arrays)
+        if not isinstance(outputs, dict):  # Keras's export names a single output output_0
+            outputs = {"output_0": outputs}
+        expected = {key: np.asarray(value) for key, value in outputs.items()}
+        inputs_npz, calibration_npz = _write_inputs(directory, arrays, calibration)
+        model.export(str(directory / "exported"), verbose=False)
+        model.save(str(directory / "model.keras"))
+        function = "exact" if name == "keras_hub_vit" else "tanh"  # keras-hub's text backbones use the tanh form
+        for kind, path in (("exported", str(directory / "exported")), ("keras", str(directory / "model.keras"))):
+            cases[f"{name}-{kind}"] = Case(path, expected, inputs_npz, calibration_npz, arrays, function)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def hugging_face_cases(tmp_path_factory):
+    cases = {}
+    for name, build in _hugging_face_models().items():
+        tf.keras.utils.set_random_seed(13)
+        model, input_names, as_dict = build()
+        directory = tmp_path_factory.mktemp(name)
+        specs = {key: tf.TensorSpec([1, SEQUENCE], tf.int32, name=key) for key in input_names}
+        serve = tf.function(lambda inputs, model=model, as_dict=as_dict: as_dict(model(inputs)),
+                            input_signature=[specs])
+        rng = np.random.default_rng(14)
+        arrays, calibration = _token_inputs(rng, input_names, 1), _token_inputs(rng, input_names, SAMPLES)
+        expected = {key: np.asarray(value) for key, value in as_dict(model(arrays)).items()}
+        tf.saved_model.save(model, str(directory / "saved_model"), signatures={"serving_default": serve})
+        inputs_npz, calibration_npz = _write_inputs(directory, arrays, calibration)
+        function = {"hf_bert_gelu": "exact", "hf_bert_quick_gelu": "sigmoid"}.get(name, "tanh")
+        cases[name] = Case(str(directory / "saved_model"), expected, inputs_npz, calibration_npz, arrays, function)
+    return cases
+
+
+def _unpadded(case, values):
+    """The values at the positions the padding mask keeps (all of them for outputs without a sequence axis).
+
+    What a padded position computes is never used, and int8 rounding of the
+    additive attention mask leaves it far from the float model (cosine 0.98
+    over all positions of Hugging Face's GPT-2, 0.9995 over the kept ones).
+    """
+    mask = next((case.arrays[key] for key in ("padding_mask", "attention_mask") if key in case.arrays), None)
+    if mask is None or values.ndim != 3 or values.shape[1] != SEQUENCE:
+        return values.ravel()
+    return values[mask.astype(bool)].ravel()
+
+
+def _check(case, mode, form):
+    int8 = mode == "int8"
+    options = dict(mode="builtin" if int8 else mode, form=form, inputs=case.inputs_npz)
+    if int8:
+        options.update(int8=True, calibration=case.calibration_npz)
+    tflite_model, report = converters.convert(case.path, **options)
+    assert report.gelus and all(entry["count"] == 2 for entry in report.gelus), report.gelus
+    ops = report.ops
+    assert not any(op.startswith("Flex") for op in ops), ops
+    assert ("GELU" in ops) == (mode == "native" and case.gelu_function != "sigmoid"), ops
+    assert report.verified and all(c["passed"] for c in report.fidelity), report.fidelity
+    actual = verify.run_signature(tflite_model, "serving_default", case.arrays)
+    assert sorted(actual) == sorted(case.reference)
+    if int8:
+        if report.float_ops:
+            (warning,) = [w for w in report.warnings if w.startswith("not fully integer")]
+            assert all(name in warning for name in report.float_ops)
+        for name, expected in case.reference.items():
+            a, e = (_unpadded(case, values).astype(np.float64) for values in (actual[name], expected))
+            assert a @ e / (np.linalg.norm(a) * np.linalg.norm(e)) >= INT8_COSINE, name
+        return
+    kept = mode == "native" or form == "erf" or case.gelu_function != "exact"
+    for name, expected in case.reference.items():
+        np.testing.assert_allclose(actual[name], expected, rtol=0, atol=KEPT if kept else APPROXIMATED[form],
+                                   err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, form", FLOAT_CONVERSIONS + [INT8], ids=[f"{m}-{f}" for m, f in FLOAT_CONVERSIONS + [INT8]])
+@pytest.mark.parametrize("name", ["keras_hub_bert", "keras_hub_gpt2", "keras_hub_vit"])
+def test_keras_hub_exported(keras_hub_cases, name, mode, form):
+    _check(keras_hub_cases[f"{name}-exported"], mode, form)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, form", [("native", "sigmoid"), ("builtin", "erf"), INT8])
+@pytest.mark.parametrize("name", ["keras_hub_bert", "keras_hub_gpt2", "keras_hub_vit"])
+def test_keras_hub_keras_file(keras_hub_cases, name, mode, form):
+    _check(keras_hub_cases[f"{name}-keras"], mode, form)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, form", FLOAT_CONVERSIONS + [INT8], ids=[f"{m}-{f}" for m, f in FLOAT_CONVERSIONS + [INT8]])
+@pytest.mark.parametrize("name", ["hf_bert_gelu", "hf_gpt2"])
+def test_hugging_face(hugging_face_cases, name, mode, form):
+    _check(hugging_face_cases[name], mode, form)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["native", "builtin"])
+@pytest.mark.parametrize("name", ["hf_bert_gelu_new", "hf_bert_quick_gelu"])
+def test_hugging_face_bert_activations(hugging_face_cases, name, mode):
+    _check(hugging_face_cases[name], mode, "erf")
+
+
+def test_random_inputs_respect_embedding_tables_and_masks(hugging_face_cases):
+    """Seeded random inputs (no --inputs) for a BERT: ids below the vocabulary, segment ids below 2, 0/1 masks."""
+    from keras_gelu.converters import loading
+
+    source = loading.load(hugging_face_cases["hf_bert_gelu"].path)
+    values = {info.name: info.values for info in source.inputs}
+    assert (values["input_ids"].upper, values["token_type_ids"].upper) == (VOCABULARY, 2)
+    assert values["attention_mask"].mask
+    arrays = verify.make_inputs(source.inputs, seed=3)
+    assert arrays["input_ids"].max() < VOCABULARY and arrays["token_type_ids"].max() < 2
+    mask = arrays["attention_mask"]
+    assert set(np.unique(mask)) <= {0, 1} and mask[:, 0].all() and (np.diff(mask, axis=-1) <= 0).all()
+    _, report = converters.convert(source.path, mode="native", int8=True, calibration="random:4")
+    assert report.verified
