@@ -8,7 +8,6 @@ TensorFlow import until `preflight` has passed.
 """
 
 import argparse
-import os
 import sys
 
 from . import errors

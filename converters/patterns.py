@@ -10,7 +10,6 @@ same row. `alpha` is the input scale of x*Phi(alpha*x) and its tanh twin; it is
 """
 
 import dataclasses
-import math
 
 from keras_gelu import formulas
 

@@ -7,7 +7,6 @@ all subgraphs (report.op_histogram counts every subgraph).
 
 import math
 
-import numpy as np
 import pytest
 import tensorflow as tf
 

@@ -149,7 +149,8 @@ def test_flag_combinations_are_refused(every_layer, argv, message, capsys):
 @pytest.mark.parametrize("calibration, message", [
     (None, "needs --calibration"),
     ("random:0", "at least one sample"),
-    ("missing.npz", "cannot read as .npz for --calibration"),
+    ("missing.npz", "no such file for --calibration"),
+    ("not_an_npz.npz", "cannot read as .npz for --calibration"),
     ("wrong_key.npz", "missing input(s) features"),
     ("wrong_shape.npz", "per sample, the model expects (?, 12)"),
 ])
@@ -157,6 +158,7 @@ def test_bad_calibration_is_a_one_line_error(every_layer, tmp_path, calibration,
     path, _ = every_layer
     np.savez(tmp_path / "wrong_key.npz", pixels=np.zeros((4, 12), np.float32))
     np.savez(tmp_path / "wrong_shape.npz", features=np.zeros((4, 13), np.float32))
+    (tmp_path / "not_an_npz.npz").write_bytes(b"not a zip archive")
     output = tmp_path / "out.tflite"
     argv = [path, "--int8", "-o", str(output)]
     if calibration is not None:
