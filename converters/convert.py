@@ -1,11 +1,8 @@
 """The conversion pipeline: load, rewrite, convert, verify, report, write."""
 
 import collections
-import contextlib
 import dataclasses
 import logging
-import os
-import sys
 import time
 import types
 
@@ -15,6 +12,7 @@ from . import errors
 from . import graph
 from . import int8 as integer
 from . import loading
+from . import native_logs
 from . import options as conversion_options
 from . import report as reporting
 from . import rewrite
@@ -60,7 +58,7 @@ def to_tflite(graph_def, source, mode, float16_weights, int8=None):
         converter.target_spec.supported_types = [tf.float16]
     if int8 is not None:
         integer.configure(converter, *int8)
-    with _native_stderr_silenced():
+    with native_logs.discarded():  # MLIR diagnostics; their substance is in the exception
         try:
             return converter.convert()
         except Exception as error:  # the converter raises ConverterError and friends
@@ -72,20 +70,6 @@ def to_tflite(graph_def, source, mode, float16_weights, int8=None):
     if mode == "select" and "Erfc" in str(failure):
         hint = "; Erfc has no Flex kernel, use --mode builtin or native, which rewrite it"
     raise errors.ConverterFailed(f"{source.path}: the TFLite converter failed: {summary[:300]}{hint}") from failure
-
-
-@contextlib.contextmanager
-def _native_stderr_silenced():
-    """The converter's C++ core prints MLIR diagnostics straight to fd 2; keep them off the user's terminal."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(os.devnull, "w") as devnull:
-        os.dup2(devnull.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 def _summarise(findings):

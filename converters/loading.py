@@ -38,12 +38,16 @@ class Source:
     promoted_to_float32: bool
 
 
+def _first_line(error):
+    """The first line of an exception's message (at most 200 characters), or its type's name."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+
+
 def _saved_model_signature(path, signature):
     try:
         loaded = tf.saved_model.load(path)
     except Exception as error:  # TF raises many types for a bad file
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise errors.CorruptModel(f"{path}: cannot read the SavedModel ({first_line[:200]})") from error
+        raise errors.CorruptModel(f"{path}: cannot read the SavedModel ({_first_line(error)})") from error
     available = sorted(loaded.signatures.keys())
     if not available:
         raise errors.UnknownSignature(f"{path}: the SavedModel has no signatures")
@@ -104,9 +108,8 @@ def _keras_to_saved_model(path, directory):
             hint = " (a .keras file from Keras 3 needs TF_USE_LEGACY_KERAS unset)"
         elif KERAS_FLAVOUR == "keras3" and _mentions(path, b"QuantizeWrapper"):
             hint = " (a tf-keras quantization-aware model: set TF_USE_LEGACY_KERAS=1, or convert its SavedModel)"
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise errors.CorruptModel(f"{path}: cannot load the Keras model{hint} ({first_line[:200]})") from error
-    export_keras_model(model, directory, path)
+        raise errors.CorruptModel(f"{path}: cannot load the Keras model{hint} ({_first_line(error)})") from error
+    _export_keras_model(model, directory, path)
 
 
 def _keras_model_flavour(model):
@@ -118,7 +121,7 @@ def _keras_model_flavour(model):
     return None
 
 
-def export_keras_model(model, directory, description):
+def _export_keras_model(model, directory, description):
     """Save a Keras model (either Keras, whichever is active) as a SavedModel with a serving signature."""
     flavour = _keras_model_flavour(model)
     if flavour is None:
@@ -132,8 +135,7 @@ def export_keras_model(model, directory, description):
         else:
             tf.saved_model.save(model, directory)
     except Exception as error:  # Keras raises many types for a model it cannot trace
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise errors.NotAModel(f"{description}: cannot export the Keras model for conversion ({first_line[:200]})") \
+        raise errors.NotAModel(f"{description}: cannot export the Keras model for conversion ({_first_line(error)})") \
             from error
 
 
@@ -154,7 +156,7 @@ def load(model, signature=None):
         export = functools.partial(_keras_to_saved_model, description)
     else:
         kind = "Keras model"
-        export = functools.partial(export_keras_model, model, description=description)
+        export = functools.partial(_export_keras_model, model, description=description)
     # The exported copy is only read while loading and freezing: the loaded
     # signature keeps its variables in memory, so the folder can go.
     with tempfile.TemporaryDirectory(prefix="keras_gelu_convert_") as directory:

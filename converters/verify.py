@@ -12,6 +12,7 @@ The default tolerances, and why, are in options.py.
 """
 
 import dataclasses
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -147,7 +148,14 @@ def interpreter_class():
 
         return Interpreter, "ai-edge-litert"
     except ImportError:
-        return tf.lite.Interpreter, f"tf.lite.Interpreter (TF {tf.__version__})"
+        return _tensorflow_interpreter, f"tf.lite.Interpreter (TF {tf.__version__})"
+
+
+def _tensorflow_interpreter(*args, **kwargs):
+    """tf.lite.Interpreter without its notice to move to ai-edge-litert: the report names the runtime used."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"\s*Warning: Please use the LiteRT interpreter")
+        return tf.lite.Interpreter(*args, **kwargs)
 
 
 def _quantization(detail):
