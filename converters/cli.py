@@ -30,7 +30,8 @@ EPILOG = """examples:
 
 exit codes: 0 ok, 2 bad flags, 3 missing path, 4 not a model, 5 corrupt model,
 6 unknown signature, 7 output exists, 8 output folder missing or not writable,
-9 bad --inputs, 10 parity failure, 11 the TFLite converter failed, 1 internal error
+9 bad --inputs or --calibration, 10 parity failure, 11 the TFLite converter failed,
+12 the model carries code or file-system ops (see --trust-model), 1 internal error
 """
 
 
@@ -72,6 +73,9 @@ def _parser():
     parser.add_argument("--max-steps", type=float,
                         help="int8 fidelity tolerance in steps of each output's int8 scale (default "
                              "10 for quantization-aware models; post-training differences are only reported)")
+    parser.add_argument("--trust-model", action="store_true",
+                        help="convert a model that carries Python code (a Lambda layer) or ops that reach outside "
+                             "the process (file I/O, Python calls); only for models you made or trust")
     parser.add_argument("--report-json", help="also write the report as JSON to this file")
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("-q", "--quiet", action="store_true", help="print errors only")
@@ -158,7 +162,8 @@ def _convert_and_write(args):
             args.model, mode=args.mode, form=args.form or "sigmoid", signature=args.signature,
             float16_weights=args.float16_weights, verify=args.verify, inputs=args.inputs, seed=args.seed,
             dynamic_size=args.dynamic_size, atol=args.atol, rtol=args.rtol, max_drift=args.max_drift,
-            int8=args.int8, calibration=args.calibration, int8_io=args.int8_io, max_steps=args.max_steps)
+            int8=args.int8, calibration=args.calibration, int8_io=args.int8_io, max_steps=args.max_steps,
+            trust_model=args.trust_model)
         paths.write_atomically(tflite_model, args.output, args.force)
         report.output = args.output
         if args.report_json:

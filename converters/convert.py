@@ -86,16 +86,18 @@ def convert(model, **options):
 
     Options are those of `Options` (mode, form, signature, float16_weights,
     verify, inputs, seed, dynamic_size, atol, rtol, max_drift, int8,
-    calibration, int8_io, max_steps). Raises a
+    calibration, int8_io, max_steps, trust_model). Unless trust_model, a
+    model that carries code or reaches outside the process is refused
+    (errors.UntrustedModel) before any of it is loaded or run. Raises a
     `converters.errors.ConversionError` subclass for user errors, including
     a parity failure, in which case nothing is returned.
     """
     options = conversion_options.Options(**options)
     started = time.perf_counter()
-    source = loading.load(model, options.signature)
+    source = loading.load(model, options.signature, trust_model=options.trust_model)
     report = reporting.Report(source.path, source.kind, source.signature, options.mode, options.form,
                               float16_weights=options.float16_weights,
-                              promoted_to_float32=source.promoted_to_float32)
+                              promoted_to_float32=source.promoted_to_float32, trusted=options.trust_model)
     int8_setup = _int8_setup(source, options, report)
     keep = [info.tensor for info in source.inputs + source.outputs]
     result = rewrite.rewrite(source.graph_def, keep, options.mode, options.form, int8=options.int8)

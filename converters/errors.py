@@ -53,5 +53,11 @@ class ConverterFailed(ConversionError):
     exit_code = 11
 
 
+class UntrustedModel(ConversionError):
+    """The model could run code or reach outside the process, and --trust-model was not given."""
+
+    exit_code = 12
+
+
 # argparse's own code for bad flags.
 USAGE_EXIT_CODE = 2

@@ -6,7 +6,6 @@ import functools
 import os
 import sys
 import tempfile
-import zipfile
 
 import tensorflow as tf
 from tensorflow.python.framework import convert_to_constants
@@ -15,6 +14,7 @@ from . import errors
 from . import graph
 from . import integer_inputs
 from . import paths
+from . import trust
 
 
 @dataclasses.dataclass
@@ -43,32 +43,42 @@ def _first_line(error):
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
-def _saved_model_signature(path, signature):
-    try:
-        loaded = tf.saved_model.load(path)
-    except Exception as error:  # TF raises many types for a bad file
-        raise errors.CorruptModel(f"{path}: cannot read the SavedModel ({_first_line(error)})") from error
-    available = sorted(loaded.signatures.keys())
+def _choose_signature(path, available, requested):
+    """The signature to convert: `requested`, else serving_default, else the only one."""
+    available = sorted(available)
     if not available:
         raise errors.UnknownSignature(f"{path}: the SavedModel has no signatures")
-    if signature is None:
-        signature = "serving_default" if "serving_default" in available else (
+    if requested is None:
+        requested = "serving_default" if "serving_default" in available else (
             available[0] if len(available) == 1 else None)
-        if signature is None:
+        if requested is None:
             raise errors.UnknownSignature(
                 f"{path}: several signatures and none is serving_default; pick one with "
                 f"--signature ({', '.join(available)})")
-    if signature not in available:
+    if requested not in available:
         raise errors.UnknownSignature(
-            f"{path}: no signature {signature!r}; available: {', '.join(available)}")
-    return loaded, signature
+            f"{path}: no signature {requested!r}; available: {', '.join(available)}")
+    return requested
+
+
+def _saved_model_signature(path, directory, signature, trust_model):
+    """(the loaded SavedModel, the chosen signature's key); an untrusted model is inspected before loading."""
+    if not trust_model:
+        declared, _ = trust.saved_model_signatures(directory)
+        chosen = _choose_signature(path, [key for key in declared if not key.startswith("__")], signature)
+        trust.check_saved_model(path, directory, chosen)
+    try:
+        loaded = tf.saved_model.load(directory)
+    except Exception as error:  # TF raises many types for a bad file
+        raise errors.CorruptModel(f"{path}: cannot read the SavedModel ({_first_line(error)})") from error
+    return loaded, _choose_signature(path, loaded.signatures.keys(), signature)
 
 
 def _quantize_scope_if_needed(path):
     """keras_gelu's quantize scope for a tf-keras file holding a QAT (tfmot) model, else a no-op."""
     from keras_gelu.flavour import USE_LEGACY_KERAS
 
-    if USE_LEGACY_KERAS and _mentions(path, b"QuantizeWrapper"):
+    if USE_LEGACY_KERAS and _mentions(path, "QuantizeWrapper"):
         try:
             from keras_gelu.quantization import quantize_scope
 
@@ -79,34 +89,28 @@ def _quantize_scope_if_needed(path):
 
 
 def _mentions(path, marker):
-    """Whether a Keras file's model config names `marker` (.h5: an attribute; .keras: config.json)."""
-    try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as archive:
-                return marker in archive.read("config.json")
-        import h5py  # a dependency of tf-keras
-
-        with h5py.File(path, "r") as stream:
-            config = stream.attrs.get("model_config")
-        config = config.encode() if isinstance(config, str) else config
-        return config is not None and marker in config
-    except (OSError, KeyError):
-        return False
+    """Whether a Keras file's model config names `marker`."""
+    return marker in (trust.keras_file_config(path) or "")
 
 
-def _keras_to_saved_model(path, directory):
+def _keras_to_saved_model(path, directory, trust_model):
     from keras_gelu.flavour import KERAS_FLAVOUR
     from keras_gelu.flavour import keras
+
+    if not trust_model and paths.model_kind(path) == ".h5":
+        trust.check_h5(path)  # tf-keras's .h5 loader has no safe mode: it would run a Lambda's bytecode
 
     scope = _quantize_scope_if_needed(path)  # its own error (tfmot missing) is already a one-line one
     try:
         with scope:
-            model = keras.models.load_model(path, compile=False)
+            model = keras.models.load_model(path, compile=False, safe_mode=not trust_model)
     except Exception as error:
+        if trust.is_safe_mode_refusal(error):
+            raise trust.refuse_safe_mode(path, error) from None
         hint = ""
         if path.endswith(".keras") and KERAS_FLAVOUR != "keras3":
             hint = " (a .keras file from Keras 3 needs TF_USE_LEGACY_KERAS unset)"
-        elif KERAS_FLAVOUR == "keras3" and _mentions(path, b"QuantizeWrapper"):
+        elif KERAS_FLAVOUR == "keras3" and _mentions(path, "QuantizeWrapper"):
             hint = " (a tf-keras quantization-aware model: set TF_USE_LEGACY_KERAS=1, or convert its SavedModel)"
         raise errors.CorruptModel(f"{path}: cannot load the Keras model{hint} ({_first_line(error)})") from error
     _export_keras_model(model, directory, path)
@@ -146,14 +150,18 @@ def describe(model):
     return f"<{type(model).__name__} {getattr(model, 'name', '?')!r}>"
 
 
-def load(model, signature=None):
-    """Load a path or a live Keras model and freeze its signature; raises errors.ConversionError subclasses."""
+def load(model, signature=None, trust_model=False):
+    """Load a path or a live Keras model and freeze its signature; raises errors.ConversionError subclasses.
+
+    Unless `trust_model`, the model is first inspected (see trust.py) and
+    refused if it carries code or reaches outside the process.
+    """
     description = describe(model)
     if isinstance(model, (str, os.PathLike)):
         kind = paths.model_kind(description)
         if kind == "SavedModel":
-            return _load_saved_model(description, description, kind, signature)
-        export = functools.partial(_keras_to_saved_model, description)
+            return _load_saved_model(description, description, kind, signature, trust_model)
+        export = functools.partial(_keras_to_saved_model, description, trust_model=trust_model)
     else:
         kind = "Keras model"
         export = functools.partial(_export_keras_model, model, description=description)
@@ -161,7 +169,7 @@ def load(model, signature=None):
     # signature keeps its variables in memory, so the folder can go.
     with tempfile.TemporaryDirectory(prefix="keras_gelu_convert_") as directory:
         export(directory)
-        return _load_saved_model(description, directory, kind, signature)
+        return _load_saved_model(description, directory, kind, signature, trust_model)
 
 
 def _frozen_graph_def(function):
@@ -192,8 +200,8 @@ def _frozen_graph_def(function):
         return frozen.graph.as_graph_def()
 
 
-def _load_saved_model(path, directory, kind, signature):
-    loaded, signature = _saved_model_signature(directory, signature)
+def _load_saved_model(path, directory, kind, signature, trust_model):
+    loaded, signature = _saved_model_signature(path, directory, signature, trust_model)
     function = loaded.signatures[signature]
     input_specs = tf.nest.flatten(function.structured_input_signature)
     input_keys = sorted(function.structured_input_signature[1]) if function.structured_input_signature[1] else [

@@ -48,6 +48,7 @@ class Options:
     calibration: str = None  # "random:N" or an .npz of samples, for float models
     int8_io: bool = False
     max_steps: float = None  # int8 fidelity tolerance in output steps
+    trust_model: bool = False  # skip trust.py's refusals: the user made the model or trusts its source
 
     def __post_init__(self):
         if self.mode not in MODES:

@@ -115,6 +115,7 @@ class Report:
     output: str = ""
     float16_weights: bool = False
     promoted_to_float32: bool = False
+    trusted: bool = False  # --trust-model: the code and outside-world checks were skipped
     gelus: list = dataclasses.field(default_factory=list)  # [{"spelling", "alpha", "became", "count"}]
     leftover_erf: dict = dataclasses.field(default_factory=dict)
     ops: dict = dataclasses.field(default_factory=dict)
@@ -142,6 +143,8 @@ class Report:
         lines = [f"{self.input} ({self.kind}, signature {self.signature}) -> {self.output or '(not written)'}",
                  f"mode: {self.mode}" + (f", form: {self.form}" if self.mode == "builtin" else "")
                  + (", float16 weights" if self.float16_weights else "")]
+        if self.trusted:
+            lines.append("model trusted (--trust-model): not checked for code or file-system ops")
         if self.promoted_to_float32:
             lines.append("half-precision compute graph: recomputed in float32")
         total = sum(entry["count"] for entry in self.gelus)
