@@ -12,7 +12,8 @@ both, by reading the model's description only:
 * .keras: Keras's own safe mode, at load time (it refuses Python lambdas
   before running them), with its reason kept whole;
 * SavedModel: saved_model.pb, as a protocol buffer: the chosen signature's
-  nodes and every function they call.
+  nodes and every function they call, and what loading itself runs (the
+  init op, custom restore functions).
 
 Live Keras models are the user's own objects; their exported graph is still
 walked like a SavedModel's.
@@ -122,17 +123,26 @@ def _outside_world(node):
     return None
 
 
-def check_graph(path, graph_def, outputs, where="the signature"):
-    """Refuse a graph that, to compute `outputs` (node names), runs an op that reaches outside the process.
+def check_graph(path, graph_def, outputs, where, functions=()):
+    """Refuse a graph that, to compute `outputs` (node names) or run `functions`, runs an op that reaches outside.
 
     Walks back from the outputs through data and control inputs, and into
     every function those nodes call (If/While branches, nested calls),
-    transitively, so what a signature never runs does not count.
+    transitively, so what is never run does not count.
     """
     nodes = {node.name: node for node in graph_def.node}
     library = {function.signature.name: function for function in graph_def.library.function}
     pending = [(name, nodes, where) for name in outputs]
     seen_nodes, seen_functions = set(), set()
+
+    def enter(function_name):
+        if function_name in library and function_name not in seen_functions:
+            seen_functions.add(function_name)
+            body = {inner.name: inner for inner in library[function_name].node_def}
+            pending.extend((inner, body, f"function {function_name}, reached from {where}") for inner in body)
+
+    for function_name in functions:
+        enter(function_name)
     while pending:
         name, scope, location = pending.pop()
         node = scope.get(name.lstrip("^").split(":")[0])
@@ -144,11 +154,7 @@ def check_graph(path, graph_def, outputs, where="the signature"):
             raise _refusal(path, f"op {node.op} (node {node.name!r} in {location}) {what}")
         pending.extend((operand, scope, location) for operand in node.input)
         for function_name in _called_functions(node):
-            if function_name in library and function_name not in seen_functions:
-                seen_functions.add(function_name)
-                function = library[function_name]
-                body = {inner.name: inner for inner in function.node_def}
-                pending.extend((inner, body, f"function {function_name}") for inner in body)
+            enter(function_name)
 
 
 def saved_model_signatures(directory):
@@ -168,10 +174,34 @@ def saved_model_signatures(directory):
     return dict(meta_graph.signature_def), meta_graph
 
 
+def _restore_functions(meta_graph):
+    """Names of the functions that restore custom saveable objects: tf.saved_model.load runs them."""
+    objects = meta_graph.object_graph_def.nodes
+    names = []
+    for saved in objects:
+        for saveable in saved.saveable_objects.values():
+            restore = objects[saveable.restore_function]
+            kind = restore.WhichOneof("kind")
+            if kind == "function":
+                names.extend(restore.function.concrete_functions)
+            elif kind == "bare_concrete_function":
+                names.append(restore.bare_concrete_function.concrete_function_name)
+    return names
+
+
 def check_saved_model(path, directory, signature):
-    """Refuse a SavedModel whose signature `signature` runs an op that reaches outside the process."""
+    """Refuse a SavedModel whose loading or signature `signature` runs an op that reaches outside the process.
+
+    What loading runs counts too: the init op (table initializers) and the
+    restore functions of custom saveable objects.
+    """
     signatures, meta_graph = saved_model_signatures(directory)
-    if signature not in signatures:
-        return  # the loader names the signatures there are
-    outputs = [tensor.name for tensor in signatures[signature].outputs.values()]
-    check_graph(path, meta_graph.graph_def, outputs, where=f"signature {signature}")
+    init = signatures.get("__saved_model_init_op")
+    if init is not None:
+        check_graph(path, meta_graph.graph_def, [tensor.name for tensor in init.outputs.values()],
+                    where="the init op, which loading runs")
+    check_graph(path, meta_graph.graph_def, [], where="a restore function, which loading runs",
+                functions=_restore_functions(meta_graph))
+    if signature in signatures:  # else the loader names the signatures there are
+        outputs = [tensor.name for tensor in signatures[signature].outputs.values()]
+        check_graph(path, meta_graph.graph_def, outputs, where=f"signature {signature}")

@@ -173,3 +173,28 @@ def test_harmless_model_is_converted_untrusted_and_says_so_in_json(tmp_path):
     tf.saved_model.save(tf.Module(), path, signatures={"serving_default": harmless})
     _, report = converters.convert(path)
     assert report.verified and json.loads(report.to_json())["trusted"] is False
+
+
+def test_file_op_in_what_loading_runs_is_refused(tmp_path, side_effect):
+    """tf.saved_model.load runs the init op (table initializers): a table read from a file is refused."""
+    vocabulary = tmp_path / "vocabulary.txt"
+    vocabulary.write_text("a\nb\n")
+
+    class WithTable(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
+                str(vocabulary), tf.string, tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64,
+                tf.lookup.TextFileIndex.LINE_NUMBER), default_value=-1)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+        def __call__(self, x):
+            return {"y": tf.nn.gelu(x)}
+
+    module = WithTable()
+    path = str(tmp_path / "with_table")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.__call__})
+    with pytest.raises(errors.UntrustedModel, match="op InitializeTableFromTextFile.* which loading runs"):
+        converters.convert(path)
+    _, report = converters.convert(path, trust_model=True)
+    assert report.trusted and report.verified
