@@ -60,7 +60,6 @@ _FOLDED = {
     "Neg": lambda a: -a,
     "Square": lambda a: a * a,
     "Cast": lambda a: a,
-    "Identity": lambda a: a,
     "Mul": lambda a, b: a * b,
     "RealDiv": lambda a, b: a / b if b else None,
     "Div": lambda a, b: a / b if b else None,

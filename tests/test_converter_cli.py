@@ -286,3 +286,25 @@ def test_native_warnings_that_are_not_start_up_chatter_are_kept(capfd):
         os.write(2, b"W0000 00:00:1.0 1 something.cc:12] a real warning about the model\n")
     err = capfd.readouterr().err
     assert "a real warning about the model" in err and "oneDNN" not in err
+
+
+def test_integer_input_of_unknown_range_asks_for_samples(tmp_path, capsys):
+    """An integer input that indexes no table and is no mask: no guessing, a one-line request for samples."""
+
+    class Counts(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.int32, name="counts")])
+        def __call__(self, counts):
+            return {"y": tf.nn.gelu(tf.cast(counts, tf.float32) * 0.5)}
+
+    module = Counts()
+    path = str(tmp_path / "counts")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.__call__})
+    output = tmp_path / "m.tflite"
+    code, stderr = _run([path, "-o", str(output)], capsys)
+    assert code == errors.BadInputs.exit_code
+    assert "integer input 'counts'" in _one_line_error(stderr) and "--inputs file.npz" in stderr
+    code, stderr = _run([path, "-o", str(output), "--int8", "--calibration", "random:4"], capsys)
+    assert code == errors.BadInputs.exit_code and "--calibration file.npz" in _one_line_error(stderr)
+    np.savez(tmp_path / "counts.npz", np.arange(8, dtype=np.int32).reshape(2, 4))
+    code, stderr = _run([path, "-o", str(output), "--inputs", str(tmp_path / "counts.npz")], capsys)
+    assert code == 0, stderr
