@@ -271,6 +271,9 @@ def test_path_errors_come_before_tensorflow_is_imported(argv, exit_code, model_d
 def test_command_prints_only_its_own_lines(model_dir, tmp_path):
     code, stderr = _command(model_dir, "-o", str(tmp_path / "quiet.tflite"), "-q")
     assert code == 0 and stderr == ""
+    code, stderr = _command(model_dir, "-o", str(tmp_path / "quiet_int8.tflite"), "-q", "--int8",
+                            "--calibration", "random:4")
+    assert code == 0 and stderr == ""
     code, stderr = _command(model_dir, "-o", str(tmp_path / "m.tflite"))
     assert code == 0
     lines = stderr.splitlines()
