@@ -152,15 +152,19 @@ def _functions_called_by_control_flow(nodes):
 def control_flow_functions(graph_def):
     """Library functions that control flow runs, in the graph or inside those functions; callees first."""
     library = {function.signature.name: function for function in graph_def.library.function}
-    found = []
-    pending = list(_functions_called_by_control_flow(graph_def.node))
-    while pending:
-        name = pending.pop()
-        if name in found or name not in library:
-            continue
-        found.append(name)
-        pending.extend(_functions_called_by_control_flow(library[name].node_def))
-    return found[::-1]
+    ordered, visited = [], set()
+
+    def visit(name):  # depth first, a function after all it calls
+        if name in visited or name not in library:
+            return
+        visited.add(name)
+        for callee in _functions_called_by_control_flow(library[name].node_def):
+            visit(callee)
+        ordered.append(name)
+
+    for name in _functions_called_by_control_flow(graph_def.node):
+        visit(name)
+    return ordered
 
 
 def _function_as_graph(function, library):
