@@ -159,7 +159,7 @@ def _unpadded(case, values):
     return values[mask.astype(bool)].ravel()
 
 
-def _check(case, mode, form):
+def _assert_converts_faithfully(case, mode, form):
     int8 = mode == "int8"
     options = dict(mode="builtin" if int8 else mode, form=form, inputs=case.inputs_npz)
     if int8:
@@ -190,14 +190,14 @@ def _check(case, mode, form):
 @pytest.mark.parametrize("mode, form", FLOAT_CONVERSIONS + [INT8], ids=[f"{m}-{f}" for m, f in FLOAT_CONVERSIONS + [INT8]])
 @pytest.mark.parametrize("name", ["keras_hub_bert", "keras_hub_gpt2", "keras_hub_vit"])
 def test_keras_hub_exported(keras_hub_cases, name, mode, form):
-    _check(keras_hub_cases[f"{name}-exported"], mode, form)
+    _assert_converts_faithfully(keras_hub_cases[f"{name}-exported"], mode, form)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, form", [("native", "sigmoid"), ("builtin", "erf"), INT8])
 @pytest.mark.parametrize("name", ["keras_hub_bert", "keras_hub_gpt2", "keras_hub_vit"])
 def test_keras_hub_keras_file(keras_hub_cases, name, mode, form):
-    _check(keras_hub_cases[f"{name}-keras"], mode, form)
+    _assert_converts_faithfully(keras_hub_cases[f"{name}-keras"], mode, form)
 
 
 # Hugging Face's TF models are tf-keras models whichever Keras is active, so
@@ -217,7 +217,7 @@ def _in_this_leg(name, mode, form):
 @pytest.mark.parametrize("name", ["hf_bert_gelu", "hf_gpt2"])
 def test_hugging_face(hugging_face_cases, name, mode, form):
     _in_this_leg(name, mode, form)
-    _check(hugging_face_cases[name], mode, form)
+    _assert_converts_faithfully(hugging_face_cases[name], mode, form)
 
 
 @pytest.mark.slow
@@ -225,7 +225,7 @@ def test_hugging_face(hugging_face_cases, name, mode, form):
 @pytest.mark.parametrize("name", ["hf_bert_gelu_new", "hf_bert_quick_gelu"])
 def test_hugging_face_bert_activations(hugging_face_cases, name, mode):
     _in_this_leg(name, mode, "erf")
-    _check(hugging_face_cases[name], mode, "erf")
+    _assert_converts_faithfully(hugging_face_cases[name], mode, "erf")
 
 
 def test_random_inputs_respect_embedding_tables_and_masks(hugging_face_cases):
