@@ -87,11 +87,12 @@ def conversion_table(layer_counts):
 
 
 def latency_models():
-    """(block name, form name) -> .tflite bytes, every form from the same exact-GELU graph."""
+    """(block name, spelling) -> .tflite bytes, each spelling of the same exact-GELU graph."""
     import numpy as np
     import tensorflow as tf
 
     from keras_gelu import converters
+    from keras_gelu import vocabulary
 
     rng = np.random.default_rng(0)
     w1 = tf.constant(rng.normal(0, 0.03, (HIDDEN, FFN)).astype(np.float32))
@@ -112,9 +113,9 @@ def latency_models():
         with tempfile.TemporaryDirectory() as directory:
             tf.saved_model.save(module, directory, signatures={"serving_default": module.__call__})
             models[(block_name, "GELU op (native)")], _ = converters.convert(directory, mode="native", verify=False)
-            for form in ("sigmoid", "tanh", "erf"):
-                models[(block_name, f"{form} (builtin)")], _ = converters.convert(
-                    directory, mode="builtin", form=form, verify=False)
+            for exact_as in vocabulary.EXACT_AS:
+                models[(block_name, f"{exact_as} (builtin)")], _ = converters.convert(
+                    directory, mode="builtin", exact_as=exact_as, verify=False)
     return models
 
 

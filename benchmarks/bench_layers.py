@@ -32,7 +32,7 @@ def _candidates():
         "tf.nn.gelu exact": (lambda x: tf.nn.gelu(x, approximate=False), "tf.nn.gelu exact"),
         "tf.nn.gelu tanh": (lambda x: tf.nn.gelu(x, approximate=True), "tf.nn.gelu tanh"),
         "x*sigmoid(1.702x) in TF": (_sigmoid_gelu_reference, "x*sigmoid(1.702x) in TF"),
-        "keras_gelu none": (lambda x: keras_gelu.gelu(x, "none"), "tf.nn.gelu exact"),
+        "keras_gelu exact": (lambda x: keras_gelu.gelu(x, "exact"), "tf.nn.gelu exact"),
         "keras_gelu tanh": (lambda x: keras_gelu.gelu(x, "tanh"), "tf.nn.gelu tanh"),
         "keras_gelu sigmoid": (lambda x: keras_gelu.gelu(x, "sigmoid"), "x*sigmoid(1.702x) in TF"),
         "keras_gelu learnable": (learnable, "x*sigmoid(1.702x) in TF"),

@@ -10,14 +10,14 @@ TensorFlow import until `preflight` has passed.
 import argparse
 import sys
 
+from keras_gelu import vocabulary
+
 from . import errors
 from . import native_logs
 from . import paths
 from .options import DEFAULT_ATOL
 from .options import DEFAULT_DYNAMIC_SIZE
 from .options import DEFAULT_RTOL
-from .options import FORMS
-from .options import MODES
 
 EPILOG = """examples:
   keras-gelu-convert saved_model_dir                       # builtin ops, GELU as x*sigmoid(1.702x)
@@ -44,11 +44,10 @@ def _parser():
     parser.add_argument("model", help="SavedModel directory, .keras or .h5 file")
     parser.add_argument("-o", "--output", help="the .tflite to write (default: <model>.tflite beside the input)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
-    parser.add_argument("--mode", choices=MODES, default="builtin",
-                        help="builtin: TFLITE_BUILTINS only and no GELU op (default); native: TFLite's GELU op; "
-                             "select: no rewrite, TFLITE_BUILTINS + SELECT_TF_OPS")
-    parser.add_argument("--form", choices=FORMS,
-                        help="builtin mode: how exact GELU is spelled (default sigmoid: x*sigmoid(1.702x); "
+    parser.add_argument("--mode", choices=vocabulary.MODE_NAMES, default="builtin",
+                        help="; ".join(f"{mode.name}: {mode.summary}" for mode in vocabulary.MODES.values()))
+    parser.add_argument("--form", choices=vocabulary.EXACT_AS, dest="exact_as",
+                        help="builtin mode: how exact GELU is computed (default sigmoid: x*sigmoid(1.702x); "
                              "tanh; erf: exact from a builtin erf polynomial)")
     parser.add_argument("--signature", help="signature to convert (default: serving_default or the only one)")
     parser.add_argument("--float16-weights", action="store_true", help="store weights as float16")
@@ -85,7 +84,7 @@ def _parser():
 
 
 def _check_flags(parser, args):
-    if args.form is not None and args.mode != "builtin":
+    if args.exact_as is not None and not vocabulary.MODES[args.mode].exact_as:
         parser.error(f"--form applies to --mode builtin only (got --mode {args.mode})")
     if not args.verify and (args.inputs or args.max_drift is not None):
         parser.error("--inputs and --max-drift need verification; drop --no-verify")
@@ -96,9 +95,9 @@ def _check_flags(parser, args):
     if args.dynamic_size < 1:
         parser.error("--dynamic-size must be >= 1")
     if not args.int8:
-        for flag, value in (("--calibration", args.calibration), ("--int8-io", args.int8_io),
-                            ("--max-steps", args.max_steps)):
-            if value:
+        for flag, given in (("--calibration", args.calibration is not None), ("--int8-io", args.int8_io),
+                            ("--max-steps", args.max_steps is not None)):
+            if given:
                 parser.error(f"{flag} applies to --int8 only")
     elif args.float16_weights:
         parser.error("--int8 and --float16-weights exclude each other")
@@ -159,7 +158,7 @@ def _convert_and_write(args):
 
     try:
         tflite_model, report = convert(
-            args.model, mode=args.mode, form=args.form or "sigmoid", signature=args.signature,
+            args.model, mode=args.mode, exact_as=args.exact_as, signature=args.signature,
             float16_weights=args.float16_weights, verify=args.verify, inputs=args.inputs, seed=args.seed,
             dynamic_size=args.dynamic_size, atol=args.atol, rtol=args.rtol, max_drift=args.max_drift,
             int8=args.int8, calibration=args.calibration, int8_io=args.int8_io, max_steps=args.max_steps,

@@ -9,6 +9,8 @@ import warnings
 
 import tensorflow as tf
 
+from keras_gelu import vocabulary
+
 from . import errors
 from . import graph
 from . import int8 as integer
@@ -49,11 +51,9 @@ def _tflite_converter(graph_def, source):
 
 
 def to_tflite(graph_def, source, mode, float16_weights, int8=None):
-    """Convert; `int8` is None for float, else (calibration samples or None for QAT, int8_io)."""
+    """Convert with mode.op_sets; `int8`: None for float, else (calibration samples or None for QAT, int8_io)."""
     converter = _tflite_converter(graph_def, source)
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    if mode == "select":
-        converter.target_spec.supported_ops.append(tf.lite.OpsSet.SELECT_TF_OPS)
+    converter.target_spec.supported_ops = [getattr(tf.lite.OpsSet, name) for name in mode.op_sets]
     if float16_weights:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         converter.target_spec.supported_types = [tf.float16]
@@ -72,14 +72,14 @@ def to_tflite(graph_def, source, mode, float16_weights, int8=None):
     summary = next((line for line in lines if line.startswith(("Custom ops:", "Flex ops:"))), None)
     summary = summary or next((line for line in lines if "error:" in line), lines[0] if lines else "")
     hint = ""
-    if mode == "select" and "Erfc" in str(failure):
+    if not mode.rewrites and "Erfc" in str(failure):
         hint = "; Erfc has no Flex kernel, use --mode builtin or native, which rewrite it"
     raise errors.ConverterFailed(f"{source.path}: the TFLite converter failed: {summary[:300]}{hint}") from failure
 
 
 def _summarise(findings):
-    grouped = collections.Counter((f.spelling, f.alpha, f.became) for f in findings)
-    return [{"spelling": s, "alpha": a, "became": b, "count": n} for (s, a, b), n in sorted(grouped.items())]
+    grouped = collections.Counter((f.pattern, f.alpha, f.became) for f in findings)
+    return [{"pattern": p, "alpha": a, "became": b, "count": n} for (p, a, b), n in sorted(grouped.items())]
 
 
 def convert(model, **options):
@@ -89,7 +89,7 @@ def convert(model, **options):
     model (Keras 3 or tf-keras; Sequential, functional, or subclassed once
     built), which is converted through its serving signature.
 
-    Options are those of `Options` (mode, form, signature, float16_weights,
+    Options are those of `Options` (mode, exact_as, signature, float16_weights,
     verify, inputs, seed, dynamic_size, atol, rtol, max_drift, int8,
     calibration, int8_io, max_steps, trust_model). Unless trust_model, a
     model that carries code or reaches outside the process is refused
@@ -100,19 +100,25 @@ def convert(model, **options):
     options = conversion_options.Options(**options)
     started = time.perf_counter()
     source = loading.load(model, options.signature, trust_model=options.trust_model)
-    report = reporting.Report(source.path, source.kind, source.signature, options.mode, options.form,
+    report = reporting.Report(source.path, source.kind, source.signature, options.mode, options.exact_as,
                               float16_weights=options.float16_weights,
                               promoted_to_float32=source.promoted_to_float32, trusted=options.trust_model)
     int8_setup = _int8_setup(source, options, report)
+    mode = vocabulary.conversion_mode(options.mode, options.int8)
+    graph_def = source.graph_def
+    if options.int8:
+        graph_def = graph.with_passes(graph_def, integer.GRAPH_PASSES)
     keep = [info.tensor for info in source.inputs + source.outputs]
-    result = rewrite.rewrite(source.graph_def, keep, options.mode, options.form, int8=options.int8)
+    result = rewrite.rewrite(graph_def, keep, mode, options.exact_as,
+                             int8_marker=integer.marker if options.int8 else None)
     reference = result.graph_def
     if options.float16_weights:
-        fused_scope = rewrite.REWRITE_SCOPE if options.mode == "native" else None
-        reference = graph.round_float_constants_to_float16(result.graph_def, except_scope=fused_scope)
+        reference = graph.round_float_constants_to_float16(result.graph_def, except_scope=rewrite.FUSED_SCOPE)
     report.gelus = _summarise(result.findings)
     report.leftover_erf = result.leftover_erf
-    tflite_model = to_tflite(result.graph_def, source, options.mode, options.float16_weights, int8_setup)
+    # The requested mode's op sets: int8 select rewrites GELUs as native does but may leave other ops to Flex.
+    requested = vocabulary.MODES[options.mode]
+    tflite_model = to_tflite(result.graph_def, source, requested, options.float16_weights, int8_setup)
     tflite_model = signatures.with_signature(tflite_model, source.signature, [info.name for info in source.inputs],
                                              [info.name for info in source.outputs])
     report.ops = reporting.op_histogram(tflite_model)

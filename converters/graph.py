@@ -348,20 +348,31 @@ def prune(graph_def, keep_tensors):
     return pruned
 
 
+def with_passes(graph_def, passes):
+    """A copy of graph_def with each in-place `pass(graph_def)` run in order, on it and every control-flow function."""
+
+    def run(body, outputs=None):
+        result = graph_pb2.GraphDef()
+        result.CopyFrom(body)
+        for graph_pass in passes:
+            graph_pass(result)
+        return result
+
+    return transform_control_flow_functions(run(graph_def), run)
+
+
 def round_float_constants_to_float16(graph_def, except_scope=None):
     """A copy whose float32 constants hold float16-rounded values.
 
     TFLite's float16 weight storage rounds every float constant this way, so
     the TensorFlow reference for a --float16-weights model must too, or the
     fidelity check would measure the weight rounding instead of the conversion.
-    Constants under `except_scope` are kept: those of GELU spellings the
-    converter fuses into its GELU op, which leaves no constant to round.
+    Constants under `except_scope` are kept: those of replacements the
+    converter fuses into one op (the GELU op), which leaves no constant to round.
     """
 
-    def round_constants(body, outputs=None):
-        rounded = graph_pb2.GraphDef()
-        rounded.CopyFrom(body)
-        for node in rounded.node:
+    def round_constants(body):
+        for node in body.node:
             if except_scope and except_scope in node.name:
                 continue
             if node.op == "Const" and node.attr["value"].tensor.dtype == types_pb2.DT_FLOAT:
@@ -369,6 +380,5 @@ def round_float_constants_to_float16(graph_def, except_scope=None):
                 with np.errstate(over="ignore"):  # float32's extremes become +-inf, as in TFLite
                     rounded_value = value.astype(np.float16).astype(np.float32)
                 node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(rounded_value))
-        return rounded
 
-    return transform_control_flow_functions(round_constants(graph_def), round_constants)
+    return with_passes(graph_def, [round_constants])

@@ -1,4 +1,4 @@
-"""Integer (int8) conversion: QAT graphs, calibration data and exact ranges for GELU spellings.
+"""Integer (int8) conversion: the int8 graph passes, QAT ranges, calibration data and exact GELU ranges.
 
 Two sources of int8 ranges:
 
@@ -6,7 +6,7 @@ Two sources of int8 ranges:
   Their GELUs are quantized at input and output only, so the ops a GELU is
   rewritten into need ranges for their intermediate tensors. Each is a
   function of one int8 input, which takes only 256 values: we evaluate the
-  spelling on exactly those values and fake-quantize every intermediate to
+  replacement on exactly those values and fake-quantize every intermediate to
   its true min/max. Nothing is clipped and the int8 model stays integer.
 * Float models are calibrated by the TFLite converter (post-training
   quantization) on --calibration data: an .npz of samples or random:N.
@@ -18,9 +18,10 @@ import re
 import numpy as np
 import tensorflow as tf
 
+from keras_gelu import replacements
+
 from . import errors
 from . import graph
-from . import spellings
 
 FAKE_QUANT_OPS = ("FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs")
 # Below this, a Maximum(x, c) is keras_gelu's -inf clamp.
@@ -154,6 +155,12 @@ def biases_before_reshapes(graph_def):
     return moved
 
 
+# Run, in this order, on the main graph and every control-flow function before
+# GELUs are rewritten (the GELU op's fusion needs the Neg that the rewrite adds
+# itself, so negations are turned into multiplications first).
+GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, biases_before_reshapes)
+
+
 def input_grid(x_name, nodes):
     """The 256 values an int8 tensor x can take, if x comes straight from a FakeQuant; else None.
 
@@ -181,34 +188,29 @@ def input_grid(x_name, nodes):
     return (nudged_low + scale * np.arange(quant_max - quant_min + 1, dtype=np.float32)).astype(np.float32)
 
 
-def intermediate_ranges(spelling, alpha, grid):
-    """[(min, max)] of each intermediate `spelling` marks, evaluated eagerly on `grid`, in marking order.
-
-    Sigmoid outputs are left out: TFLite fixes their grid.
-    """
-    ranges = []
-
-    def record(tensor, logistic=False):
-        if not logistic:
-            values = np.asarray(tensor, np.float64)
-            low, high = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
-            ranges.append((low, high if high > low else low + 1e-6))
-        return tensor
-
-    spelling(tf.constant(grid), alpha, mark=record)
-    return ranges
-
-
 def fake_quantizer(ranges):
-    """A `mark` for the spelling that fake-quantizes the i-th intermediate to ranges[i] (8 bits).
+    """A `mark` for a replacement that fake-quantizes the i-th intermediate to ranges[i] (8 bits).
 
     Sigmoid outputs go on TFLite's fixed LOGISTIC grid, so the rewritten graph
     computes what the int8 model computes.
     """
-    return spellings.marking([
+    return replacements.marking([
         functools.partial(tf.quantization.fake_quant_with_min_max_args, min=low, max=high, num_bits=8,
                           narrow_range=False)
         for low, high in ranges])
+
+
+def marker(build, alpha, x, nodes):
+    """(`mark`, note for the report) for the int8 replacement `build` of a GELU of tensor x.
+
+    Exact fake-quant ranges when x is a QAT tensor; otherwise none, and
+    calibration gives the ranges.
+    """
+    grid = input_grid(x, nodes)
+    if grid is None:
+        return replacements.unmarked, ""
+    ranges = replacements.intermediate_ranges(build, alpha, grid)
+    return fake_quantizer(ranges), ", intermediate int8 ranges exact from its input's 256 values"
 
 
 def calibration_samples(spec, inputs, seed):

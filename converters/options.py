@@ -1,13 +1,12 @@
 """What a conversion can be asked for, and the defaults: plain data, no TensorFlow.
 
-The command line checks its arguments against these before TensorFlow is
-imported (see keras_gelu_launcher), so this module imports nothing heavy.
+The installed command (keras_gelu_launcher) checks its flags against these
+without starting TensorFlow, so this module imports nothing heavy.
 """
 
 import dataclasses
 
-MODES = ("builtin", "native", "select")
-FORMS = ("sigmoid", "tanh", "erf")
+from keras_gelu import vocabulary
 
 # Fidelity tolerance (the .tflite against the rewritten graph in TensorFlow):
 # TFLite and TensorFlow kernels round differently (fused multiply-adds,
@@ -15,7 +14,7 @@ FORMS = ("sigmoid", "tanh", "erf")
 # over this package's test models and the real model families of the suite,
 # the worst difference was ~1e-6 relative to the output scale; 1e-4 leaves
 # two orders of magnitude of headroom while still catching any wrong op (a
-# wrong GELU spelling moves outputs by >= 1e-3).
+# wrong GELU replacement moves outputs by >= 1e-3).
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-4
 DEFAULT_DYNAMIC_SIZE = 2
@@ -33,8 +32,8 @@ DEFAULT_QAT_STEPS = 10.0
 
 @dataclasses.dataclass
 class Options:
-    mode: str = "builtin"
-    form: str = "sigmoid"
+    mode: str = "builtin"  # vocabulary.MODES
+    exact_as: str = None  # how builtin mode computes exact GELU (--form); None: the mode's default
     signature: str = None
     float16_weights: bool = False
     verify: bool = True
@@ -51,7 +50,4 @@ class Options:
     trust_model: bool = False  # skip trust.py's refusals: the user made the model or trusts its source
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}. Received: mode={self.mode!r}")
-        if self.form not in FORMS:
-            raise ValueError(f"form must be one of {FORMS}. Received: form={self.form!r}")
+        self.exact_as = vocabulary.resolve_exact_as(self.mode, self.exact_as)

@@ -1,12 +1,14 @@
-"""The GELU spellings the converter recognises, declared as data.
+"""The GELU patterns the converter recognises, declared as data.
 
-Every spelling is y = x * (offset + scale * gate(linear*alpha*x + cubic*alpha^3*x^3)):
-the matcher (rewrite.py) reduces any arrangement of Mul/Add/Sub/Neg/Div/Pow
-around one gate op to that normal form, with numeric coefficients, and then
-looks the coefficients up here. So operand order, nesting, division by sqrt(2)
-versus multiplication by 1/sqrt(2), and x*x*x versus pow(x, 3) all reduce to the
-same row. `alpha` is the input scale of x*Phi(alpha*x) and its tanh twin; it is
-1 for the textbook spellings.
+A *spelling* is how a model writes GELU; a *pattern* is a row below, which
+recognises a whole family of spellings. Every pattern is
+y = x * (offset + scale * gate(linear*alpha*x + cubic*alpha^3*x^3)): the
+matcher (rewrite.py) reduces any arrangement of Mul/Add/Sub/Neg/Div/Pow around
+one gate op to that normal form, with numeric coefficients, and then looks the
+coefficients up here. So operand order, nesting, division by sqrt(2) versus
+multiplication by 1/sqrt(2), and x*x*x versus pow(x, 3) all reduce to the same
+row. `alpha` is the input scale of x*Phi(alpha*x) and its tanh twin; it is 1
+for the textbook spellings.
 """
 
 import dataclasses
@@ -15,9 +17,9 @@ from keras_gelu import formulas
 
 
 @dataclasses.dataclass(frozen=True)
-class Spelling:
+class Pattern:
     name: str  # how the report names it
-    function: str  # the GELU it computes: "exact", "tanh" or "sigmoid"
+    function: str  # the GELU it computes (keras_gelu.vocabulary.FUNCTIONS)
     gate: str  # the TF op type of the gate
     offset: float
     scale: float
@@ -26,18 +28,18 @@ class Spelling:
     scalable: bool  # whether alpha may differ from 1
 
 
-SPELLINGS = (
+PATTERNS = (
     # 0.5 x (1 + erf(x / sqrt 2)), x (0.5 + 0.5 erf(..)), x (1 + erf) * 0.5, ...
-    Spelling("erf", "exact", "Erf", 0.5, 0.5, formulas.SQRT_HALF, 0.0, True),
-    # 0.5 x erfc(-x / sqrt 2); the matcher rewrites erfc(t) as 1 - erf(t) first.
+    # and 0.5 x erfc(-x / sqrt 2), which match() first rewrites as 1 - erf.
+    Pattern("erf", "exact", "Erf", 0.5, 0.5, formulas.SQRT_HALF, 0.0, True),
     # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) and the coefficient-first spellings.
-    Spelling("tanh", "tanh", "Tanh", 0.5, 0.5, formulas.TANH_SCALE,
-             formulas.TANH_SCALE * formulas.TANH_CUBIC, True),
+    Pattern("tanh", "tanh", "Tanh", 0.5, 0.5, formulas.TANH_SCALE,
+            formulas.TANH_SCALE * formulas.TANH_CUBIC, True),
     # x sigmoid(1.5957691 (x + 0.044715 x^3)): the tanh form as keras_gelu writes it.
-    Spelling("tanh via sigmoid", "tanh", "Sigmoid", 0.0, 1.0, formulas.SIGMOID_OF_TANH_SCALE,
-             formulas.SIGMOID_OF_TANH_SCALE * formulas.TANH_CUBIC, True),
+    Pattern("tanh via sigmoid", "tanh", "Sigmoid", 0.0, 1.0, formulas.SIGMOID_OF_TANH_SCALE,
+            formulas.SIGMOID_OF_TANH_SCALE * formulas.TANH_CUBIC, True),
     # x sigmoid(1.702 x). Not scalable: x sigmoid(c x) for other c is SiLU's family, not GELU.
-    Spelling("sigmoid", "sigmoid", "Sigmoid", 0.0, 1.0, formulas.SIGMOID_SLOPE, 0.0, False),
+    Pattern("sigmoid", "sigmoid", "Sigmoid", 0.0, 1.0, formulas.SIGMOID_SLOPE, 0.0, False),
 )
 
 GATE_OPS = ("Erf", "Erfc", "Tanh", "Sigmoid")
@@ -63,34 +65,28 @@ def close(value, target, rtol):
 
 
 def match(gate_op, offset, scale, linear, cubic):
-    """The (Spelling, alpha) that y = x (offset + scale gate(linear x + cubic x^3)) is, or None."""
+    """The (Pattern, alpha) that y = x (offset + scale gate(linear x + cubic x^3)) is, or None."""
     if gate_op == "Erfc":
         gate_op, base, sign = ERFC_AS_ERF
         offset, scale = offset + base * scale, sign * scale
     if gate_op in ODD_GATES and linear < 0:
         linear, cubic, scale = -linear, -cubic, -scale
-    for spelling in SPELLINGS:
-        if spelling.gate != gate_op or linear <= 0:
+    for pattern in PATTERNS:
+        if pattern.gate != gate_op or linear <= 0:
             continue
-        if not (close(offset, spelling.offset, COEFFICIENT_RTOL) or (spelling.offset == 0 and abs(offset) <= 1e-7)):
+        if not (close(offset, pattern.offset, COEFFICIENT_RTOL) or (pattern.offset == 0 and abs(offset) <= 1e-7)):
             continue
-        if not close(scale, spelling.scale, COEFFICIENT_RTOL):
+        if not close(scale, pattern.scale, COEFFICIENT_RTOL):
             continue
-        alpha = linear / spelling.linear
+        alpha = linear / pattern.linear
         if close(alpha, 1.0, UNIT_ALPHA_RTOL):
             alpha = 1.0
-        if not spelling.scalable and alpha != 1.0:
+        if not pattern.scalable and alpha != 1.0:
             continue
-        if spelling.cubic == 0.0:
+        if pattern.cubic == 0.0:
             if cubic != 0.0:
                 continue
-        elif not close(cubic, spelling.cubic * alpha**3, ARGUMENT_RTOL):
+        elif not close(cubic, pattern.cubic * alpha**3, ARGUMENT_RTOL):
             continue
-        return spelling, alpha
+        return pattern, alpha
     return None
-
-
-# Abramowitz & Stegun 7.1.26: erf(z) = 1 - t (a1 + t (a2 + ...)) exp(-z^2),
-# t = 1 / (1 + p z), for z >= 0, |error| <= 1.5e-7.
-AS_P = 0.3275911
-AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)

@@ -7,6 +7,8 @@ import json
 from tensorflow.lite.python import schema_py_generated as schema
 from tensorflow.lite.tools import flatbuffer_utils
 
+from keras_gelu import vocabulary
+
 _BUILTIN_NAMES = {
     value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")
 }
@@ -111,12 +113,12 @@ class Report:
     kind: str
     signature: str
     mode: str
-    form: str
+    exact_as: str  # how builtin mode computes exact GELU (--form); None in other modes
     output: str = ""
     float16_weights: bool = False
     promoted_to_float32: bool = False
     trusted: bool = False  # --trust-model: the code and outside-world checks were skipped
-    gelus: list = dataclasses.field(default_factory=list)  # [{"spelling", "alpha", "became", "count"}]
+    gelus: list = dataclasses.field(default_factory=list)  # [{"pattern", "alpha", "became", "count"}]
     leftover_erf: dict = dataclasses.field(default_factory=dict)
     ops: dict = dataclasses.field(default_factory=dict)
     int8: bool = False
@@ -141,7 +143,7 @@ class Report:
 
     def to_text(self, verbose=False):
         lines = [f"{self.input} ({self.kind}, signature {self.signature}) -> {self.output or '(not written)'}",
-                 f"mode: {self.mode}" + (f", form: {self.form}" if self.mode == "builtin" else "")
+                 f"mode: {self.mode}" + (f", exact GELU as: {self.exact_as}" if self.exact_as else "")
                  + (", float16 weights" if self.float16_weights else "")]
         if self.trusted:
             lines.append("model trusted (--trust-model): not checked for code or file-system ops")
@@ -151,9 +153,10 @@ class Report:
         lines.append(f"GELUs found: {total}")
         for entry in self.gelus:
             scale = "" if entry["alpha"] == 1.0 else f" (scaled, alpha={entry['alpha']:.6g})"
-            lines.append(f"  {entry['count']} x {entry['spelling']}{scale} -> {entry['became']}")
+            lines.append(f"  {entry['count']} x {entry['pattern']}{scale} -> {entry['became']}")
         if self.leftover_erf:
-            what = "kept" if self.mode == "select" else "rewritten as a builtin erf polynomial"
+            rewritten = vocabulary.conversion_mode(self.mode, self.int8).rewrites
+            what = "rewritten as a builtin erf polynomial" if rewritten else "kept"
             lines.append("bare erf outside a GELU: " + ", ".join(
                 f"{count} x {op}" for op, count in sorted(self.leftover_erf.items())) + f" ({what})")
         if self.int8:

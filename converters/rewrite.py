@@ -8,10 +8,12 @@ algebra instead of a fixed op tree:
 2. Walk up through the arithmetic consumers, evaluating each as a polynomial in
    x and the gate's value; keep the highest node whose polynomial is
    x*(offset + scale*gate). Any operand order, nesting, Sub/Neg/Div/Pow works.
-3. Look the coefficients up in patterns.SPELLINGS (float32 tolerance).
+3. Look the coefficients up in patterns.PATTERNS (float32 tolerance).
 
-Only then is the replacement spliced in and the GELU's consumers rewired; the
-old ops become dead and are pruned.
+Only then is the replacement (keras_gelu.replacements' table, by the GELU's
+function, the mode and exact_as) spliced in and the GELU's consumers
+rewired; the old ops become dead and are pruned. Int8 graph passes and
+ranges are the pipeline's (int8.py); this module only matches and splices.
 """
 
 import collections
@@ -20,14 +22,15 @@ import math
 
 import tensorflow as tf
 
-from . import graph
-from . import int8 as integer
-from . import patterns
-from . import spellings
+from keras_gelu import replacements
 
+from . import graph
+from . import patterns
 
 # Name scope of the ops the rewrite adds; their erf is ours, not a leftover.
 REWRITE_SCOPE = "/keras_gelu_rewrite/"
+# Within it, the ops of replacements the TFLite converter fuses into one op.
+FUSED_SCOPE = REWRITE_SCOPE + "fused/"
 
 
 class NotPolynomial(Exception):
@@ -194,7 +197,7 @@ def _effective_consumers(name, nodes, consumer_map):
 
 @dataclasses.dataclass
 class Finding:
-    spelling: str
+    pattern: str
     alpha: float
     became: str
     root: str  # output tensor of the GELU in the source graph
@@ -203,7 +206,7 @@ class Finding:
 
 
 def find_gelus(graph_def):
-    """All GELU spellings in the graph: a list of (Finding-without-'became', Spelling)."""
+    """All GELUs in the graph: a list of (Finding-without-'became', Pattern)."""
     nodes = graph.nodes_by_name(graph_def)
     consumer_map = graph.consumers(graph_def)
     found = {}
@@ -230,8 +233,8 @@ def find_gelus(graph_def):
                 if matched is not None:
                     best = (current, matched)
         if best is not None:
-            root, (spelling, alpha) = best
-            found[root] = (Finding(spelling.name, alpha, "", root, x, gate_node.name), spelling)
+            root, (pattern, alpha) = best
+            found[root] = (Finding(pattern.name, alpha, "", root, x, gate_node.name), pattern)
     return list(found.values())
 
 
@@ -250,30 +253,19 @@ def _dtype_of(name, nodes):
     return tf.float32
 
 
-def _int8_marker(function, alpha, x, nodes):
-    """The `mark` of an int8 spelling and whether it sets exact ranges.
-
-    Exact fake-quant ranges when x is a QAT tensor; otherwise none, and
-    calibration gives the ranges.
-    """
-    grid = integer.input_grid(x, nodes)
-    if grid is None:
-        return spellings.unmarked, False
-    return integer.fake_quantizer(integer.intermediate_ranges(function, alpha, grid)), True
-
-
-def rewrite(graph_def, keep_tensors, mode, form, int8=False):
-    """Rewrite every GELU spelling and bare erf for `mode`; returns a RewriteResult.
+def rewrite(graph_def, keep_tensors, mode, exact_as, int8_marker=None):
+    """Rewrite every GELU and bare erf as `mode` (a vocabulary.Mode) wants; returns a RewriteResult.
 
     `keep_tensors` are the graph's inputs and outputs: everything else that no
-    longer feeds them is pruned. With `int8`, inf/NaN guards are dropped and the
-    spellings are the int8 ones (see spellings.replacement and int8.py). The
+    longer feeds them is pruned. For an int8 conversion, `int8_marker(build,
+    alpha, x, nodes)` gives each replacement its `mark` and a note for the
+    report (int8.marker), and the table's int8 replacements are used. The
     branches and bodies of If/While ops are rewritten the same way.
     """
     findings, leftover = [], collections.Counter()
 
     def rewrite_one(body, outputs):
-        rewritten, found, bare = _rewrite_graph(body, outputs, mode, form, int8)
+        rewritten, found, bare = _rewrite_graph(body, outputs, mode, exact_as, int8_marker)
         findings.extend(found)
         leftover.update(bare)
         return rewritten
@@ -282,37 +274,35 @@ def rewrite(graph_def, keep_tensors, mode, form, int8=False):
     return RewriteResult(rewritten, findings, dict(leftover))
 
 
-def _rewrite_graph(graph_def, keep_tensors, mode, form, int8):
+def _splice_replacement(graph_def, finding, replacement, nodes, int8_marker):
+    """Splice `replacement` in for the GELU of `finding`; what it became, for the report."""
+    description = replacement.description
+    if int8_marker is None:
+        mark = None
+    else:
+        mark, note = int8_marker(replacement.build, finding.alpha, finding.x, nodes)
+        description += note
+    scope = FUSED_SCOPE if replacement.fused else REWRITE_SCOPE
+    new = graph.splice(graph_def, lambda x: replacement.build(x, finding.alpha, mark=mark), finding.x,
+                       _dtype_of(finding.x, nodes), graph.split_tensor_name(finding.root)[0] + scope, nodes)
+    graph.redirect(graph_def, finding.root, new)
+    return description
+
+
+def _rewrite_graph(graph_def, keep_tensors, mode, exact_as, int8_marker):
     """rewrite() for one graph (the main graph or a function body): (graph_def, findings, leftover erf)."""
     rewritten = tf.compat.v1.GraphDef()
     rewritten.CopyFrom(graph_def)
-    if int8:
-        integer.drop_non_finite_guards(rewritten)
-        integer.negations_as_multiplications(rewritten)  # before splicing: the GELU op fusion needs its own Neg
-        integer.biases_before_reshapes(rewritten)
-        # Flex kernels compute in float: an int8 GELU left to them would be a
-        # float island, so select mode rewrites GELUs as native mode does.
-        mode = "native" if mode == "select" else mode
     findings = []
     nodes = graph.nodes_by_name(rewritten)  # splice keeps it up to date
-    for finding, spelling in find_gelus(rewritten):
-        choice = None if mode == "select" else spellings.replacement(spelling.function, mode, form, int8)
-        if choice is None:
-            finding.became = "unchanged" + (" (already builtin ops)" if mode != "select" else "")
-            findings.append(finding)
-            continue
-        function, description = choice
-        prefix = graph.split_tensor_name(finding.root)[0] + REWRITE_SCOPE
-        if int8:
-            mark, exact_ranges = _int8_marker(function, finding.alpha, finding.x, nodes)
-            if exact_ranges:
-                description += ", intermediate int8 ranges exact from its input's 256 values"
-            replacement_fn = lambda x, f=function, a=finding.alpha, m=mark: f(x, a, mark=m)  # noqa: E731
+    for finding, pattern in find_gelus(rewritten):
+        replacement = None
+        if mode.rewrites:
+            replacement = replacements.replacement_for(pattern.function, mode, exact_as, int8_marker is not None)
+        if replacement is None:
+            finding.became = "unchanged" + (" (already builtin ops)" if mode.rewrites else "")
         else:
-            replacement_fn = lambda x, f=function, a=finding.alpha: f(x, a)  # noqa: E731
-        new = graph.splice(rewritten, replacement_fn, finding.x, _dtype_of(finding.x, nodes), prefix, nodes)
-        graph.redirect(rewritten, finding.root, new)
-        finding.became = description
+            finding.became = _splice_replacement(rewritten, finding, replacement, nodes, int8_marker)
         findings.append(finding)
     rewritten = graph.prune(rewritten, keep_tensors)
 
@@ -320,15 +310,13 @@ def _rewrite_graph(graph_def, keep_tensors, mode, form, int8):
     gelu_gates = {finding.gate for finding in findings}
     nodes = graph.nodes_by_name(rewritten)
     for node in list(rewritten.node):
-        if node.op not in ("Erf", "Erfc") or node.name in gelu_gates or REWRITE_SCOPE in node.name:
+        if node.op not in replacements.BARE_ERF or node.name in gelu_gates or REWRITE_SCOPE in node.name:
             continue
         leftover[node.op] += 1
-        if mode == "select":
-            continue
-        function = spellings.erf if node.op == "Erf" else spellings.erfc
-        new = graph.splice(rewritten, function, node.input[0], _dtype_of(node.name, nodes),
-                           node.name + REWRITE_SCOPE, nodes)
-        graph.redirect(rewritten, node.name + ":0", new)
-    if leftover and mode != "select":
+        if mode.rewrites:
+            new = graph.splice(rewritten, replacements.BARE_ERF[node.op], node.input[0], _dtype_of(node.name, nodes),
+                               node.name + REWRITE_SCOPE, nodes)
+            graph.redirect(rewritten, node.name + ":0", new)
+    if leftover and mode.rewrites:
         rewritten = graph.prune(rewritten, keep_tensors)
     return rewritten, findings, leftover

@@ -31,7 +31,7 @@ from keras_gelu.flavour import keras  # noqa: E402
 
 def build_model():
     inputs = keras.Input((64,), name="pixels")
-    h = keras.layers.Dense(64, activation=keras_gelu.GELU(approximate="none"), name="dense_gelu_exact")(inputs)
+    h = keras.layers.Dense(64, activation=keras_gelu.GELU(approximate="exact"), name="dense_gelu_exact")(inputs)
     h = keras.layers.Dense(64, activation=keras_gelu.gelu_tanh, name="dense_gelu_tanh_fn")(h)
     h = keras.layers.Dense(64, name="dense_linear")(h)
     h = keras_gelu.GELU(approximate="sigmoid", name="gelu_sigmoid")(h)

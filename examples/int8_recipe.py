@@ -20,11 +20,12 @@ tf.get_logger().setLevel("ERROR")
 import keras_gelu  # noqa: E402
 from keras_gelu import converters  # noqa: E402
 from keras_gelu import quantization  # noqa: E402
+from keras_gelu import vocabulary  # noqa: E402
 from keras_gelu.converters.paths import write_atomically  # noqa: E402
 from keras_gelu.converters import verify  # noqa: E402
 from keras_gelu.flavour import keras  # noqa: E402
 
-FORMS = keras_gelu.GELU_LAYER_FORMS
+FUNCTIONS = keras_gelu.GELU_LAYER_FUNCTIONS
 
 
 class EpochProgress(keras.callbacks.Callback):
@@ -67,7 +68,7 @@ def accuracy(logits, labels):
     return float(np.mean(np.argmax(logits, axis=-1) == labels))
 
 
-def to_int8(model, mode, form="sigmoid", calibration=None, check_inputs=None):
+def to_int8(model, mode, exact_as=None, calibration=None, check_inputs=None):
     """Save `model` as a SavedModel and convert it to int8 with keras-gelu-convert's pipeline.
 
     A QAT model uses its trained ranges; a float model is calibrated on
@@ -78,7 +79,7 @@ def to_int8(model, mode, form="sigmoid", calibration=None, check_inputs=None):
     with tempfile.TemporaryDirectory(prefix="keras_gelu_recipe_") as directory:
         saved = os.path.join(directory, "model")
         tf.saved_model.save(model, saved)
-        options = {"mode": mode, "form": form, "int8": True}
+        options = {"mode": mode, "exact_as": exact_as, "int8": True}
         if calibration is not None:
             options["calibration"] = os.path.join(directory, "calibration.npz")
             np.savez(options["calibration"], **calibration)
@@ -108,11 +109,12 @@ def print_table(headers, rows):
 def argument_parser(description, output_dir, epochs, qat_epochs, qat_learning_rate, width):
     """The flags every recipe has, with its own defaults."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--forms", default=",".join(FORMS), help=f"comma-separated, of {', '.join(FORMS)}")
-    parser.add_argument("--mode", choices=("builtin", "native"), default="builtin",
+    parser.add_argument("--functions", default=",".join(FUNCTIONS),
+                        help=f"GELU functions, comma-separated, of {', '.join(FUNCTIONS)}")
+    parser.add_argument("--mode", choices=vocabulary.INT8_MODE_NAMES, default="builtin",
                         help="keras-gelu-convert mode of the int8 models (default builtin: no GELU op)")
-    parser.add_argument("--form", choices=("sigmoid", "tanh", "erf"), default="sigmoid",
-                        help="builtin mode's spelling of exact GELU (default sigmoid; int8 spells erf as tanh)")
+    parser.add_argument("--form", choices=vocabulary.EXACT_AS, dest="exact_as",
+                        help="how builtin mode computes exact GELU (default sigmoid; int8 computes erf as tanh)")
     parser.add_argument("--epochs", type=int, default=epochs, help=f"float training epochs (default {epochs})")
     parser.add_argument("--qat-epochs", type=int, default=qat_epochs,
                         help=f"quantization-aware epochs (default {qat_epochs})")
@@ -129,19 +131,21 @@ def argument_parser(description, output_dir, epochs, qat_epochs, qat_learning_ra
 
 
 def parse_arguments(parser, argv, file_prefix, positive=()):
-    """Parsed flags, with `forms` as a list; exits with a one-line error on bad flags or existing outputs."""
+    """Parsed flags, with `functions` as a list; exits with a one-line error on bad flags or existing outputs."""
     args = parser.parse_args(argv)
-    args.forms = args.forms.split(",")
-    unknown = [form for form in args.forms if form not in FORMS]
+    args.functions = args.functions.split(",")
+    unknown = [function for function in args.functions if function not in FUNCTIONS]
     if unknown:
-        parser.error(f"unknown form(s) {', '.join(unknown)}; choose from {', '.join(FORMS)}")
+        parser.error(f"unknown GELU function(s) {', '.join(unknown)}; choose from {', '.join(FUNCTIONS)}")
     for name in ("epochs", "qat_epochs", "width", "calibration_samples", *positive):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.exact_as is not None and not vocabulary.MODES[args.mode].exact_as:
+        parser.error(f"--form applies to --mode builtin only (got --mode {args.mode})")
     if not args.qat_learning_rate > 0:
         parser.error("--qat-learning-rate must be > 0")
     args.file_prefix = file_prefix
-    existing = [form for form in args.forms if os.path.exists(_output_path(args, form))]
+    existing = [function for function in args.functions if os.path.exists(_output_path(args, function))]
     if existing and not args.force:
         parser.exit(7, f"{parser.prog}: error: {args.output_dir} already holds int8 models for "
                        f"{', '.join(existing)}; pass --force to overwrite them\n")
@@ -149,34 +153,34 @@ def parse_arguments(parser, argv, file_prefix, positive=()):
     return args
 
 
-def _output_path(args, form):
-    return os.path.join(args.output_dir, f"{args.file_prefix}_{form}_int8.tflite")
+def _output_path(args, function):
+    return os.path.join(args.output_dir, f"{args.file_prefix}_{function}_int8.tflite")
 
 
-def compare_float_ptq_qat(form, build_model, data, args, input_name, learning_rate, batch_size=32,
+def compare_float_ptq_qat(function, build_model, data, args, input_name, learning_rate, batch_size=32,
                           quantize=quantization.quantize_model):
-    """Train the float model of one form; PTQ it; QAT it; convert; evaluate all four on the test split.
+    """Train the float model of one GELU function; PTQ it; QAT it; convert; evaluate all four on the test split.
 
-    `data` is (x_train, y_train, x_test, y_test); `quantize(model, mode=, form=, calibration_data=)`
+    `data` is (x_train, y_train, x_test, y_test); `quantize(model, mode=, exact_as=, calibration_data=)`
     makes the QAT model. Writes the QAT int8 .tflite; returns a row of figures.
     """
     x_train, y_train, x_test, y_test = data
     calibration = x_train[: args.calibration_samples]
     check_inputs = {input_name: x_test[:256]}  # the converter's parity check, on real data
     set_seed(args.seed)
-    model = train(build_model(form), x_train, y_train, args.epochs, learning_rate, f"{form} float", batch_size)
+    model = train(build_model(function), x_train, y_train, args.epochs, learning_rate, f"{function} float", batch_size)
     float_accuracy = accuracy(model.predict(x_test, verbose=0), y_test)
 
-    ptq_model, _ = to_int8(model, args.mode, args.form, calibration={input_name: calibration},
+    ptq_model, _ = to_int8(model, args.mode, args.exact_as, calibration={input_name: calibration},
                            check_inputs=check_inputs)
-    qat_model = quantize(model, mode=args.mode, form=args.form, calibration_data=calibration)
-    train(qat_model, x_train, y_train, args.qat_epochs, args.qat_learning_rate, f"{form} QAT", batch_size)
+    qat_model = quantize(model, mode=args.mode, exact_as=args.exact_as, calibration_data=calibration)
+    train(qat_model, x_train, y_train, args.qat_epochs, args.qat_learning_rate, f"{function} QAT", batch_size)
     qat_logits = qat_model.predict(x_test, verbose=0)
-    int8_model, report = to_int8(qat_model, args.mode, args.form, check_inputs=check_inputs)
+    int8_model, report = to_int8(qat_model, args.mode, args.exact_as, check_inputs=check_inputs)
     int8_logits = tflite_outputs(int8_model, x_test)
-    save(int8_model, _output_path(args, form), args.force)
+    save(int8_model, _output_path(args, function), args.force)
     return {
-        "form": form,
+        "function": function,
         "float": float_accuracy,
         "ptq_int8": accuracy(tflite_outputs(ptq_model, x_test), y_test),
         "qat": accuracy(qat_logits, y_test),
@@ -189,12 +193,13 @@ def compare_float_ptq_qat(form, build_model, data, args, input_name, learning_ra
 
 def print_results(results, output_dir):
     print()
-    print_table(["form", "float", "PTQ int8", "QAT", "QAT int8", "int8 = QAT argmax", "integer", "int8 bytes"],
-                [[r["form"], f"{r['float']:.4f}", f"{r['ptq_int8']:.4f}", f"{r['qat']:.4f}", f"{r['qat_int8']:.4f}",
+    print_table(["function", "float", "PTQ int8", "QAT", "QAT int8", "int8 = QAT argmax", "integer", "int8 bytes"],
+                [[r["function"], f"{r['float']:.4f}", f"{r['ptq_int8']:.4f}", f"{r['qat']:.4f}", f"{r['qat_int8']:.4f}",
                   f"{r['agreement']:.4f}", r["integer"], f"{r['size']:,}"] for r in results])
     print(f"\nint8 models in {output_dir}/")
 
 
 def describe(args):
-    return f"mode {args.mode}" + (f", form {args.form}" if args.mode == "builtin" else "") + f", seed {args.seed}"
+    exact_as = vocabulary.resolve_exact_as(args.mode, args.exact_as)
+    return f"mode {args.mode}" + (f", exact GELU as {exact_as}" if exact_as else "") + f", seed {args.seed}"
 

@@ -22,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 
 import keras_gelu  # noqa: E402
 
-FORMS = {"none": "exact  x·Φ(x)", "tanh": "tanh approximation", "sigmoid": "sigmoid  x·σ(1.702x)"}
+FORMS = {"exact": "exact  x·Φ(x)", "tanh": "tanh approximation", "sigmoid": "sigmoid  x·σ(1.702x)"}
 
 
 def exact_float64(x):

@@ -1,6 +1,6 @@
 """Int8 GELU classifiers on scikit-learn's digits: float, post-training int8, QAT and QAT int8.
 
-For each GELU form (exact, tanh, sigmoid, learnable) it trains a float MLP
+For each GELU function (exact, tanh, sigmoid, learnable) it trains a float MLP
 with the GELU as `Dense(..., activation=...)`, then
 
 1. post-training quantization (PTQ): keras-gelu-convert --int8 --calibration
@@ -11,9 +11,9 @@ with the GELU as `Dense(..., activation=...)`, then
 
 and evaluates the float model, the PTQ .tflite, the QAT model and the QAT
 .tflite on the held-out split. It prints a table and writes one int8 .tflite
-per form. Digits ships inside scikit-learn: nothing is downloaded.
+per GELU function. Digits ships inside scikit-learn: nothing is downloaded.
 
-    python examples/qat_digits.py [--forms exact,learnable] [--mode native] [--output-dir qat_digits_output]
+    python examples/qat_digits.py [--functions exact,learnable] [--mode native] [--output-dir qat_digits_output]
 
 QAT needs tf-keras: the script sets TF_USE_LEGACY_KERAS=1 itself.
 """
@@ -29,12 +29,12 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 
-def build_model(form, width):
+def build_model(function, width):
     inputs = keras.Input((64,), name="pixels")
-    hidden = keras.layers.Dense(width, activation=keras_gelu.gelu_layer(form), name="hidden_1")(inputs)
-    hidden = keras.layers.Dense(width, activation=keras_gelu.gelu_layer(form), name="hidden_2")(hidden)
+    hidden = keras.layers.Dense(width, activation=keras_gelu.gelu_layer(function), name="hidden_1")(inputs)
+    hidden = keras.layers.Dense(width, activation=keras_gelu.gelu_layer(function), name="hidden_2")(hidden)
     logits = keras.layers.Dense(10, name="logits")(hidden)
-    return keras.Model(inputs, logits, name=f"digits_{form}")
+    return keras.Model(inputs, logits, name=f"digits_{function}")
 
 
 def load_split(seed):
@@ -52,8 +52,8 @@ def main(argv=None):
     args = int8_recipe.parse_arguments(parser, argv, "digits")
     data = load_split(args.seed)
     print(f"digits: {len(data[0])} train / {len(data[2])} test samples; {int8_recipe.describe(args)}")
-    results = [int8_recipe.compare_float_ptq_qat(form, lambda f: build_model(f, args.width), data, args, "pixels",
-                                                 learning_rate=1e-3) for form in args.forms]
+    results = [int8_recipe.compare_float_ptq_qat(function, lambda f: build_model(f, args.width), data, args, "pixels",
+                                                 learning_rate=1e-3) for function in args.functions]
     int8_recipe.print_results(results, args.output_dir)
     return 0
 

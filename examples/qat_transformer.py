@@ -1,16 +1,16 @@
-"""A tiny Transformer encoder (attention + GELU feed-forward) to int8, for each GELU form.
+"""A tiny Transformer encoder (attention + GELU feed-forward) to int8, for each GELU function.
 
 The task is generated here, from the seed: sequences of 24 tokens out of 12,
 and the class is which of the tokens 0-5 occurs most often (ties go to the
 smaller token). Counting across the sequence is what attention is for.
 
-For each form (exact, tanh, sigmoid, learnable) the script trains the float
+For each GELU function (exact, tanh, sigmoid, learnable) the script trains the float
 encoder, quantizes it after training (PTQ, calibrated on training
 sequences), then runs quantization-aware training with
 keras_gelu.quantization.quantize_model (its int8 ranges started from the
 same calibration samples) and converts that with keras-gelu-convert --int8.
 It prints a table of the four accuracies, and writes one int8 .tflite per
-form.
+function.
 
 tfmot quantizes Dense, Add and pooling layers itself but has no config for
 attention, so the encoder's attention is a small layer defined here with a
@@ -18,7 +18,7 @@ QuantizeConfig of its own: its template for your own layers. There is no
 LayerNormalization either (tfmot cannot quantize it); the block is
 residual-only, which a model this small trains well without.
 
-    python examples/qat_transformer.py [--forms exact,learnable] [--epochs 12] [--output-dir qat_transformer_output]
+    python examples/qat_transformer.py [--functions exact,learnable] [--epochs 12] [--output-dir qat_transformer_output]
 
 QAT needs tf-keras: the script sets TF_USE_LEGACY_KERAS=1 itself.
 """
@@ -32,7 +32,7 @@ from int8_recipe import tf
 import keras_gelu
 import numpy as np
 
-from keras_gelu import formulas
+from keras_gelu import replacements
 from keras_gelu import quantization
 
 SEQUENCE_LENGTH = 24
@@ -100,7 +100,7 @@ def attention_quantize_config():
             def quantized_call(inputs):
                 query, key, value = inputs
                 scores = quantized_scores(tf.matmul(query, key, transpose_b=True))
-                return tf.matmul(formulas.on_logistic_int8_grid(tf.nn.softmax(scores)), value)
+                return tf.matmul(replacements.on_logistic_int8_grid(tf.nn.softmax(scores)), value)
 
             layer.quantized_call = quantized_call
 
@@ -113,20 +113,20 @@ def attention_quantize_config():
     return AttentionQuantizeConfig()
 
 
-def build_encoder(form, width):
+def build_encoder(function, width):
     inputs = keras.Input((SEQUENCE_LENGTH, VOCABULARY + SEQUENCE_LENGTH), name="tokens")
     hidden = keras.layers.Dense(width, name="embed")(inputs)
     attended = DotProductAttention(name="attention")([keras.layers.Dense(width, name="query")(hidden),
                                                       keras.layers.Dense(width, name="key")(hidden),
                                                       keras.layers.Dense(width, name="value")(hidden)])
     hidden = keras.layers.Add(name="residual_1")([hidden, keras.layers.Dense(width, name="attention_out")(attended)])
-    expanded = keras.layers.Dense(4 * width, activation=keras_gelu.gelu_layer(form), name="ffn_in")(hidden)
+    expanded = keras.layers.Dense(4 * width, activation=keras_gelu.gelu_layer(function), name="ffn_in")(hidden)
     hidden = keras.layers.Add(name="residual_2")([hidden, keras.layers.Dense(width, name="ffn_out")(expanded)])
     pooled = keras.layers.GlobalAveragePooling1D(name="pool")(hidden)
-    return keras.Model(inputs, keras.layers.Dense(CLASSES, name="logits")(pooled), name=f"encoder_{form}")
+    return keras.Model(inputs, keras.layers.Dense(CLASSES, name="logits")(pooled), name=f"encoder_{function}")
 
 
-def quantize_encoder(model, mode, form, calibration_data=None):
+def quantize_encoder(model, mode, exact_as, calibration_data=None):
     """quantize_model with the attention layer annotated by its own config."""
     tfmot_keras = quantization.require_tfmot()
     config = attention_quantize_config()
@@ -139,7 +139,7 @@ def quantize_encoder(model, mode, form, calibration_data=None):
     annotated = keras.models.clone_model(model, clone_function=annotate)
     with tfmot_keras.quantize_scope({"AttentionQuantizeConfig": type(config),
                                      "DotProductAttention": DotProductAttention}):
-        return quantization.quantize_model(annotated, mode=mode, form=form, calibration_data=calibration_data)
+        return quantization.quantize_model(annotated, mode=mode, exact_as=exact_as, calibration_data=calibration_data)
 
 
 def main(argv=None):
@@ -153,10 +153,10 @@ def main(argv=None):
     print(f"task: most frequent of tokens 0-{CLASSES - 1} in {SEQUENCE_LENGTH} tokens out of {VOCABULARY}; "
           f"{args.train_size} train / {args.test_size} test sequences; majority class "
           f"{np.bincount(y_test).max() / len(y_test):.3f}; {int8_recipe.describe(args)}")
-    results = [int8_recipe.compare_float_ptq_qat(form, lambda f: build_encoder(f, args.width),
+    results = [int8_recipe.compare_float_ptq_qat(function, lambda f: build_encoder(f, args.width),
                                                  (x_train, y_train, x_test, y_test), args, "tokens",
                                                  learning_rate=3e-3, batch_size=64, quantize=quantize_encoder)
-               for form in args.forms]
+               for function in args.functions]
     int8_recipe.print_results(results, args.output_dir)
     return 0
 

@@ -11,7 +11,7 @@ from keras_gelu.activations import gelu_sigmoid
 from keras_gelu.activations import gelu_tanh
 from keras_gelu.flavour import KERAS_FLAVOUR
 from keras_gelu.layers import GELU
-from keras_gelu.layers import GELU_LAYER_FORMS
+from keras_gelu.layers import GELU_LAYER_FUNCTIONS
 from keras_gelu.layers import LearnableGELU
 from keras_gelu.layers import gelu_layer
 
@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "GELU",
     "GELUActivation",
-    "GELU_LAYER_FORMS",
+    "GELU_LAYER_FUNCTIONS",
     "KERAS_FLAVOUR",
     "LearnableGELU",
     "gelu",

@@ -1,6 +1,6 @@
 """GELU as plain callables, usable wherever Keras takes an activation.
 
-`gelu(x, approximate=...)` picks a form by name. `gelu_exact`, `gelu_tanh` and
+`gelu(x, approximate=...)` picks a GELU function by name. `gelu_exact`, `gelu_tanh` and
 `gelu_sigmoid` are the three fixed forms as one-argument activations that
 survive saving and loading, so `Dense(64, activation=keras_gelu.gelu_tanh)`
 round-trips through .keras, .h5 and SavedModel.
@@ -12,29 +12,10 @@ A registered class with a config loads in Keras 3 and tf-keras alike.
 """
 
 from keras_gelu import kernels
+from keras_gelu import vocabulary
 from keras_gelu.flavour import register_serializable
 
-APPROXIMATIONS = ("none", "tanh", "sigmoid")
-
-# Keras's boolean convention: gelu(x, approximate=True) is the tanh form.
-_BOOLEAN_APPROXIMATIONS = {False: "none", True: "tanh"}
-
-_KERNELS = {"none": kernels.exact, "tanh": kernels.tanh, "sigmoid": kernels.sigmoid}
-
-
-def normalize_approximate(approximate):
-    """Map `approximate` to one of "none", "tanh" and "sigmoid".
-
-    Accepts those strings and Keras's booleans (False is "none", True "tanh").
-    """
-    if isinstance(approximate, bool):
-        return _BOOLEAN_APPROXIMATIONS[approximate]
-    if isinstance(approximate, str) and approximate in APPROXIMATIONS:
-        return approximate
-    raise ValueError(
-        'Argument `approximate` must be one of "none", "tanh", "sigmoid", '
-        f"False or True. Received: approximate={approximate!r}"
-    )
+_KERNELS = {"exact": kernels.exact, "tanh": kernels.tanh, "sigmoid": kernels.sigmoid}
 
 
 @register_serializable
@@ -42,11 +23,12 @@ class GELUActivation:
     """A fixed GELU form as a serializable one-argument activation.
 
     Args:
-        approximate: "none", "tanh" or "sigmoid" (or False/True, as in Keras).
+        approximate: "exact", "tanh" or "sigmoid"; also PyTorch's "none"
+            and Keras's False and True (exact, exact, tanh).
     """
 
-    def __init__(self, approximate="none"):
-        self.approximate = normalize_approximate(approximate)
+    def __init__(self, approximate="exact"):
+        self.approximate = vocabulary.gelu_function(approximate)
         self._kernel = _KERNELS[self.approximate]
 
     def __call__(self, x):
@@ -69,7 +51,7 @@ class GELUActivation:
         return cls(**config)
 
 
-gelu_exact = GELUActivation("none")
+gelu_exact = GELUActivation("exact")
 """Exact GELU, x * Phi(x) = 0.5 x erfc(-x / sqrt(2)).
 
 Within 2e-7 relative + 1e-7 absolute of the float64 value in float32.
@@ -88,17 +70,18 @@ gelu_sigmoid = GELUActivation("sigmoid")
 """x * sigmoid(1.702 x). Differs from exact GELU by <= 2.0e-2 (at |x| ~ 2.27)."""
 
 
-def gelu(x, approximate="none"):
+def gelu(x, approximate="exact"):
     """Gaussian error linear unit.
 
     Args:
         x: Input tensor. float16 inputs are computed in float32 and bfloat16
             inputs in float64, then rounded once.
-        approximate: "none" (exact, x * Phi(x)), "tanh" or "sigmoid"
-            (x * sigmoid(1.702 x)); or False/True, meaning "none"/"tanh" as in
-            Keras. Unlike Keras, where `keras.ops.gelu` defaults to the tanh
-            form and `keras.activations.gelu` to the exact one, the default
-            here is always exact.
+        approximate: "exact" (x * Phi(x)), "tanh" or "sigmoid"
+            (x * sigmoid(1.702 x)); also PyTorch's "none" and Keras's False
+            and True (exact, exact, tanh). Unlike Keras, where
+            `keras.ops.gelu` defaults to the tanh form and
+            `keras.activations.gelu` to the exact one, the default here is
+            always exact.
 
     Returns:
         A tensor of the same shape and dtype as `x`.
@@ -107,4 +90,4 @@ def gelu(x, approximate="none"):
     >>> [round(float(v), 4) for v in keras_gelu.gelu([-1.0, 0.0, 1.0])]
     [-0.1587, 0.0, 0.8413]
     """
-    return _KERNELS[normalize_approximate(approximate)](x)
+    return _KERNELS[vocabulary.gelu_function(approximate)](x)

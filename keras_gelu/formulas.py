@@ -57,16 +57,6 @@ def constant_like(value, like):
     return tf.constant(value, dtype=like.dtype)
 
 
-# TFLite's int8 LOGISTIC always outputs on the grid k/256, k = 0..255 (scale
-# 1/256, zero point -128), whatever range its consumer would like.
-LOGISTIC_INT8_GRID_MAX = 255.0 / 256.0
-
-
-def on_logistic_int8_grid(gate):
-    """A sigmoid's output rounded as TFLite's int8 LOGISTIC rounds it (straight-through gradient)."""
-    return tf.quantization.fake_quant_with_min_max_args(gate, min=0.0, max=LOGISTIC_INT8_GRID_MAX, num_bits=8)
-
-
 def without_minus_inf(x):
     """x with -inf replaced by the lowest finite value: equal to x for finite x."""
     return tf.maximum(x, constant_like(x.dtype.min, x))

@@ -10,12 +10,13 @@ What is fake-quantized mirrors the int8 TFLite graph, so the converted model
 is integer from end to end:
 
 * `GELU`: what depends on the conversion, so `quantize_model` takes the
-  converter's `mode` and `form`. In native mode an exact or tanh GELU is one
-  int8 GELU op, a lookup table of its 256 input values: only the output is
-  fake-quantized. Otherwise (builtin mode, and the sigmoid form always) it is
-  LOGISTIC/MUL/ADD ops: QAT computes those very ops, with a moving-average
-  range on each intermediate, the sigmoid output on TFLite's fixed LOGISTIC
-  grid (k/256) and the output quantized.
+  converter's `mode` and `exact_as` (its --form). In native mode an exact or
+  tanh GELU is one int8 GELU op, a lookup table of its 256 input values: only
+  the output is fake-quantized. Otherwise (builtin mode, and the sigmoid GELU
+  always) it is LOGISTIC/MUL/ADD ops: QAT computes those very ops
+  (`keras_gelu.replacements`, the table the converter reads), with a
+  moving-average range on each intermediate, the sigmoid output on TFLite's
+  fixed LOGISTIC grid (k/256) and the output quantized.
 * `LearnableGELU`, x * sigmoid(alpha x + beta): alpha and beta (8-bit
   asymmetric per tensor, what TFLite does with a MUL/ADD constant), alpha x,
   alpha x + beta, the gate (on the LOGISTIC grid) and the output.
@@ -30,40 +31,17 @@ before keras_gelu is imported, and tensorflow-model-optimization installed
 """
 
 import contextlib
-import functools
 
 from keras_gelu import activations
-from keras_gelu.flavour import USE_LEGACY_KERAS
+from keras_gelu import vocabulary
 from keras_gelu.flavour import keras
 from keras_gelu.layers import GELU
 from keras_gelu.layers import LearnableGELU
+from keras_gelu.tfmot_support import require_tfmot
 
 # Activations that quantize_model moves out of their layer into a layer of
 # their own, because tfmot accepts only Keras's named activations there.
 SPLIT_ACTIVATIONS = (activations.GELUActivation, GELU, LearnableGELU)
-
-
-@functools.lru_cache(maxsize=None)
-def require_tfmot():
-    """tfmot's Keras quantization API, imported on first use with a clear error.
-
-    The flavour is checked first: importing tfmot sets TF_USE_LEGACY_KERAS=1
-    in os.environ, which must not happen behind a Keras 3 user's back.
-    """
-    if not USE_LEGACY_KERAS:
-        raise RuntimeError(
-            "keras_gelu.quantization needs tf-keras, because tensorflow-model-optimization "
-            "works only with tf-keras: set TF_USE_LEGACY_KERAS=1 before importing keras_gelu "
-            "(and tensorflow). Keras 3 is active now."
-        )
-    try:
-        import tensorflow_model_optimization as tfmot
-    except ImportError as error:
-        raise ImportError(
-            "keras_gelu.quantization needs tensorflow-model-optimization: "
-            "pip install 'keras-gelu[qat]' (or 'tensorflow-model-optimization>=0.8,<0.9')."
-        ) from error
-    return tfmot.quantization.keras
 
 
 def _configs():
@@ -80,13 +58,13 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def quantize_config_for(layer, mode="builtin", form="sigmoid"):
+def quantize_config_for(layer, mode="builtin", exact_as=None):
     """Our QuantizeConfig for a keras_gelu layer, or None for any other layer (exact class, as tfmot).
 
-    mode and form: those the model will be converted with (see GELUQuantizeConfig).
+    mode and exact_as: those the model will be converted with (see GELUQuantizeConfig).
     """
     if type(layer) is GELU:
-        return _configs().GELUQuantizeConfig(mode=mode, form=form)
+        return _configs().GELUQuantizeConfig(mode=mode, exact_as=exact_as)
     if type(layer) is LearnableGELU:
         return _configs().LearnableGELUQuantizeConfig()
     return None
@@ -197,13 +175,13 @@ def _copy_weights(source, target, activation_layers):
             target.get_layer(activation_layers[layer.name].name).set_weights([weight.numpy() for weight in moved])
 
 
-def _annotator(mode, form):
+def _annotator(mode, exact_as):
     from tensorflow_model_optimization.python.core.quantization.keras.quantize_annotate import QuantizeAnnotate
 
     def annotate(layer):
         if isinstance(layer, QuantizeAnnotate):
             return layer  # annotated by the user, with a config of their own
-        config = quantize_config_for(layer, mode, form)
+        config = quantize_config_for(layer, mode, exact_as)
         if config is not None:
             return require_tfmot().quantize_annotate_layer(layer, config)
         if isinstance(layer, keras.layers.InputLayer):
@@ -258,7 +236,7 @@ def initialize_ranges(qat_model, samples):
             variable.assign(value)
 
 
-def quantize_model(model, mode="builtin", form="sigmoid", calibration_data=None):
+def quantize_model(model, mode="builtin", exact_as=None, calibration_data=None):
     """A quantization-aware copy of a Sequential or functional tf-keras model.
 
     It splits `Dense/Conv(..., activation=<keras_gelu GELU or activation>)`
@@ -269,7 +247,7 @@ def quantize_model(model, mode="builtin", form="sigmoid", calibration_data=None)
     with a config of yours, for a layer tfmot does not know) keep that
     config; call it under a `quantize_scope` that knows your classes. The
     float weights are kept. Train the result, then convert it with
-    `keras-gelu-convert --int8 --mode <mode> [--form <form>]`.
+    `keras-gelu-convert --int8 --mode <mode> [--form <exact_as>]`.
 
     Args:
         model: A built Sequential or functional tf-keras model.
@@ -277,8 +255,9 @@ def quantize_model(model, mode="builtin", form="sigmoid", calibration_data=None)
             op; the default, as the converter's) or "native". QAT then
             trains against exactly the int8 ops that mode produces; the
             model converts in the other mode too, a few int8 steps apart.
-        form: builtin mode's spelling of exact GELU, as the converter's
-            --form: "sigmoid" (default), "tanh" or "erf" (int8 spells it as tanh).
+        exact_as: how builtin mode computes exact GELU, the converter's
+            --form: "sigmoid" (the default), "tanh" or "erf" (which int8
+            computes as tanh). Native mode has the GELU op and takes none.
         calibration_data: Optional representative inputs (one batch). When
             given, every int8 range starts at its range over them (see
             `initialize_ranges`) instead of tfmot's [-6, 6], which short
@@ -295,9 +274,10 @@ def quantize_model(model, mode="builtin", form="sigmoid", calibration_data=None)
     if not model.built:
         raise ValueError(f"quantize_model needs a built model; call it on data or build it first. "
                          f"Received: model={model.name} (not built)")
-    _configs().GELUQuantizeConfig(mode=mode, form=form)  # checks mode and form, before any work
+    vocabulary.check_mode(mode, vocabulary.INT8_MODE_NAMES)
+    exact_as = vocabulary.resolve_exact_as(mode, exact_as)
     split = split_activations(model)
-    annotated = keras.models.clone_model(split, clone_function=_annotator(mode, form))
+    annotated = keras.models.clone_model(split, clone_function=_annotator(mode, exact_as))
     with quantize_scope():
         qat_model = tfmot.quantize_apply(annotated)
     if calibration_data is not None:

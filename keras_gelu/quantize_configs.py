@@ -1,32 +1,21 @@
 """tfmot QuantizeConfigs for keras_gelu's layers.
 
-Import them through `keras_gelu.quantization`, which checks for tf-keras and
-tfmot first; this module imports tfmot at once. See that module's docstring
-for what each config fake-quantizes and why.
+They compute what `keras_gelu.replacements` says each GELU becomes in the
+int8 model, and swap that computation into the layer they wrap. This module
+imports tfmot at once (after `tfmot_support`'s checks); see
+`keras_gelu.quantization` for what each config fake-quantizes and why.
 """
 
-from keras_gelu.quantization import require_tfmot
+from keras_gelu.tfmot_support import require_tfmot
 
 tfmot_keras = require_tfmot()
 
-import functools  # noqa: E402 - only after the check above
-
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from keras_gelu import formulas  # noqa: E402
-from keras_gelu.converters import FORMS  # noqa: E402 - the converter's --form values
-from keras_gelu.converters import int8 as integer  # noqa: E402
-from keras_gelu.converters import spellings  # noqa: E402
+from keras_gelu import replacements  # noqa: E402 - only after the check above
+from keras_gelu import vocabulary  # noqa: E402
 from keras_gelu.flavour import keras  # noqa: E402
-
-MODES = ("builtin", "native")  # select mode's int8 GELUs are native mode's
 
 # TFLite's int8 activations: 8 bits, asymmetric, one range per tensor.
 _INT8_PER_TENSOR = {"num_bits": 8, "per_axis": False, "symmetric": False, "narrow_range": False}
-
-# GELU.approximate -> the function name the converter's spelling table uses.
-_FUNCTIONS = {"none": "exact", "tanh": "tanh", "sigmoid": "sigmoid"}
 
 
 def activation_quantizer():
@@ -62,24 +51,6 @@ class IntermediateQuantizer(tfmot_keras.quantizers.MovingAverageQuantizer):
 def constant_quantizer():
     """8-bit asymmetric per-tensor range from the current value: how TFLite quantizes a MUL/ADD constant."""
     return tfmot_keras.quantizers.LastValueQuantizer(**_INT8_PER_TENSOR)
-
-
-def int8_spelling(approximate, mode, form):
-    """The ops `keras-gelu-convert --int8 --mode <mode> --form <form>` computes a GELU(approximate) with."""
-    function, _ = spellings.replacement(_FUNCTIONS[approximate], mode, form, int8=True)
-    return function
-
-
-@functools.lru_cache(maxsize=None)
-def intermediate_count(approximate, mode, form):
-    """How many intermediate tensors of a GELU(approximate)'s int8 spelling get a range (0: one lookup-table op).
-
-    Counted once per spelling, eagerly (init_scope): a QuantizeWrapper asks
-    while Keras traces the model, whose graph must not gain the counting ops.
-    """
-    with tf.init_scope():
-        spelling = int8_spelling(approximate, mode, form)
-        return len(integer.intermediate_ranges(spelling, 1.0, np.zeros(1, np.float32)))
 
 
 class _OutputQuantizingConfig(tfmot_keras.QuantizeConfig):
@@ -122,60 +93,66 @@ class _OutputQuantizingConfig(tfmot_keras.QuantizeConfig):
         return f"{type(self).__name__}({arguments})"
 
 
+def _computing(layer, quantized_call):
+    """Make `layer` compute `quantized_call`: tfmot's QuantizeWrapper runs `layer.call`."""
+    layer.call = quantized_call
+
+
 class GELUQuantizeConfig(_OutputQuantizingConfig):
     """Fake-quantizes a GELU layer as the int8 model will compute it.
 
-    The int8 model depends on the conversion: `mode` and `form` are those of
-    `keras-gelu-convert --int8`, and QAT then trains against exactly the
-    int8 ops that conversion produces.
+    The int8 model depends on the conversion: `mode` and `exact_as` are those
+    of `keras-gelu-convert --int8 --mode <mode> --form <exact_as>`, and QAT
+    then trains against exactly the int8 ops that conversion produces
+    (`keras_gelu.replacements`).
 
     * native mode, exact or tanh GELU: TFLite's GELU op, an int8 lookup
       table. Only the output is fake-quantized (the input comes quantized).
-    * otherwise the GELU is LOGISTIC/MUL/ADD ops (the sigmoid form always):
+    * otherwise the GELU is LOGISTIC/MUL/ADD ops (the sigmoid GELU always):
       each intermediate gets a moving-average range, the sigmoid output
       TFLite's fixed LOGISTIC grid, and the output its range.
 
     Args:
         mode: "builtin" (default, as the converter) or "native".
-        form: builtin mode's spelling of exact GELU: "sigmoid" (default, as
-            the converter), "tanh" or "erf" (which int8 spells as tanh).
+        exact_as: how builtin mode computes exact GELU: "sigmoid" (the
+            default, as the converter), "tanh" or "erf" (which int8 computes as
+            tanh). None in native mode.
         quantize_output: False leaves the output float.
     """
 
-    def __init__(self, mode="builtin", form="sigmoid", quantize_output=True):
+    def __init__(self, mode="builtin", exact_as=None, quantize_output=True):
         super().__init__(quantize_output)
-        if mode not in MODES:
-            raise ValueError(f"Argument `mode` must be one of {MODES}. Received: mode={mode!r}")
-        if form not in FORMS:
-            raise ValueError(f"Argument `form` must be one of {FORMS}. Received: form={form!r}")
-        self.mode, self.form = mode, form
+        vocabulary.check_mode(mode, vocabulary.INT8_MODE_NAMES)
+        self.mode, self.exact_as = mode, vocabulary.resolve_exact_as(mode, exact_as)
+
+    def _intermediate_count(self, layer):
+        return replacements.intermediate_count(layer.approximate, self.mode, self.exact_as)
 
     def get_weights_and_quantizers(self, layer):
         return []
 
     def get_activations_and_quantizers(self, layer):
         # tfmot fake-quantizes the output of an activation named "linear":
-        # one per intermediate tensor of the int8 spelling.
-        count = intermediate_count(layer.approximate, self.mode, self.form)
-        return [(keras.activations.linear, IntermediateQuantizer(index)) for index in range(count)]
+        # one per intermediate tensor of the int8 replacement.
+        return [(keras.activations.linear, IntermediateQuantizer(index))
+                for index in range(self._intermediate_count(layer))]
 
     def set_quantize_weights(self, layer, quantize_weights):
         if quantize_weights:
             raise ValueError(f"GELU has no weights to quantize. Received: {len(quantize_weights)} weights")
 
     def set_quantize_activations(self, layer, quantize_activations):
-        expected = intermediate_count(layer.approximate, self.mode, self.form)
+        expected = self._intermediate_count(layer)
         if len(quantize_activations) != expected:
             raise ValueError(f"GELU({layer.approximate!r}) in {self.mode} mode has {expected} int8 intermediates. "
                              f"Received: {len(quantize_activations)} activations")
         if not quantize_activations:
-            layer.quantized_call = None  # one lookup-table op: the float GELU, then the output quantizer
-            return
-        spelling = int8_spelling(layer.approximate, self.mode, self.form)
-        layer.quantized_call = lambda x: spelling(x, 1.0, mark=spellings.marking(quantize_activations))
+            return  # one lookup-table op: the float GELU, then the output quantizer
+        build = replacements.int8_replacement(layer.approximate, self.mode, self.exact_as).build
+        _computing(layer, lambda x: build(x, 1.0, mark=replacements.marking(quantize_activations)))
 
     def get_config(self):
-        return {"mode": self.mode, "form": self.form, **super().get_config()}
+        return {"mode": self.mode, "exact_as": self.exact_as, **super().get_config()}
 
 
 class LearnableGELUQuantizeConfig(_OutputQuantizingConfig):
@@ -211,6 +188,6 @@ class LearnableGELUQuantizeConfig(_OutputQuantizingConfig):
         def quantized_call(x):
             # alpha and beta are read at call time: the fake-quantized values set above.
             gate = quantized_sigmoid(quantized_product(layer.alpha * x) + layer.beta)
-            return x * formulas.on_logistic_int8_grid(gate)
+            return x * replacements.on_logistic_int8_grid(gate)
 
-        layer.quantized_call = quantized_call
+        _computing(layer, quantized_call)

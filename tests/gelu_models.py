@@ -8,7 +8,7 @@ def every_gelu_functional(seed):
     """12 features -> six Dense layers, each with a different GELU use -> 4 outputs ("head")."""
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((12,), name="features")
-    h = keras.layers.Dense(16, activation=keras_gelu.GELU("none"))(inputs)
+    h = keras.layers.Dense(16, activation=keras_gelu.GELU("exact"))(inputs)
     h = keras.layers.Dense(16, activation=keras_gelu.gelu_tanh)(h)
     h = keras_gelu.GELU("sigmoid")(keras.layers.Dense(16)(h))
     h = keras_gelu.LearnableGELU(beta_initializer=keras.initializers.Constant(0.1))(keras.layers.Dense(16)(h))

@@ -82,8 +82,8 @@ def learnable_gelu(x, alpha, beta):
     )(x, alpha, beta)
 
 
-BY_FORM = {"none": gelu_exact, "tanh": gelu_tanh, "sigmoid": gelu_sigmoid}
-FORMS = tuple(BY_FORM)
+BY_FUNCTION = {"exact": gelu_exact, "tanh": gelu_tanh, "sigmoid": gelu_sigmoid}
+FUNCTIONS = tuple(BY_FUNCTION)
 
 # Derivatives, also from the formulas: d/dx x g(x) = g(x) + x g'(x).
 

@@ -14,12 +14,12 @@ import references
 F32_EPS = float(np.finfo(np.float32).eps)
 
 # Float32 tolerances against each form's own float64 formula, per form:
-# - none: the issue's bound; erfc is relatively accurate, so only rounding remains.
+# - exact: the issue's bound; erfc is relatively accurate, so only rounding remains.
 # - tanh: float32 rounding of the cubic argument z is amplified by the gate's
 #   slope (|x g'(x) z| reaches ~10 near x = 4.7); measured worst 5.2e-7 abs there.
 # - sigmoid: one sigmoid and two products, measured worst 7.4e-7 at x = 8.6 (~2 ulp).
 FLOAT32_TOLERANCE = {
-    "none": dict(rtol=2e-7, atol=1e-7),
+    "exact": dict(rtol=2e-7, atol=1e-7),
     "tanh": dict(rtol=2e-6, atol=1e-7),
     "sigmoid": dict(rtol=5e-7, atol=1e-7),
 }
@@ -41,11 +41,11 @@ def _assert_within(actual, expected, rtol, atol):
     )
 
 
-@pytest.mark.parametrize("form", references.FORMS)
-def test_float32_accuracy_on_dense_grid(form):
-    actual = keras_gelu.gelu(DENSE_GRID, approximate=form).numpy()
+@pytest.mark.parametrize("function", references.FUNCTIONS)
+def test_float32_accuracy_on_dense_grid(function):
+    actual = keras_gelu.gelu(DENSE_GRID, approximate=function).numpy()
     assert actual.dtype == np.float32
-    _assert_within(actual, references.BY_FORM[form](DENSE_GRID), **FLOAT32_TOLERANCE[form])
+    _assert_within(actual, references.BY_FUNCTION[function](DENSE_GRID), **FLOAT32_TOLERANCE[function])
 
 
 def test_float64_exact_keeps_float64_precision():
@@ -82,13 +82,13 @@ def test_exact_form_matches_tf_nn_gelu():
     assert np.all(np.abs(ours - theirs) <= tolerance)
 
 
-@pytest.mark.parametrize("form", ["tanh", "sigmoid"])
-def test_approximation_distance_from_exact_is_as_documented(form):
+@pytest.mark.parametrize("function", ["tanh", "sigmoid"])
+def test_approximation_distance_from_exact_is_as_documented(function):
     x = np.linspace(-12.0, 12.0, 240_001)
-    distance = np.abs(references.BY_FORM[form](x) - references.gelu_exact(x))
-    assert distance.max() <= DOCUMENTED_DISTANCE_FROM_EXACT[form]
+    distance = np.abs(references.BY_FUNCTION[function](x) - references.gelu_exact(x))
+    assert distance.max() <= DOCUMENTED_DISTANCE_FROM_EXACT[function]
     # ...and the bound is tight: the documented number is not a loose overestimate.
-    assert distance.max() >= 0.99 * DOCUMENTED_DISTANCE_FROM_EXACT[form]
+    assert distance.max() >= 0.99 * DOCUMENTED_DISTANCE_FROM_EXACT[function]
 
 
 def test_sigmoid_slope_is_not_the_reciprocal_of_sqrt_2_over_pi():
@@ -97,46 +97,47 @@ def test_sigmoid_slope_is_not_the_reciprocal_of_sqrt_2_over_pi():
 
 
 @pytest.mark.parametrize(
-    "approximate, form",
-    [("none", "none"), (False, "none"), ("tanh", "tanh"), (True, "tanh"), ("sigmoid", "sigmoid")],
+    "approximate, function",
+    [("exact", "exact"), ("none", "exact"), (False, "exact"), ("tanh", "tanh"), (True, "tanh"),
+     ("sigmoid", "sigmoid")],
 )
-def test_approximate_accepts_strings_and_keras_booleans(approximate, form):
+def test_approximate_accepts_strings_and_keras_booleans(approximate, function):
     x = np.linspace(-4.0, 4.0, 81, dtype=np.float32)
     _assert_within(
         keras_gelu.gelu(x, approximate=approximate).numpy(),
-        references.BY_FORM[form](x),
-        **FLOAT32_TOLERANCE[form],
+        references.BY_FUNCTION[function](x),
+        **FLOAT32_TOLERANCE[function],
     )
 
 
 def test_default_is_exact():
     x = np.float32([-2.0, -0.5, 0.5, 2.0])
-    np.testing.assert_array_equal(keras_gelu.gelu(x).numpy(), keras_gelu.gelu(x, "none").numpy())
+    np.testing.assert_array_equal(keras_gelu.gelu(x).numpy(), keras_gelu.gelu(x, "exact").numpy())
     assert not np.allclose(keras_gelu.gelu(x).numpy(), keras_gelu.gelu(x, "tanh").numpy(), atol=1e-5)
 
 
-@pytest.mark.parametrize("bad", ["exact", "Tanh", "erf", None, 1, 0.5, "none "])
+@pytest.mark.parametrize("bad", ["Exact", "Tanh", "erf", None, 1, 0.5, "none "])
 def test_bad_approximate_names_the_valid_values(bad):
-    with pytest.raises(ValueError, match=r'"none", "tanh", "sigmoid".*Received: approximate='):
+    with pytest.raises(ValueError, match=r'"exact" \(or "none"\), "tanh", "sigmoid".*Received: approximate='):
         keras_gelu.gelu(np.float32([1.0]), approximate=bad)
 
 
-@pytest.mark.parametrize("form", references.FORMS)
-def test_fixed_form_activations_equal_gelu(form):
-    activation = {"none": keras_gelu.gelu_exact, "tanh": keras_gelu.gelu_tanh,
-                  "sigmoid": keras_gelu.gelu_sigmoid}[form]
+@pytest.mark.parametrize("function", references.FUNCTIONS)
+def test_fixed_form_activations_equal_gelu(function):
+    activation = {"exact": keras_gelu.gelu_exact, "tanh": keras_gelu.gelu_tanh,
+                  "sigmoid": keras_gelu.gelu_sigmoid}[function]
     x = np.linspace(-6.0, 6.0, 121, dtype=np.float32)
-    np.testing.assert_array_equal(activation(x).numpy(), keras_gelu.gelu(x, form).numpy())
-    assert activation == keras_gelu.GELUActivation(form)
-    assert activation != keras_gelu.GELUActivation("sigmoid" if form != "sigmoid" else "none")
+    np.testing.assert_array_equal(activation(x).numpy(), keras_gelu.gelu(x, function).numpy())
+    assert activation == keras_gelu.GELUActivation(function)
+    assert activation != keras_gelu.GELUActivation("sigmoid" if function != "sigmoid" else "exact")
 
 
-@pytest.mark.parametrize("form", references.FORMS)
-def test_same_result_eager_in_tf_function_and_under_xla(form):
+@pytest.mark.parametrize("function", references.FUNCTIONS)
+def test_same_result_eager_in_tf_function_and_under_xla(function):
     x = tf.constant(np.linspace(-9.0, 9.0, 1001, dtype=np.float32))
-    eager = keras_gelu.gelu(x, form).numpy()
-    graph = tf.function(lambda t: keras_gelu.gelu(t, form))(x).numpy()
-    compiled = tf.function(lambda t: keras_gelu.gelu(t, form), jit_compile=True)(x).numpy()
+    eager = keras_gelu.gelu(x, function).numpy()
+    graph = tf.function(lambda t: keras_gelu.gelu(t, function))(x).numpy()
+    compiled = tf.function(lambda t: keras_gelu.gelu(t, function), jit_compile=True)(x).numpy()
     np.testing.assert_array_equal(eager, graph)
     # Inlined into a bigger XLA cluster the compiler may reassociate: ~1 ulp.
     np.testing.assert_allclose(eager, compiled, rtol=2 * F32_EPS, atol=1e-30)
@@ -153,19 +154,19 @@ def test_integer_inputs_are_computed_in_float32():
 ALL_DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
 
 
-def _value_and_gradient(x, form):
+def _value_and_gradient(x, function):
     x = tf.constant(x)
     with tf.GradientTape() as tape:
         tape.watch(x)
-        y = keras_gelu.gelu(x, form)
+        y = keras_gelu.gelu(x, function)
     return y, tape.gradient(y, x)
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("form", references.FORMS)
-def test_infinities_and_nan(form, dtype):
+@pytest.mark.parametrize("function", references.FUNCTIONS)
+def test_infinities_and_nan(function, dtype):
     x = tf.cast(tf.constant([-np.inf, np.inf, np.nan]), dtype)
-    y, grad = _value_and_gradient(x, form)
+    y, grad = _value_and_gradient(x, function)
     y = y.numpy().astype(np.float64)
     grad = grad.numpy().astype(np.float64)
     assert y[0] == 0.0  # tf.nn.gelu gives NaN here
@@ -176,13 +177,13 @@ def test_infinities_and_nan(form, dtype):
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("form", references.FORMS)
-def test_gradient_is_finite_at_extreme_finite_inputs(form, dtype):
+@pytest.mark.parametrize("function", references.FUNCTIONS)
+def test_gradient_is_finite_at_extreme_finite_inputs(function, dtype):
     largest = float(dtype.max)
     candidates = [-largest, -1e30, -1e4, -1e3, 1e3, 1e4, 1e30, largest, 65504.0, -65504.0]
     representable = [v for v in candidates if abs(v) <= largest]
     x = tf.cast(tf.constant(representable, tf.float64), dtype)
-    y, grad = _value_and_gradient(x, form)
+    y, grad = _value_and_gradient(x, function)
     grad = grad.numpy().astype(np.float64)
     assert np.all(np.isfinite(grad)), dict(zip(representable, grad))
     # Far from 0 the derivative is 0 on the left and 1 on the right.
@@ -196,33 +197,33 @@ def test_gradient_is_finite_at_extreme_finite_inputs(form, dtype):
 # --- Gradients -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("form", references.FORMS)
-def test_gradient_matches_numerical_gradient(form):
+@pytest.mark.parametrize("function", references.FUNCTIONS)
+def test_gradient_matches_numerical_gradient(function):
     x = tf.constant(np.linspace(-6.0, 6.0, 97))  # float64 for a precise numeric Jacobian
     # A central difference with step 1e-5 in float64 is exact to ~1e-10 here
     # (truncation h^2 |f'''| / 6 plus rounding 1e-16 / h).
     theoretical, numerical = tf.test.compute_gradient(
-        lambda t: keras_gelu.gelu(t, form), [x], delta=1e-5
+        lambda t: keras_gelu.gelu(t, function), [x], delta=1e-5
     )
     np.testing.assert_allclose(theoretical[0], numerical[0], rtol=1e-6, atol=1e-8)
 
 
 def test_exact_gradient_matches_float64_derivative():
     x = np.linspace(-10.0, 10.0, 20_001, dtype=np.float32)
-    _, grad = _value_and_gradient(x, "none")
+    _, grad = _value_and_gradient(x, "exact")
     # The gate is recovered as y / x (1 ulp) and x phi(x) adds a few more; 1e-6 abs.
     np.testing.assert_allclose(grad.numpy(), references.gelu_exact_derivative(x), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("form", references.FORMS)
-def test_left_and_right_derivatives_at_zero_agree(form):
+@pytest.mark.parametrize("function", references.FUNCTIONS)
+def test_left_and_right_derivatives_at_zero_agree(function):
     step = 1e-6
     x = tf.constant([-step, 0.0, step], tf.float64)
-    y = keras_gelu.gelu(x, form).numpy()
+    y = keras_gelu.gelu(x, function).numpy()
     left = (y[1] - y[0]) / step
     right = (y[2] - y[1]) / step
     assert abs(left - right) <= 1e-5
-    _, grad = _value_and_gradient(tf.constant([-1e-35, 0.0, 1e-35], tf.float32), form)
+    _, grad = _value_and_gradient(tf.constant([-1e-35, 0.0, 1e-35], tf.float32), function)
     np.testing.assert_allclose(grad.numpy(), 0.5, rtol=0, atol=1e-7)
     assert abs(left - 0.5) <= 1e-5
 
@@ -232,11 +233,11 @@ def test_left_and_right_derivatives_at_zero_agree(form):
 finite_floats = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, width=32)
 
 
-@pytest.mark.parametrize("form", references.FORMS)
+@pytest.mark.parametrize("function", references.FUNCTIONS)
 @given(x=finite_floats)
-def test_odd_part_is_identity(form, x):
+def test_odd_part_is_identity(function, x):
     # Every form is x g(x) with g(x) + g(-x) = 1, so f(x) - f(-x) = x.
-    y = keras_gelu.gelu(tf.constant([x, -x], tf.float64), form).numpy()
+    y = keras_gelu.gelu(tf.constant([x, -x], tf.float64), function).numpy()
     assert abs((y[0] - y[1]) - x) <= 1e-12 * max(1.0, abs(x))
 
 
@@ -255,19 +256,19 @@ def test_exact_minimum_location_and_value():
     assert abs(y.min() - (-0.169971)) < 1e-6
 
 
-@pytest.mark.parametrize("form", references.FORMS)
+@pytest.mark.parametrize("function", references.FUNCTIONS)
 @given(x=st.floats(min_value=-0.75, max_value=1e4, allow_nan=False))
-def test_monotone_right_of_minimum(form, x):
+def test_monotone_right_of_minimum(function, x):
     # Each form falls to a single minimum near -0.75 to -0.9 and rises after it.
-    y = keras_gelu.gelu(tf.constant([x, x + 1e-3 + 1e-6 * abs(x)], tf.float64), form).numpy()
+    y = keras_gelu.gelu(tf.constant([x, x + 1e-3 + 1e-6 * abs(x)], tf.float64), function).numpy()
     if x >= -0.5:
         assert y[1] > y[0]
 
 
-@pytest.mark.parametrize("form", references.FORMS)
+@pytest.mark.parametrize("function", references.FUNCTIONS)
 @given(x=st.floats(min_value=8.0, max_value=1e30, allow_nan=False))
-def test_asymptotes(form, x):
-    y = keras_gelu.gelu(tf.constant([x, -x], tf.float64), form).numpy()
+def test_asymptotes(function, x):
+    y = keras_gelu.gelu(tf.constant([x, -x], tf.float64), function).numpy()
     # Right: the identity, left: zero; the sigmoid form's tail is the slowest
     # (x e^{-1.702 x} < 1e-5 beyond x = 8).
     assert abs(y[0] - x) <= 1e-5 * max(1.0, 1e-15 * x) + 1e-15 * x

@@ -180,6 +180,7 @@ def test_force_overwrites(model_dir, capsys, tmp_path):
     (["--no-verify", "--max-drift", "0.1"], "need verification"),
     (["--atol", "-1"], "--atol must be >= 0"),
     (["--mode", "fast"], "invalid choice"),
+    (["--max-steps", "0"], "--max-steps applies to --int8 only"),  # 0 is a value given, not "no value"
 ])
 def test_invalid_flag_combinations_are_argparse_errors(argv, message, model_dir, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -10,10 +10,10 @@ import math
 import pytest
 import tensorflow as tf
 
+import conversions
 from keras_gelu import converters
 from keras_gelu.converters import report as reporting
 
-MODES = [("builtin", "sigmoid"), ("builtin", "tanh"), ("builtin", "erf"), ("native", "sigmoid")]
 
 
 def exact_gelu(x):
@@ -66,11 +66,11 @@ def saved(tmp_path_factory):
     return paths
 
 
-@pytest.mark.parametrize("mode, form", MODES, ids=[f"{m}-{f}" for m, f in MODES])
+@pytest.mark.parametrize("mode, exact_as", conversions.REWRITING, ids=conversions.ids(conversions.REWRITING))
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_gelus_in_control_flow(saved, name, mode, form):
+def test_gelus_in_control_flow(saved, name, mode, exact_as):
     _, gelus, control_op = MODELS[name]
-    tflite_model, report = converters.convert(saved[name], mode=mode, form=form)
+    tflite_model, report = converters.convert(saved[name], mode=mode, exact_as=exact_as)
     assert sum(g["count"] for g in report.gelus) == gelus, report.gelus
     ops = reporting.op_histogram(tflite_model)
     assert ops.get(control_op) == 1, ops
@@ -83,8 +83,8 @@ def test_gelus_in_control_flow(saved, name, mode, form):
     # The function is kept (native, erf form, tanh sources) or approximated
     # (sigmoid form: 2e-2 per activation, tanh form: 4.7e-4), compounded by
     # the loop's three rounds of x1.5 and a 16-wide matmul.
-    exact_kept = mode == "native" or form == "erf"
-    bound = 1e-4 if exact_kept else {"sigmoid": 0.5, "tanh": 2e-2}[form]
+    exact_kept = conversions.keeps_exact_gelu(mode, exact_as)
+    bound = 1e-4 if exact_kept else {"sigmoid": 0.5, "tanh": 2e-2}[exact_as]
     assert max(c["max_abs"] for c in report.drift) <= bound
 
 

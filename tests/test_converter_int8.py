@@ -6,6 +6,7 @@ Quantization-aware models are tested in test_quantization.py (tfmot, tf-keras).
 import numpy as np
 import pytest
 
+import conversions
 import keras_gelu
 import tflite_helpers
 from conftest import IS_KERAS3
@@ -15,8 +16,6 @@ from keras_gelu import converters
 from keras_gelu.converters import cli
 from keras_gelu.converters import report as reporting
 
-MODES = [("builtin", "sigmoid"), ("builtin", "tanh"), ("builtin", "erf"), ("native", "sigmoid"),
-         ("select", "sigmoid")]
 
 # A post-training int8 model against its float model, in steps of the output's
 # int8 scale, on inputs it was calibrated on (so nothing is clipped): every
@@ -54,10 +53,10 @@ def _steps(tflite_model, model, x):
     return np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - model(x).numpy())) / scale
 
 
-@pytest.mark.parametrize("mode, form", MODES, ids=[f"{m}-{f}" for m, f in MODES])
-def test_every_layer_converts_to_a_fully_integer_model(every_layer, mode, form, rng):
+@pytest.mark.parametrize("mode, exact_as", conversions.EVERY, ids=conversions.ids(conversions.EVERY))
+def test_every_layer_converts_to_a_fully_integer_model(every_layer, mode, exact_as, rng):
     path, model = every_layer
-    tflite_model, report = converters.convert(path, mode=mode, form=form, int8=True, calibration="random:64")
+    tflite_model, report = converters.convert(path, mode=mode, exact_as=exact_as, int8=True, calibration="random:64")
     assert report.int8 and not report.quantization_aware
     assert report.float_ops == {}, report.op_types
     assert "calibrated on 64 samples" in report.int8_ranges
@@ -65,15 +64,15 @@ def test_every_layer_converts_to_a_fully_integer_model(every_layer, mode, form, 
     assert ("GELU" in report.ops) == (mode != "builtin")
     # The report's drift is measured on random:N's first sample (the same seed): calibrated on.
     # Builtin mode's default form swaps exact GELU for the sigmoid form: 0.02 per activation, a step more.
-    swapped = mode == "builtin" and form == "sigmoid"
+    swapped = mode == "builtin" and exact_as == "sigmoid"
     assert report.drift[0]["steps"] <= PTQ_STEPS + (1 if swapped else 0)
 
 
-@pytest.mark.parametrize("mode, form", [("builtin", "tanh"), ("native", "sigmoid")])
-def test_calibration_from_an_npz_file(every_layer, tmp_path, rng, mode, form):
+@pytest.mark.parametrize("mode, exact_as", [("builtin", "tanh"), ("native", None)])
+def test_calibration_from_an_npz_file(every_layer, tmp_path, rng, mode, exact_as):
     path, model = every_layer
     x = _calibration_inputs(rng, tmp_path / "calibration.npz")
-    tflite_model, report = converters.convert(path, mode=mode, form=form, int8=True,
+    tflite_model, report = converters.convert(path, mode=mode, exact_as=exact_as, int8=True,
                                               calibration=str(tmp_path / "calibration.npz"))
     assert "64 samples" in report.int8_ranges and report.float_ops == {}
     assert _steps(tflite_model, model, x) <= PTQ_STEPS
@@ -82,7 +81,7 @@ def test_calibration_from_an_npz_file(every_layer, tmp_path, rng, mode, form):
 def test_int8_io_model_has_integer_inputs_and_outputs(every_layer, tmp_path, rng):
     path, model = every_layer
     x = _calibration_inputs(rng, tmp_path / "calibration.npz")
-    tflite_model, report = converters.convert(path, mode="builtin", form="tanh", int8=True,
+    tflite_model, report = converters.convert(path, mode="builtin", exact_as="tanh", int8=True,
                                               calibration=str(tmp_path / "calibration.npz"), int8_io=True)
     assert "QUANTIZE" not in report.ops and "DEQUANTIZE" not in report.ops and report.float_ops == {}
     # The same rounding as with float io: verify.invoke quantizes the input as QUANTIZE would.
@@ -97,7 +96,7 @@ def test_transformer_encoder_block_is_integer_too(tmp_path):
     ffn = keras.layers.Dense(32)(keras.layers.Dense(64, activation=keras_gelu.GELU())(h))
     model = keras.Model(tokens, keras.layers.LayerNormalization()(h + ffn))
     path = _save(model, str(tmp_path / "encoder"))
-    _, report = converters.convert(path, mode="builtin", form="tanh", int8=True, calibration="random:16")
+    _, report = converters.convert(path, mode="builtin", exact_as="tanh", int8=True, calibration="random:16")
     assert report.float_ops == {}, report.op_types
     assert report.fidelity[0]["cosine"] > 0.99
 

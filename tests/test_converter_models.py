@@ -3,12 +3,11 @@
 import numpy as np
 import pytest
 
+import conversions
 import keras_gelu
 from conftest import IS_KERAS3
 from conftest import keras
 from keras_gelu import converters
-
-MODES = [("builtin", "sigmoid"), ("builtin", "tanh"), ("builtin", "erf"), ("native", "sigmoid")]
 
 
 def _save(model, tmp_path, as_file):
@@ -39,7 +38,7 @@ def _every_layer_sequential():
     keras.utils.set_random_seed(4)
     return keras.Sequential([
         keras.Input((12,)),
-        keras.layers.Dense(16, activation=keras_gelu.GELU("none")),
+        keras.layers.Dense(16, activation=keras_gelu.GELU("exact")),
         keras.layers.Dense(16, activation=keras_gelu.GELU("tanh")),
         keras.layers.Dense(16, activation=keras_gelu.GELU("sigmoid")),
         keras.layers.Dense(16, activation=keras_gelu.gelu_exact),
@@ -50,16 +49,16 @@ def _every_layer_sequential():
 
 
 @pytest.mark.parametrize("as_file", [False, True], ids=["savedmodel", "file"])
-@pytest.mark.parametrize("mode, form", MODES, ids=[f"{m}-{f}" for m, f in MODES])
-def test_every_layer_in_every_mode(tmp_path, mode, form, as_file):
+@pytest.mark.parametrize("mode, exact_as", conversions.REWRITING, ids=conversions.ids(conversions.REWRITING))
+def test_every_layer_in_every_mode(tmp_path, mode, exact_as, as_file):
     path = _save(_every_layer_sequential(), tmp_path, as_file)
-    _, report = converters.convert(path, mode=mode, form=form)
-    spellings = {g["spelling"]: g["count"] for g in report.gelus}
+    _, report = converters.convert(path, mode=mode, exact_as=exact_as)
+    found = {g["pattern"]: g["count"] for g in report.gelus}
     # Our exact layers (2), tanh layer (1, written with a sigmoid) and sigmoid layer (1);
     # the learnable gate has per-unit parameters, so it is not a fixed GELU.
-    assert spellings == {"erf": 2, "tanh via sigmoid": 1, "sigmoid": 1}, report.gelus
+    assert found == {"erf": 2, "tanh via sigmoid": 1, "sigmoid": 1}, report.gelus
     _assert_converted(report, mode, gelu_ops_expected=3)
-    exact_kept = mode == "native" or form == "erf"
+    exact_kept = conversions.keeps_exact_gelu(mode, exact_as)
     assert max(c["max_abs"] for c in report.drift) <= (1e-4 if exact_kept else 0.2)
 
 
@@ -99,8 +98,8 @@ def test_subclassed_model(tmp_path):
         path = str(tmp_path / "sm")
         tf.saved_model.save(model, path, signatures=tf.function(model.call).get_concrete_function(
             tf.TensorSpec([None, 8], tf.float32, name="x")))
-    _, report = converters.convert(path, mode="builtin", form="erf")
-    assert {g["spelling"] for g in report.gelus} == {"tanh via sigmoid"}
+    _, report = converters.convert(path, mode="builtin", exact_as="erf")
+    assert {g["pattern"] for g in report.gelus} == {"tanh via sigmoid"}
     _assert_converted(report, "builtin", 0)
 
 
@@ -113,15 +112,15 @@ def test_transformer_encoder_block(tmp_path):
     ffn = keras.layers.Dense(32)(ffn)
     model = keras.Model(tokens, keras.layers.LayerNormalization()(h + ffn))
     path = _save(model, tmp_path, as_file=False)
-    for mode, form in (("builtin", "erf"), ("native", "sigmoid"), ("builtin", "sigmoid")):
-        _, report = converters.convert(path, mode=mode, form=form)
+    for mode, exact_as in (("builtin", "erf"), ("native", None), ("builtin", "sigmoid")):
+        _, report = converters.convert(path, mode=mode, exact_as=exact_as)
         assert sum(g["count"] for g in report.gelus) == 1
         _assert_converted(report, mode, gelu_ops_expected=1)
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-@pytest.mark.parametrize("mode, form", [("builtin", "erf"), ("native", "sigmoid"), ("builtin", "sigmoid")])
-def test_mixed_precision_models_convert(tmp_path, policy, mode, form):
+@pytest.mark.parametrize("mode, exact_as", [("builtin", "erf"), ("native", None), ("builtin", "sigmoid")])
+def test_mixed_precision_models_convert(tmp_path, policy, mode, exact_as):
     keras.mixed_precision.set_global_policy(policy)
     keras.utils.set_random_seed(7)
     model = keras.Sequential([
@@ -134,7 +133,7 @@ def test_mixed_precision_models_convert(tmp_path, policy, mode, form):
     keras.mixed_precision.set_global_policy("float32")
     path = _save(model, tmp_path, as_file=True)
     for float16_weights in (False, True):
-        _, report = converters.convert(path, mode=mode, form=form, float16_weights=float16_weights)
+        _, report = converters.convert(path, mode=mode, exact_as=exact_as, float16_weights=float16_weights)
         assert report.promoted_to_float32
         assert sum(g["count"] for g in report.gelus) == 3  # ours, Keras's 'gelu', our tanh function
         _assert_converted(report, mode, gelu_ops_expected=3)
@@ -241,3 +240,9 @@ def test_reference_graph_computes_layer_normalization_as_written():
     expected = (h - mean) / np.sqrt(variance + 1e-12) * norm.gamma.numpy() + norm.beta.numpy()
     # float32 rounding of a 32-term matmul and mean/variance on values ~3: 1e-6.
     assert np.max(np.abs(output - expected)) <= 1e-6
+
+
+def test_exact_as_is_refused_where_the_mode_has_the_gelu_op(tmp_path):
+    # As the command's "--form applies to --mode builtin only", before any model is read.
+    with pytest.raises(ValueError, match="applies to mode 'builtin' only. Received: mode='native', exact_as='erf'"):
+        converters.convert(str(tmp_path / "never_read"), mode="native", exact_as="erf")

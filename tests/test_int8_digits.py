@@ -11,6 +11,7 @@ import keras_gelu
 import tflite_helpers
 from conftest import IS_KERAS3
 from conftest import keras
+from conversions import QAT_INT8_STEPS
 from keras_gelu import converters
 from keras_gelu.converters import report as reporting
 
@@ -19,13 +20,10 @@ if IS_KERAS3:  # before importing tfmot, which sets TF_USE_LEGACY_KERAS=1 for th
 sklearn_datasets = pytest.importorskip("sklearn.datasets")
 pytest.importorskip("tensorflow_model_optimization")
 
-FORMS = keras_gelu.GELU_LAYER_FORMS
+FUNCTIONS = keras_gelu.GELU_LAYER_FUNCTIONS
 
 # The issue's bar: int8 loses at most one point of test accuracy.
 ACCURACY_DROP = 0.01
-# QAT logits vs int8 logits, in output steps: see test_quantization.QAT_INT8_STEPS
-# (plus 1e-3: the step count is a ratio of float32 values).
-QAT_INT8_STEPS = 2.0 + 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +54,15 @@ def results(digits, tmp_path_factory):
 
     x_train, y_train, x_test, y_test = digits
     figures = {}
-    for form in FORMS:
+    for function in FUNCTIONS:
         keras.backend.clear_session()
         keras.utils.set_random_seed(1)
         inputs = keras.Input((64,), name="pixels")
-        hidden = keras.layers.Dense(32, activation=keras_gelu.gelu_layer(form))(inputs)
-        hidden = keras.layers.Dense(32, activation=keras_gelu.gelu_layer(form))(hidden)
+        hidden = keras.layers.Dense(32, activation=keras_gelu.gelu_layer(function))(inputs)
+        hidden = keras.layers.Dense(32, activation=keras_gelu.gelu_layer(function))(hidden)
         model = keras.Model(inputs, keras.layers.Dense(10)(hidden))
         _train(model, x_train, y_train, epochs=12, learning_rate=3e-3)
-        directory = tmp_path_factory.mktemp(form)
+        directory = tmp_path_factory.mktemp(function)
         tf.saved_model.save(model, str(directory / "float"))
         np.savez(directory / "calibration.npz", pixels=x_train[:200])
         ptq, ptq_report = converters.convert(str(directory / "float"), int8=True,
@@ -79,7 +77,7 @@ def results(digits, tmp_path_factory):
         qat_logits = qat.predict(x_test, verbose=0)
         int8_logits = tflite_helpers.run(int8, x_test)[0]
         (scale,) = reporting.output_scales(int8)
-        figures[form] = {
+        figures[function] = {
             "float": _accuracy(model.predict(x_test, verbose=0), y_test),
             "ptq_int8": _accuracy(tflite_helpers.run(ptq, x_test)[0], y_test),
             "ptq_float_ops": ptq_report.float_ops,
@@ -93,29 +91,29 @@ def results(digits, tmp_path_factory):
     return figures
 
 
-@pytest.mark.parametrize("form", FORMS)
-def test_qat_int8_keeps_float_accuracy(results, form):
-    figures = results[form]
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_qat_int8_keeps_float_accuracy(results, function):
+    figures = results[function]
     assert figures["float"] > 0.9  # the float model learned digits at all
     assert figures["int8_float_ops"] == {}
     assert figures["qat_int8"] >= figures["float"] - ACCURACY_DROP, figures
 
 
-@pytest.mark.parametrize("form", FORMS)
-def test_int8_model_agrees_with_its_qat_model(results, form):
-    figures = results[form]
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_int8_model_agrees_with_its_qat_model(results, function):
+    figures = results[function]
     assert figures["argmax_agreement"] >= 0.99, figures
     assert figures["steps"] <= QAT_INT8_STEPS, figures
 
 
-@pytest.mark.parametrize("form", FORMS)
-def test_post_training_int8_side_by_side(results, form):
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_post_training_int8_side_by_side(results, function):
     """PTQ of the same float model: on digits it keeps accuracy as well as QAT does.
 
     The claim that GELU needs QAT to survive int8 does not show on this
     model: both land within a point of float (the README's table has figures).
     """
-    figures = results[form]
+    figures = results[function]
     assert figures["ptq_float_ops"] == {}
     assert figures["ptq_int8"] >= figures["float"] - ACCURACY_DROP, figures
     assert abs(figures["ptq_int8"] - figures["qat_int8"]) <= 0.02, figures

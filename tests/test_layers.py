@@ -9,18 +9,19 @@ import references
 from conftest import keras
 
 
-@pytest.mark.parametrize("form", references.FORMS)
-def test_gelu_layer_computes_its_form(form):
+@pytest.mark.parametrize("function", references.FUNCTIONS)
+def test_gelu_layer_computes_its_form(function):
     x = np.linspace(-5.0, 5.0, 101, dtype=np.float32).reshape(1, 101)
     np.testing.assert_allclose(
-        keras_gelu.GELU(approximate=form)(x).numpy()[0], references.BY_FORM[form](x[0]),
+        keras_gelu.GELU(approximate=function)(x).numpy()[0], references.BY_FUNCTION[function](x[0]),
         rtol=2e-6, atol=1e-7,  # the loosest float32 tolerance of test_activations
     )
 
 
 def test_gelu_layer_booleans_and_default():
-    assert keras_gelu.GELU().approximate == "none"
-    assert keras_gelu.GELU(approximate=False).approximate == "none"
+    assert keras_gelu.GELU().approximate == "exact"
+    assert keras_gelu.GELU(approximate=False).approximate == "exact"
+    assert keras_gelu.GELU(approximate="none").approximate == "exact"
     assert keras_gelu.GELU(approximate=True).approximate == "tanh"
 
 

@@ -37,7 +37,7 @@ def _flush_to_zero(values):
     return np.where(np.abs(values) < FLOAT32_SMALLEST_NORMAL, np.copysign(0.0, values), values)
 
 
-def _reference_rounded(form, values, numpy_type):
+def _reference_rounded(function, values, numpy_type):
     """The float64 reference rounded to the half type, with TensorFlow's flush-to-zero.
 
     TensorFlow runs its CPU kernels with flush-to-zero and denormals-are-zero,
@@ -47,24 +47,24 @@ def _reference_rounded(form, values, numpy_type):
     normal float32 numbers and are unaffected.
     """
     inputs = _flush_to_zero(values.astype(np.float64))
-    exact = references.BY_FORM[form](inputs)
+    exact = references.BY_FUNCTION[function](inputs)
     return _flush_to_zero(exact).astype(np.float32).astype(numpy_type)
 
 
 @pytest.mark.parametrize("policy", sorted(HALF_TYPES))
-@pytest.mark.parametrize("form", references.FORMS)
-def test_layer_within_one_ulp_of_rounded_float64(policy, form):
+@pytest.mark.parametrize("function", references.FUNCTIONS)
+def test_layer_within_one_ulp_of_rounded_float64(policy, function):
     keras.mixed_precision.set_global_policy(policy)
     numpy_type, _, tf_type = HALF_TYPES[policy]
     values = _every_value_in(policy)
-    layer = keras_gelu.GELU(approximate=form)
+    layer = keras_gelu.GELU(approximate=function)
     output = layer(tf.constant(values.astype(np.float32), dtype=tf_type))
     assert output.dtype == tf_type
     got = output.numpy().astype(numpy_type)
     # Our float32 result is rounded once to the half type, so it lands on the
     # float64 value's rounding or its neighbour (the float64 -> float32 -> half
     # double rounding of the reference can differ by that one step too).
-    distance = references.ulp_distance(got, _reference_rounded(form, values, numpy_type))
+    distance = references.ulp_distance(got, _reference_rounded(function, values, numpy_type))
     worst = int(np.argmax(distance))
     assert distance[worst] <= 1, f"x={values[worst]} got={got[worst]} distance={distance[worst]}"
 
@@ -93,7 +93,7 @@ def test_dense_with_gelu_trains_under_mixed_precision(policy):
     y = (x[:, :1] ** 2 - x[:, 1:2]).astype(np.float32)
     model = keras.Sequential([
         keras.Input((8,)),
-        keras.layers.Dense(32, activation=keras_gelu.GELU("none")),
+        keras.layers.Dense(32, activation=keras_gelu.GELU("exact")),
         keras.layers.Dense(32, activation=keras_gelu.LearnableGELU()),
         keras.layers.Dense(1, dtype="float32"),
     ])

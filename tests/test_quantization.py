@@ -15,9 +15,12 @@ from conftest import IS_KERAS3
 from conftest import keras
 from conftest import keras3_only
 from conftest import tf_keras_only
+import conversions
+from conversions import QAT_INT8_STEPS
 from gelu_models import every_gelu_functional
 from keras_gelu import converters
 from keras_gelu import quantization
+from keras_gelu import vocabulary
 
 # Whether tfmot is installed, without importing it: its import sets TF_USE_LEGACY_KERAS=1
 # in os.environ, which would switch tf.keras for the rest of a Keras 3 session.
@@ -26,16 +29,9 @@ HAS_TFMOT = importlib.util.find_spec("tensorflow_model_optimization") is not Non
 needs_tfmot = pytest.mark.skipif(IS_KERAS3 or not HAS_TFMOT,
                                  reason="tfmot QAT needs tf-keras and tensorflow-model-optimization")
 
-# The QAT model against its int8 .tflite, in steps of the output's int8 scale,
-# when QAT trained for the conversion's mode: both compute the same ops on the
-# same grids, but TFLite's fixed-point rescaling rounds a value on a rounding
-# boundary the other way (1 step), which can carry into the next layer.
-# Measured: at most 1 step here, 2 on digits' three layers. (The 1e-3: step
-# counts are ratios of float32 values.)
-QAT_INT8_STEPS = 2.0 + 1e-3
 
 ACTIVATIONS = {
-    "exact layer": lambda: keras_gelu.GELU("none"),
+    "exact layer": lambda: keras_gelu.GELU("exact"),
     "tanh layer": lambda: keras_gelu.GELU("tanh"),
     "sigmoid layer": lambda: keras_gelu.GELU("sigmoid"),
     "learnable layer": lambda: keras_gelu.LearnableGELU(),
@@ -95,8 +91,8 @@ def test_missing_tfmot_says_what_to_install():
 def test_gelu_config_round_trips_and_compares_by_value():
     config_class = quantization.GELUQuantizeConfig
     default = config_class()
-    assert default.get_config() == {"mode": "builtin", "form": "sigmoid", "quantize_output": True}
-    variants = [config_class(mode="native"), config_class(form="tanh"), config_class(quantize_output=False)]
+    assert default.get_config() == {"mode": "builtin", "exact_as": "sigmoid", "quantize_output": True}
+    variants = [config_class(mode="native"), config_class(exact_as="tanh"), config_class(quantize_output=False)]
     for variant in variants:
         assert config_class.from_config(variant.get_config()) == variant
         assert variant != default  # tfmot's own __eq__ would call these equal
@@ -104,7 +100,8 @@ def test_gelu_config_round_trips_and_compares_by_value():
     assert default != quantization.LearnableGELUQuantizeConfig()
     for argument, message in (({"quantize_output": "yes"}, "Received: quantize_output='yes'"),
                               ({"mode": "select"}, "Received: mode='select'"),
-                              ({"form": "exact"}, "Received: form='exact'")):
+                              ({"exact_as": "exact"}, "Received: exact_as='exact'"),
+                              ({"mode": "native", "exact_as": "tanh"}, "applies to mode 'builtin' only")):
         with pytest.raises(ValueError, match=message):
             config_class(**argument)
 
@@ -121,18 +118,18 @@ def test_learnable_config_round_trips_and_compares_by_value():
 
 
 @needs_tfmot
-@pytest.mark.parametrize("approximate, mode, form, intermediates", [
-    ("none", "native", "sigmoid", 0),  # the GELU op: one lookup table
-    ("tanh", "native", "sigmoid", 0),
-    ("sigmoid", "native", "sigmoid", 1),  # 1.702 x, then LOGISTIC and MUL
-    ("none", "builtin", "sigmoid", 1),
-    ("none", "builtin", "tanh", 4),  # u*u, c*u^2, l + c*u^2, u*(...), then LOGISTIC and MUL
-    ("none", "builtin", "erf", 4),  # int8 spells the erf form as the tanh form
+@pytest.mark.parametrize("approximate, mode, exact_as, intermediates", [
+    ("exact", "native", None, 0),  # the GELU op: one lookup table
+    ("tanh", "native", None, 0),
+    ("sigmoid", "native", None, 1),  # 1.702 x, then LOGISTIC and MUL
+    ("exact", "builtin", "sigmoid", 1),
+    ("exact", "builtin", "tanh", 4),  # u*u, c*u^2, l + c*u^2, u*(...), then LOGISTIC and MUL
+    ("exact", "builtin", "erf", 4),  # int8 computes the erf form as the tanh form
     ("tanh", "builtin", "sigmoid", 4),
 ])
-def test_gelu_config_quantizes_each_intermediate_of_the_int8_ops(approximate, mode, form, intermediates):
+def test_gelu_config_quantizes_each_intermediate_of_the_int8_ops(approximate, mode, exact_as, intermediates):
     gelu = keras_gelu.GELU(approximate)
-    config = quantization.GELUQuantizeConfig(mode=mode, form=form)
+    config = quantization.GELUQuantizeConfig(mode=mode, exact_as=exact_as)
     assert config.get_weights_and_quantizers(gelu) == []
     activations = config.get_activations_and_quantizers(gelu)
     assert [fn.__name__ for fn, _ in activations] == ["linear"] * intermediates
@@ -150,12 +147,12 @@ def test_quantized_gelu_computes_its_function_between_the_roundings(rng):
     gate nears 1 (the grid stops at 255/256), times |x|.
     """
     x = np.linspace(-6.0, 6.0, 1001).astype(np.float32)
-    for approximate, form in (("tanh", "sigmoid"), ("none", "tanh"), ("sigmoid", "sigmoid")):
+    for approximate, exact_as in (("tanh", "sigmoid"), ("exact", "tanh"), ("sigmoid", "sigmoid")):
         gelu = keras_gelu.GELU(approximate)
-        config = quantization.GELUQuantizeConfig(mode="builtin", form=form)
+        config = quantization.GELUQuantizeConfig(mode="builtin", exact_as=exact_as)
         config.set_quantize_activations(gelu, [lambda t: t] * len(config.get_activations_and_quantizers(gelu)))
-        reference_form = "tanh" if approximate == "none" else approximate
-        reference = np.asarray(keras_gelu.gelu(x.astype(np.float64), reference_form))
+        reference_function = "tanh" if approximate == "exact" else approximate
+        reference = np.asarray(keras_gelu.gelu(x.astype(np.float64), reference_function))
         assert np.max(np.abs(gelu(x).numpy() - reference) / np.maximum(np.abs(x), 1.0)) <= 1.0 / 256 + 1e-6
 
 
@@ -178,8 +175,8 @@ def test_quantize_config_for_matches_exact_classes_only():
         pass
 
     assert quantization.quantize_config_for(keras_gelu.GELU()) == quantization.GELUQuantizeConfig()
-    assert quantization.quantize_config_for(keras_gelu.GELU(), "native", "tanh") == quantization.GELUQuantizeConfig(
-        "native", "tanh")
+    assert quantization.quantize_config_for(keras_gelu.GELU(), "builtin", "tanh") == quantization.GELUQuantizeConfig(
+        "builtin", "tanh")
     assert quantization.quantize_config_for(keras_gelu.LearnableGELU()) == quantization.LearnableGELUQuantizeConfig()
     assert quantization.quantize_config_for(MyGELU()) is None  # as tfmot's registry: by exact class
     assert quantization.quantize_config_for(keras.layers.Dense(3)) is None
@@ -221,7 +218,7 @@ def _every_layer_sequential():
     return keras.Sequential([
         keras.Input((12,)),
         keras.layers.Dense(16, activation=keras_gelu.GELU("tanh")),
-        keras_gelu.GELU("none"),
+        keras_gelu.GELU("exact"),
         keras.layers.Dense(16, activation=keras_gelu.gelu_sigmoid),
         keras.layers.Dense(16),
         keras_gelu.LearnableGELU(),
@@ -281,6 +278,13 @@ def test_quantize_model_refuses_subclassed_and_unbuilt_models():
 
 
 @needs_tfmot
+def test_quantize_model_refuses_exact_as_in_native_mode():
+    # Native mode has the GELU op: there is no exact_as to train for, as the converter's --form says.
+    with pytest.raises(ValueError, match="Received: mode='native', exact_as='tanh'"):
+        quantization.quantize_model(_dense_model(keras_gelu.GELU()), mode="native", exact_as="tanh")
+
+
+@needs_tfmot
 @pytest.mark.parametrize("fmt", ["h5", "savedmodel"])
 def test_quantize_scope_loads_saved_qat_models(fmt, tmp_path, rng):
     qat = quantization.quantize_model(every_gelu_functional(seed=5))
@@ -298,9 +302,7 @@ def test_quantize_scope_loads_saved_qat_models(fmt, tmp_path, rng):
 
 # --- QAT model -> int8 .tflite -------------------------------------------------
 
-CONVERSIONS = [("builtin", "sigmoid"), ("builtin", "tanh"), ("builtin", "erf"), ("native", "sigmoid"),
-               ("select", "sigmoid")]
-QAT_TARGETS = ["builtin", "native"]  # quantize_model(mode=...), form "sigmoid"
+QAT_TARGETS = vocabulary.INT8_MODE_NAMES  # quantize_model(mode=...), with builtin mode's default exact_as
 
 # A model trained for one mode and converted in the other: its exact or tanh
 # GELU was trained as one lookup table and is now re-spelled in ops (or
@@ -337,14 +339,14 @@ def trained_qat_models(tmp_path_factory):
     return models
 
 
-@pytest.mark.parametrize("mode,form", CONVERSIONS)
+@pytest.mark.parametrize("mode, exact_as", conversions.EVERY, ids=conversions.ids(conversions.EVERY))
 @pytest.mark.parametrize("qat_mode", QAT_TARGETS)
 @pytest.mark.parametrize("name", list(ACTIVATIONS))
-def test_qat_model_converts_to_a_fully_integer_tflite(name, qat_mode, mode, form, trained_qat_models):
+def test_qat_model_converts_to_a_fully_integer_tflite(name, qat_mode, mode, exact_as, trained_qat_models):
     import tflite_helpers
 
     path, qat, x = trained_qat_models[name, qat_mode]
-    tflite_model, report = converters.convert(path, mode=mode, form=form, int8=True)
+    tflite_model, report = converters.convert(path, mode=mode, exact_as=exact_as, int8=True)
     assert report.int8 and report.quantization_aware
     assert report.float_ops == {}, report.op_types
     assert set(report.op_types["FULLY_CONNECTED"]) == {"int8"}
@@ -356,7 +358,7 @@ def test_qat_model_converts_to_a_fully_integer_tflite(name, qat_mode, mode, form
     steps = np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale
     if _int8_ops_differ(name, qat_mode, mode):
         # Builtin mode's default form also swaps exact GELU for x*sigmoid(1.702x): 0.02 per activation.
-        swapped = form == "sigmoid" and name in ("exact layer", "keras 'gelu' string")
+        swapped = exact_as == "sigmoid" and name in ("exact layer", "keras 'gelu' string")
         assert steps <= CROSS_MODE_STEPS + (1 if swapped else 0)
     else:
         assert steps <= QAT_INT8_STEPS

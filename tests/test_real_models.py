@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import conversions
 from conftest import IS_KERAS3
 from keras_gelu import converters
 from keras_gelu.converters import verify
 
 VOCABULARY, SEQUENCE, SAMPLES = 100, 16, 8
-FLOAT_CONVERSIONS = [("native", "sigmoid"), ("builtin", "sigmoid"), ("builtin", "tanh"), ("builtin", "erf")]
+FLOAT_CONVERSIONS = conversions.REWRITING
 INT8 = ("int8", "erf")
 
 # Parity of the float .tflite with the model object: kernel rounding through
@@ -159,9 +160,9 @@ def _unpadded(case, values):
     return values[mask.astype(bool)].ravel()
 
 
-def _assert_converts_faithfully(case, mode, form):
+def _assert_converts_faithfully(case, mode, exact_as):
     int8 = mode == "int8"
-    options = dict(mode="builtin" if int8 else mode, form=form, inputs=case.inputs_npz)
+    options = dict(mode="builtin" if int8 else mode, exact_as=exact_as, inputs=case.inputs_npz)
     if int8:
         options.update(int8=True, calibration=case.calibration_npz)
     tflite_model, report = converters.convert(case.path, **options)
@@ -180,52 +181,52 @@ def _assert_converts_faithfully(case, mode, form):
             a, e = (_unpadded(case, values).astype(np.float64) for values in (actual[name], expected))
             assert a @ e / (np.linalg.norm(a) * np.linalg.norm(e)) >= INT8_COSINE, name
         return
-    kept = mode == "native" or form == "erf" or case.gelu_function != "exact"
+    kept = conversions.keeps_exact_gelu(mode, exact_as) or case.gelu_function != "exact"
     for name, expected in case.reference.items():
-        np.testing.assert_allclose(actual[name], expected, rtol=0, atol=KEPT if kept else APPROXIMATED[form],
+        np.testing.assert_allclose(actual[name], expected, rtol=0, atol=KEPT if kept else APPROXIMATED[exact_as],
                                    err_msg=name)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, form", FLOAT_CONVERSIONS + [INT8], ids=[f"{m}-{f}" for m, f in FLOAT_CONVERSIONS + [INT8]])
+@pytest.mark.parametrize("mode, exact_as", FLOAT_CONVERSIONS + [INT8], ids=conversions.ids(FLOAT_CONVERSIONS + [INT8]))
 @pytest.mark.parametrize("name", ["keras_hub_bert", "keras_hub_gpt2", "keras_hub_vit"])
-def test_keras_hub_exported(keras_hub_cases, name, mode, form):
-    _assert_converts_faithfully(keras_hub_cases[f"{name}-exported"], mode, form)
+def test_keras_hub_exported(keras_hub_cases, name, mode, exact_as):
+    _assert_converts_faithfully(keras_hub_cases[f"{name}-exported"], mode, exact_as)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, form", [("native", "sigmoid"), ("builtin", "erf"), INT8])
+@pytest.mark.parametrize("mode, exact_as", [("native", None), ("builtin", "erf"), INT8])
 @pytest.mark.parametrize("name", ["keras_hub_bert", "keras_hub_gpt2", "keras_hub_vit"])
-def test_keras_hub_keras_file(keras_hub_cases, name, mode, form):
-    _assert_converts_faithfully(keras_hub_cases[f"{name}-keras"], mode, form)
+def test_keras_hub_keras_file(keras_hub_cases, name, mode, exact_as):
+    _assert_converts_faithfully(keras_hub_cases[f"{name}-keras"], mode, exact_as)
 
 
 # Hugging Face's TF models are tf-keras models whichever Keras is active, so
 # both Keras legs would convert the very same graphs. The whole matrix runs in
 # the tf-keras leg, under oneDNN (where the fused LayerNorm once broke the
 # reference); the Keras 3 leg, with oneDNN off, repeats BERT in two modes.
-BOTH_LEGS = {("hf_bert_gelu", "native", "sigmoid"), ("hf_bert_gelu", "builtin", "erf")}
+BOTH_LEGS = {("hf_bert_gelu", "native", None), ("hf_bert_gelu", "builtin", "erf")}
 
 
-def _in_this_leg(name, mode, form):
-    if IS_KERAS3 and (name, mode, form) not in BOTH_LEGS:
+def _in_this_leg(name, mode, exact_as):
+    if IS_KERAS3 and (name, mode, exact_as) not in BOTH_LEGS:
         pytest.skip("the same tf-keras graph runs in the tf-keras leg")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, form", FLOAT_CONVERSIONS + [INT8], ids=[f"{m}-{f}" for m, f in FLOAT_CONVERSIONS + [INT8]])
+@pytest.mark.parametrize("mode, exact_as", FLOAT_CONVERSIONS + [INT8], ids=conversions.ids(FLOAT_CONVERSIONS + [INT8]))
 @pytest.mark.parametrize("name", ["hf_bert_gelu", "hf_gpt2"])
-def test_hugging_face(hugging_face_cases, name, mode, form):
-    _in_this_leg(name, mode, form)
-    _assert_converts_faithfully(hugging_face_cases[name], mode, form)
+def test_hugging_face(hugging_face_cases, name, mode, exact_as):
+    _in_this_leg(name, mode, exact_as)
+    _assert_converts_faithfully(hugging_face_cases[name], mode, exact_as)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["native", "builtin"])
+@pytest.mark.parametrize("mode, exact_as", [("native", None), ("builtin", "erf")], ids=["native", "builtin-erf"])
 @pytest.mark.parametrize("name", ["hf_bert_gelu_new", "hf_bert_quick_gelu"])
-def test_hugging_face_bert_activations(hugging_face_cases, name, mode):
-    _in_this_leg(name, mode, "erf")
-    _assert_converts_faithfully(hugging_face_cases[name], mode, "erf")
+def test_hugging_face_bert_activations(hugging_face_cases, name, mode, exact_as):
+    _in_this_leg(name, mode, exact_as)
+    _assert_converts_faithfully(hugging_face_cases[name], mode, exact_as)
 
 
 def test_random_inputs_respect_embedding_tables_and_masks(hugging_face_cases):

@@ -22,15 +22,15 @@ SHORT = ["--epochs", "1", "--qat-epochs", "1", "--calibration-samples", "32"]
 
 
 @pytest.mark.parametrize("recipe, extra, prefix", [
-    ("qat_digits", ["--forms", "learnable"], "digits"),
-    ("qat_transformer", ["--forms", "exact", "--train-size", "256", "--test-size", "64"], "encoder"),
+    ("qat_digits", ["--functions", "learnable"], "digits"),
+    ("qat_transformer", ["--functions", "exact", "--train-size", "256", "--test-size", "64"], "encoder"),
 ])
 def test_recipe_runs_and_refuses_to_overwrite(recipe, extra, prefix, tmp_path, capsys):
     module = importlib.import_module(recipe)
     argv = [*SHORT, *extra, "--output-dir", str(tmp_path)]
     assert module.main(argv) == 0
     table = capsys.readouterr().out
-    assert "| form" in table and "PTQ int8" in table
+    assert "| function" in table and "PTQ int8" in table
     row = next(line for line in table.splitlines() if line.startswith("|") and extra[1] in line)
     assert " yes " in row  # the int8 model is integer throughout
     written = tmp_path / f"{prefix}_{extra[1]}_int8.tflite"
@@ -45,6 +45,6 @@ def test_recipe_flags_are_checked(capsys):
     import qat_digits
 
     with pytest.raises(SystemExit) as exit_info:
-        qat_digits.main(["--forms", "quadratic"])
+        qat_digits.main(["--functions", "quadratic"])
     assert exit_info.value.code == 2
-    assert "unknown form(s) quadratic" in capsys.readouterr().err
+    assert "unknown GELU function(s) quadratic" in capsys.readouterr().err

@@ -22,7 +22,7 @@ def _model(seed=0):
     keras.utils.set_random_seed(seed)
     return keras.Sequential([
         keras.Input((6,)),
-        keras.layers.Dense(16, activation=keras_gelu.GELU("none")),
+        keras.layers.Dense(16, activation=keras_gelu.GELU("exact")),
         keras.layers.Dense(16, activation=keras_gelu.gelu_tanh),
         keras_gelu.LearnableGELU(),
         keras.layers.Dense(16, activation=keras_gelu.GELU("sigmoid")),
@@ -89,13 +89,13 @@ def _saved_model(model, path):
     "layer, expected_ops",
     [
         # Our exact form keeps tf.nn.gelu's spelling, so the stock converter fuses it.
-        (lambda: keras_gelu.GELU("none"), {"GELU"}),
+        (lambda: keras_gelu.GELU("exact"), {"GELU"}),
         (lambda: keras_gelu.GELU("tanh"), {"LOGISTIC", "MUL", "ADD"}),
         (lambda: keras_gelu.GELU("sigmoid"), {"LOGISTIC", "MUL"}),
         # beta = 0 freezes to a constant and its ADD folds away.
         (lambda: keras_gelu.LearnableGELU(), {"LOGISTIC", "MUL"}),
     ],
-    ids=["none", "tanh", "sigmoid", "learnable"],
+    ids=["exact", "tanh", "sigmoid", "learnable"],
 )
 def test_saved_model_converts_to_builtin_tflite_ops(tmp_path, layer, expected_ops):
     model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(12), layer()])

@@ -1,6 +1,7 @@
 """The GELU activation layer."""
 
 from keras_gelu import activations
+from keras_gelu import vocabulary
 from keras_gelu.flavour import keras
 from keras_gelu.flavour import register_serializable
 
@@ -10,7 +11,7 @@ class GELU(keras.layers.Layer):
     """Gaussian error linear unit, exact or approximated.
 
     Formula, by `approximate`:
-        "none":    x * Phi(x) = 0.5 x erfc(-x / sqrt(2))
+        "exact":   x * Phi(x) = 0.5 x erfc(-x / sqrt(2))
         "tanh":    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
         "sigmoid": x * sigmoid(1.702 x)
 
@@ -20,8 +21,9 @@ class GELU(keras.layers.Layer):
     half-precision inputs are computed in a wider dtype and rounded once.
 
     Args:
-        approximate: "none", "tanh" or "sigmoid"; False and True mean "none"
-            and "tanh", as in Keras. Defaults to "none".
+        approximate: "exact", "tanh" or "sigmoid"; also PyTorch's "none"
+            and Keras's False and True (exact, exact, tanh). Defaults to
+            "exact".
         **kwargs: Base layer keyword arguments, such as `name` and `dtype`.
 
     Input shape:
@@ -36,19 +38,13 @@ class GELU(keras.layers.Layer):
     [-0.1543, 0.0, 0.8457]
     """
 
-    def __init__(self, approximate="none", **kwargs):
+    def __init__(self, approximate="exact", **kwargs):
         super().__init__(**kwargs)
-        self.approximate = activations.normalize_approximate(approximate)
+        self.approximate = vocabulary.gelu_function(approximate)
         self.supports_masking = True
         self._activation_fn = activations.GELUActivation(self.approximate)
-        # Set by keras_gelu.quantization for quantization-aware training when
-        # the int8 model computes this GELU with several ops: those ops, with
-        # fake quantization between them.
-        self.quantized_call = None
 
     def call(self, inputs):
-        if self.quantized_call is not None:
-            return self.quantized_call(inputs)
         return self._activation_fn(inputs)
 
     def compute_output_shape(self, input_shape):

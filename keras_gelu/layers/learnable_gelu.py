@@ -71,10 +71,6 @@ class LearnableGELU(keras.layers.Layer):
         self.alpha_constraint = keras.constraints.get(alpha_constraint)
         self.beta_constraint = keras.constraints.get(beta_constraint)
         self.shared_axes = _normalize_shared_axes(shared_axes)
-        # Set by keras_gelu.quantization for quantization-aware training: the
-        # layer computed as the int8 model computes it, with fake quantization
-        # between its ops.
-        self.quantized_call = None
 
     def _parameter_shape(self, input_shape):
         input_shape = tuple(input_shape)
@@ -115,8 +111,6 @@ class LearnableGELU(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs):
-        if self.quantized_call is not None:
-            return self.quantized_call(inputs)
         return kernels.learnable(inputs, self.alpha, self.beta)
 
     def compute_output_shape(self, input_shape):

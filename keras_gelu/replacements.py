@@ -1,0 +1,215 @@
+"""What each GELU becomes in a .tflite: the replacements, the table that picks one, and their int8 intermediates.
+
+The converter splices these into a model's graph; quantization-aware training
+computes the same functions with fake quantization between their ops. Both
+read the table below, so QAT trains against exactly the ops a conversion
+produces.
+
+Every replacement is `build(x, alpha, mark=None)`, returning x * Phi(alpha x)
+(or its tanh or sigmoid twin) from the ops its description names. Float
+replacements (mark None) first clamp -inf to the lowest finite value, so
+GELU(-inf) is 0 in the .tflite too (a MAXIMUM op; it changes no finite value).
+An int8 replacement gets a `mark`, applied to every intermediate tensor that
+needs an int8 range of its own and, with logistic=True, to sigmoid outputs,
+whose int8 grid TFLite fixes; it skips the clamp, as int8 tensors are finite.
+
+Builtin replacements use only ops every TFLite runtime has (LOGISTIC, MUL,
+ADD, SUB, DIV, EXP, ABS, LESS, SELECT_V2, MAXIMUM). The GELU-op replacements
+are tf.nn.gelu's own spelling, which the TFLite converter fuses into its GELU
+op.
+"""
+
+import dataclasses
+import functools
+
+import numpy as np
+import tensorflow as tf
+
+from keras_gelu import formulas
+from keras_gelu import vocabulary
+from keras_gelu.formulas import constant_like
+from keras_gelu.formulas import without_minus_inf
+
+# TFLite's int8 LOGISTIC always outputs on the grid k/256, k = 0..255 (scale
+# 1/256, zero point -128), whatever range its consumer would like.
+LOGISTIC_INT8_GRID_MAX = 255.0 / 256.0
+
+# Abramowitz & Stegun 7.1.26: erf(z) = 1 - t (a1 + t (a2 + ...)) exp(-z^2),
+# t = 1 / (1 + p z), for z >= 0, |error| <= 1.5e-7.
+AS_P = 0.3275911
+AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+def on_logistic_int8_grid(gate):
+    """A sigmoid's output rounded as TFLite's int8 LOGISTIC rounds it (straight-through gradient)."""
+    return tf.quantization.fake_quant_with_min_max_args(gate, min=0.0, max=LOGISTIC_INT8_GRID_MAX, num_bits=8)
+
+
+def unmarked(tensor, logistic=False):
+    """The `mark` that leaves every tensor as it is (an int8 replacement whose ranges come from calibration)."""
+    return tensor
+
+
+def marking(quantizers):
+    """A `mark` applying the i-th of `quantizers` to the i-th intermediate and TFLite's
+    fixed LOGISTIC grid to sigmoid outputs: the replacement as the int8 model computes it."""
+    remaining = iter(quantizers)
+
+    def mark(tensor, logistic=False):
+        return on_logistic_int8_grid(tensor) if logistic else next(remaining)(tensor)
+
+    return mark
+
+
+def erfc_of_nonnegative(z):
+    """erfc(z) for z >= 0 from builtin ops (A&S 7.1.26): relative accuracy, no cancellation."""
+    t = constant_like(1.0, z) / (constant_like(1.0, z) + constant_like(AS_P, z) * z)
+    polynomial = constant_like(AS_A[-1], z)
+    for coefficient in reversed(AS_A[:-1]):
+        polynomial = constant_like(coefficient, z) + t * polynomial
+    return t * polynomial * tf.exp(-(z * z))
+
+
+def erf(t):
+    """erf from builtin ops, for a bare Erf op; |error| <= 1.5e-7 plus float32 rounding."""
+    tail = erfc_of_nonnegative(tf.abs(t))
+    one = constant_like(1.0, t)
+    return tf.where(t < constant_like(0.0, t), tail - one, one - tail)
+
+
+def erfc(t):
+    """erfc from builtin ops, for a bare Erfc op; accurate in relative terms for t >= 0."""
+    tail = erfc_of_nonnegative(tf.abs(t))
+    return tf.where(t < constant_like(0.0, t), constant_like(2.0, t) - tail, tail)
+
+
+BARE_ERF = {"Erf": erf, "Erfc": erfc}
+
+
+def _prepared(x, mark):
+    """(x, mark) to compute with: a float replacement (mark None) clamps -inf and marks nothing."""
+    if mark is None:
+        return without_minus_inf(x), unmarked
+    return x, mark
+
+
+def _scaled(x, alpha, mark):
+    return x if alpha == 1.0 else mark(x * constant_like(alpha, x))
+
+
+def exact_from_builtins(x, alpha, mark=None):
+    """x Phi(alpha x) with Phi from the erfc above: within 2e-6 of float64 GELU."""
+    x, mark = _prepared(x, mark)
+    u = _scaled(x, alpha, mark)
+    half_tail = constant_like(0.5, x) * erfc_of_nonnegative(tf.abs(u) * constant_like(formulas.SQRT_HALF, x))
+    cdf = tf.where(u < constant_like(0.0, x), half_tail, constant_like(1.0, x) - half_tail)
+    return x * cdf
+
+
+def tanh_from_builtins(x, alpha, mark=None):
+    """x Phi_tanh(alpha x) as x sigmoid(u (1.5957691 + 0.0713548 u^2)), u = alpha x: the same function.
+
+    Horner's form of 1.5957691 (u + 0.044715 u^3) saves two ops (elementwise
+    passes over memory) against the textbook nesting.
+    """
+    x, mark = _prepared(x, mark)
+    u = _scaled(x, alpha, mark)
+    linear = constant_like(formulas.SIGMOID_OF_TANH_SCALE, x)
+    cubic = constant_like(formulas.SIGMOID_OF_TANH_SCALE * formulas.TANH_CUBIC, x)
+    return x * mark(tf.math.sigmoid(mark(u * mark(linear + mark(cubic * mark(u * u))))), logistic=True)
+
+
+def sigmoid_from_builtins(x, alpha, mark=None):
+    """x sigmoid(1.702 alpha x): the sigmoid approximation of x Phi(alpha x)."""
+    x, mark = _prepared(x, mark)
+    return x * mark(tf.math.sigmoid(mark(constant_like(formulas.SIGMOID_SLOPE * alpha, x) * x)), logistic=True)
+
+
+def _gelu_op(approximate):
+    def gelu_op(x, alpha, mark=None):
+        x, mark = _prepared(x, mark)
+        y = tf.nn.gelu(_scaled(x, alpha, mark), approximate=approximate)
+        return y if alpha == 1.0 else mark(y) * constant_like(1.0 / alpha, x)
+
+    return gelu_op
+
+
+@dataclasses.dataclass(frozen=True)
+class Replacement:
+    build: object  # build(x, alpha, mark=None) -> the replacement tensor
+    description: str  # how the report says what a GELU became
+    fused: bool = False  # the TFLite converter fuses its ops into one op, which keeps no constants
+
+
+SIGMOID_FORM = Replacement(sigmoid_from_builtins, "x*sigmoid(1.702x) from LOGISTIC/MUL")
+TANH_FORM = Replacement(tanh_from_builtins, "tanh form from LOGISTIC/MUL/ADD")
+ERF_FORM = Replacement(exact_from_builtins, "exact, erf polynomial from builtins")
+# TFLite's DIV has no int8 kernel and the erf polynomial divides; the tanh form
+# is within 4.7e-4 of exact GELU, far below an int8 step.
+TANH_FORM_FOR_ERF = Replacement(tanh_from_builtins, TANH_FORM.description + " (the erf form's int8 replacement)")
+GELU_OP = Replacement(_gelu_op(approximate=False), "GELU op", fused=True)
+GELU_OP_APPROXIMATE = Replacement(_gelu_op(approximate=True), "GELU op (approximate)", fused=True)
+
+ANY = "any"
+
+# (function, mode, exact_as, int8) -> Replacement, or None where the GELU is
+# left as it is. Exactly one row matches each combination of a rewriting mode.
+RULES = (
+    # function  mode       exact_as   int8   replacement
+    ("sigmoid", ANY,       ANY,       False, None),  # already LOGISTIC/MUL
+    ("sigmoid", ANY,       ANY,       True,  SIGMOID_FORM),  # its intermediate needs a range
+    ("tanh",    "builtin", ANY,       ANY,   TANH_FORM),
+    ("tanh",    "native",  ANY,       ANY,   GELU_OP_APPROXIMATE),
+    ("exact",   "native",  ANY,       ANY,   GELU_OP),
+    ("exact",   "builtin", "sigmoid", ANY,   SIGMOID_FORM),
+    ("exact",   "builtin", "tanh",    ANY,   TANH_FORM),
+    ("exact",   "builtin", "erf",     False, ERF_FORM),
+    ("exact",   "builtin", "erf",     True,  TANH_FORM_FOR_ERF),
+)  # fmt: skip
+
+
+def replacement_for(function, mode, exact_as, int8):
+    """The Replacement of a GELU computing `function` in a conversion, or None to keep it.
+
+    `mode` is the Mode the conversion rewrites as (vocabulary.conversion_mode).
+    """
+    key = (function, mode.name, exact_as, int8)
+    matches = [row[-1] for row in RULES if all(want in (ANY, have) for want, have in zip(row, key))]
+    if len(matches) != 1:
+        raise LookupError(f"{len(matches)} replacement rules match {key}")
+    return matches[0]
+
+
+def intermediate_ranges(build, alpha, grid):
+    """[(min, max)] of each intermediate `build` marks, evaluated eagerly on `grid`, in marking order.
+
+    Sigmoid outputs are left out: TFLite fixes their grid.
+    """
+    ranges = []
+
+    def record(tensor, logistic=False):
+        if not logistic:
+            values = np.asarray(tensor, np.float64)
+            low, high = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
+            ranges.append((low, high if high > low else low + 1e-6))
+        return tensor
+
+    build(tf.constant(grid), alpha, mark=record)
+    return ranges
+
+
+def int8_replacement(function, mode_name, exact_as):
+    """The Replacement an int8 conversion in mode `mode_name` computes a GELU(function) with (None: one op)."""
+    return replacement_for(function, vocabulary.conversion_mode(mode_name, int8=True), exact_as, int8=True)
+
+
+@functools.lru_cache(maxsize=None)
+def intermediate_count(function, mode_name, exact_as):
+    """How many intermediate tensors of a GELU(function)'s int8 replacement get a range (0: one op).
+
+    Counted once, eagerly (init_scope): a QuantizeWrapper asks while Keras
+    traces the model, whose graph must not gain the counting ops.
+    """
+    replacement = int8_replacement(function, mode_name, exact_as)
+    with tf.init_scope():
+        return len(intermediate_ranges(replacement.build, 1.0, np.zeros(1, np.float32)))

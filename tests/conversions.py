@@ -1,0 +1,31 @@
+"""The conversions the tests ask for, read from keras_gelu.vocabulary: a new mode or exact_as is tested everywhere.
+
+A conversion is (mode, exact_as), exact_as None where the mode takes none.
+"""
+
+from keras_gelu import vocabulary
+
+
+def _each_exact_as(modes):
+    return [(mode, exact_as) for mode in modes for exact_as in vocabulary.MODES[mode].exact_as or (None,)]
+
+
+EVERY = _each_exact_as(vocabulary.MODE_NAMES)
+REWRITING = _each_exact_as(name for name, mode in vocabulary.MODES.items() if mode.rewrites)
+
+# The QAT model against its int8 .tflite, in steps of the output's int8 scale,
+# when QAT trained for the conversion's mode: both compute the same ops on the
+# same grids, but TFLite's fixed-point rescaling rounds a value on a rounding
+# boundary the other way (1 step), which can carry into the next layer.
+# Measured: at most 1 step on test_quantization's models, 2 on digits' three
+# layers. (The 1e-3: step counts are ratios of float32 values.)
+QAT_INT8_STEPS = 2.0 + 1e-3
+
+
+def ids(conversions):
+    return [mode if exact_as is None else f"{mode}-{exact_as}" for mode, exact_as in conversions]
+
+
+def keeps_exact_gelu(mode, exact_as):
+    """Whether the conversion keeps exact GELU's function: the GELU op, no rewrite, or the erf polynomial."""
+    return exact_as in (None, "erf")

@@ -1,0 +1,135 @@
+"""The import structure: no cycle between our modules, the core never imports the converter, and
+`import keras_gelu` stays light. Imports are read from the source, function-local ones included."""
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Source folder -> installed package name, as setup.cfg's package_dir maps them.
+PACKAGE_DIRS = {"keras_gelu": "keras_gelu", "converters/launcher": "keras_gelu_launcher",
+                "converters": "keras_gelu.converters"}
+CONVERTERS = "keras_gelu.converters"
+
+
+def _module_files():
+    """{module name: (path, whether it is a package's __init__)} of every installed module."""
+    modules = {}
+    for folder, package in PACKAGE_DIRS.items():
+        for directory, _, files in os.walk(os.path.join(ROOT, folder)):
+            relative = os.path.relpath(directory, os.path.join(ROOT, folder))
+            if "__pycache__" in relative or (folder == "converters" and relative.startswith("launcher")):
+                continue
+            prefix = package if relative == "." else package + "." + relative.replace(os.sep, ".")
+            for name in files:
+                if name.endswith(".py"):
+                    is_init = name == "__init__.py"
+                    module = prefix if is_init else f"{prefix}.{name[:-3]}"
+                    modules[module] = (os.path.join(directory, name), is_init)
+    return modules
+
+
+def import_edges(modules):
+    """{module: set of our modules it imports}, at module level or inside functions."""
+    edges = {}
+    for module, (path, is_init) in modules.items():
+        package = module if is_init else module.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                for alias in node.names:
+                    submodule = f"{base}.{alias.name}"
+                    targets.add(submodule if submodule in modules else base)
+        edges[module] = {target for target in targets if target in modules and target != module}
+    return edges
+
+
+def cycles(edges):
+    """Every strongly connected group of two or more modules (Tarjan), as sorted lists."""
+    index, lowlink, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(module):
+        index[module] = lowlink[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in edges.get(module, ()):
+            if target not in index:
+                visit(target)
+                lowlink[module] = min(lowlink[module], lowlink[target])
+            elif target in on_stack:
+                lowlink[module] = min(lowlink[module], index[target])
+        if lowlink[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_through_three_modules():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(edges) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_reader_sees_function_local_and_relative_imports():
+    edges = import_edges(_module_files())
+    assert "keras_gelu.quantization" in edges["keras_gelu.converters.loading"]  # imported inside a function
+    assert "keras_gelu.converters.errors" in edges["keras_gelu.converters.convert"]  # from . import errors
+    assert "keras_gelu.converters.cli" in edges["keras_gelu_launcher"]
+
+
+def test_no_two_modules_import_each_other():
+    assert cycles(import_edges(_module_files())) == []
+
+
+def test_the_core_never_imports_the_converter():
+    edges = import_edges(_module_files())
+    offenders = {module: sorted(target for target in targets if target.startswith(CONVERTERS))
+                 for module, targets in edges.items()
+                 if module.split(".")[0] == "keras_gelu" and not module.startswith(CONVERTERS)}
+    assert {module: targets for module, targets in offenders.items() if targets} == {}
+
+
+def _modules_after(statement, **environment):
+    code = f"import sys\n{statement}\nprint('\\n'.join(sorted(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **environment}, check=True)
+    return set(result.stdout.split())
+
+
+# `import tensorflow` itself loads the TFLite schema and flatbuffer tools
+# (tensorflow.lite.python.schema_py_generated, tensorflow.lite.tools.
+# flatbuffer_utils; TF 2.21), so what the core can keep out is our own
+# conversion pipeline and tfmot.
+
+
+def test_import_keras_gelu_loads_neither_tfmot_nor_the_converter():
+    loaded = _modules_after("import keras_gelu")
+    assert "keras_gelu.layers" in loaded  # the check sees our modules at all
+    assert not {name for name in loaded if name.startswith(("tensorflow_model_optimization", CONVERTERS))}
+
+
+def test_quantization_aware_training_loads_no_conversion_pipeline():
+    pytest.importorskip("tensorflow_model_optimization")
+    loaded = _modules_after("import keras_gelu.quantize_configs", TF_USE_LEGACY_KERAS="1")
+    assert "tensorflow_model_optimization" in loaded
+    assert not {name for name in loaded if name.startswith(CONVERTERS)}
