@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 VENV_PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
-EXTRAS := test,qat,litert,examples
+EXTRAS := test,qat,litert,examples,tflm,vela
 PYTEST_ARGS ?=
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2

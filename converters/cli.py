@@ -15,6 +15,7 @@ from keras_gelu import vocabulary
 from . import errors
 from . import native_logs
 from . import paths
+from . import targets
 from .options import DEFAULT_ATOL
 from .options import DEFAULT_DYNAMIC_SIZE
 from .options import DEFAULT_RTOL
@@ -27,11 +28,14 @@ EPILOG = """examples:
   keras-gelu-convert model.h5 --inputs batch.npz --max-drift 0.05 --report-json report.json
   keras-gelu-convert qat_saved_model --int8 --mode native  # a keras_gelu.quantization QAT model -> int8
   keras-gelu-convert saved_model_dir --int8 --calibration samples.npz --int8-io   # post-training int8
+  keras-gelu-convert model.keras --target tflm --int8 --calibration samples.npz   # run and sized in TFLite Micro
+  keras-gelu-convert qat_saved_model --target ethos-u55                           # compiled by Vela, 100% NPU
 
-exit codes: 0 ok, 2 bad flags, 3 missing path, 4 not a model, 5 corrupt model,
-6 unknown signature, 7 output exists, 8 output folder missing or not writable,
+exit codes: 0 ok, 2 bad flags (an unknown --target among them), 3 missing path, 4 not a model,
+5 corrupt model, 6 unknown signature, 7 output exists, 8 output folder missing or not writable,
 9 bad --inputs or --calibration, 10 parity failure, 11 the TFLite converter failed,
-12 the model carries code or file-system ops (see --trust-model), 1 internal error
+12 the model carries code or file-system ops (see --trust-model), 13 the model has ops or types the
+--target lacks, 14 the --target's runtime or compiler refused it, 15 that tool crashed, 1 internal error
 """
 
 
@@ -44,7 +48,12 @@ def _parser():
     parser.add_argument("model", help="SavedModel directory, .keras or .h5 file")
     parser.add_argument("-o", "--output", help="the .tflite to write (default: <model>.tflite beside the input)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
-    parser.add_argument("--mode", choices=vocabulary.MODE_NAMES, default="builtin",
+    parser.add_argument("--target", choices=targets.TARGET_NAMES, metavar="RUNTIME",
+                        help="convert for this runtime and check the result against it: "
+                             + ", ".join(targets.TARGET_NAMES) + " (picks --mode/--form/--int8 when not given)")
+    parser.add_argument("--allow-cpu-fallback", action="store_true",
+                        help="--target: let ops the accelerator lacks run on the CPU beside it")
+    parser.add_argument("--mode", choices=vocabulary.MODE_NAMES,
                         help="; ".join(f"{mode.name}: {mode.summary}" for mode in vocabulary.MODES.values()))
     parser.add_argument("--form", choices=vocabulary.EXACT_AS, dest="exact_as",
                         help="builtin mode: how exact GELU is computed (default sigmoid: x*sigmoid(1.702x); "
@@ -84,6 +93,15 @@ def _parser():
 
 
 def _check_flags(parser, args):
+    if args.target is not None:
+        try:
+            args.mode, args.exact_as, args.int8, args.int8_io = targets.resolve(
+                args.target, args.mode, args.exact_as, args.int8, args.int8_io, args.float16_weights)
+        except ValueError as error:
+            parser.error(str(error))
+    elif args.allow_cpu_fallback:
+        parser.error("--allow-cpu-fallback applies to --target only")
+    args.mode = args.mode or "builtin"
     if args.exact_as is not None and not vocabulary.MODES[args.mode].exact_as:
         parser.error(f"--form applies to --mode builtin only (got --mode {args.mode})")
     if not args.verify and (args.inputs or args.max_drift is not None):
@@ -162,7 +180,7 @@ def _convert_and_write(args):
             float16_weights=args.float16_weights, verify=args.verify, inputs=args.inputs, seed=args.seed,
             dynamic_size=args.dynamic_size, atol=args.atol, rtol=args.rtol, max_drift=args.max_drift,
             int8=args.int8, calibration=args.calibration, int8_io=args.int8_io, max_steps=args.max_steps,
-            trust_model=args.trust_model)
+            trust_model=args.trust_model, target=args.target, allow_cpu_fallback=args.allow_cpu_fallback)
         paths.write_atomically(tflite_model, args.output, args.force)
         report.output = args.output
         if args.report_json:

@@ -9,8 +9,10 @@ import warnings
 
 import tensorflow as tf
 
+from keras_gelu import replacements
 from keras_gelu import vocabulary
 
+from . import equivalent_ops
 from . import errors
 from . import graph
 from . import int8 as integer
@@ -19,7 +21,10 @@ from . import native_logs
 from . import options as conversion_options
 from . import report as reporting
 from . import rewrite
+from . import runtimes
 from . import signatures
+from . import target_checks
+from . import targets
 from . import verify as parity
 
 def _tflite_converter(graph_def, source):
@@ -99,21 +104,16 @@ def convert(model, **options):
     """
     options = conversion_options.Options(**options)
     started = time.perf_counter()
+    target = targets.TARGETS.get(options.target)
     source = loading.load(model, options.signature, trust_model=options.trust_model)
+    parity_inputs, batch_fixed = source.inputs, False  # parity runs on batches of the model's own shapes
+    if target is not None and target.static_shapes:
+        source, batch_fixed = target_checks.with_static_batch(source, target)
     report = reporting.Report(source.path, source.kind, source.signature, options.mode, options.exact_as,
                               float16_weights=options.float16_weights,
                               promoted_to_float32=source.promoted_to_float32, trusted=options.trust_model)
     int8_setup = _int8_setup(source, options, report)
-    mode = vocabulary.conversion_mode(options.mode, options.int8)
-    graph_def = source.graph_def
-    if options.int8:
-        graph_def = graph.with_passes(graph_def, integer.GRAPH_PASSES)
-    keep = [info.tensor for info in source.inputs + source.outputs]
-    result = rewrite.rewrite(graph_def, keep, mode, options.exact_as,
-                             int8_marker=integer.marker if options.int8 else None)
-    reference = result.graph_def
-    if options.float16_weights:
-        reference = graph.round_float_constants_to_float16(result.graph_def, except_scope=rewrite.FUSED_SCOPE)
+    result, reference = _rewritten(source, options, target)
     report.gelus = _summarise(result.findings)
     report.leftover_erf = result.leftover_erf
     # The requested mode's op sets: int8 select rewrites GELUs as native does but may leave other ops to Flex.
@@ -121,24 +121,62 @@ def convert(model, **options):
     tflite_model = to_tflite(result.graph_def, source, requested, options.float16_weights, int8_setup)
     tflite_model = signatures.with_signature(tflite_model, source.signature, [info.name for info in source.inputs],
                                              [info.name for info in source.outputs])
+    if target is not None:
+        report.target = _target_section(target, options)
+        if target.ops is not None:
+            tflite_model, report.target["renamed_ops"] = equivalent_ops.for_target(tflite_model, target.ops)
     report.ops = reporting.op_histogram(tflite_model)
     if options.int8:
         report.op_types = reporting.typed_op_histogram(tflite_model)
         report.float_ops = reporting.float_islands(tflite_model)
         if report.float_ops:
-            report.warnings.append("not fully integer: " + ", ".join(
-                f"{count} x {name}" for name, count in report.float_ops.items()) + " compute in float")
+            report.warnings.append(f"not fully integer: {reporting.counted(report.float_ops)} compute in float")
     report.flex_ops = sorted(op for op in report.ops if op.startswith("Flex"))
     if report.flex_ops:
         report.warnings.append("the model uses Flex ops (" + ", ".join(report.flex_ops) + "): the runtime must "
                                "link the Flex delegate (select TF ops), which most mobile and MCU runtimes do not")
     report.size_bytes = len(tflite_model)
+    if target is not None:  # before any runtime sees the model: a refusal here names what does not fit
+        report.target["ops"] = target_checks.check(tflite_model, target, options.allow_cpu_fallback)
     if options.verify:
-        _verify(tflite_model, source, reference, options, report)
+        _verify(tflite_model, source, reference, options, report, target, parity_inputs, batch_fixed)
     else:
         report.not_verified_reason = "verification switched off (--no-verify)"
     report.seconds = time.perf_counter() - started
     return tflite_model, report
+
+
+def _without_clamp(build, alpha, x, nodes):
+    """The `mark` where the target lacks the guards' ops: the replacement without its -inf clamp, unmarked."""
+    return replacements.unmarked, ", without the -inf clamp (the target lacks the guards' ops)"
+
+
+def _rewritten(source, options, target):
+    """(rewrite.RewriteResult, the reference graph the .tflite must compute) for the conversion's mode."""
+    passes, marker = (), None
+    if options.int8:
+        passes, marker = integer.GRAPH_PASSES, integer.marker
+    elif target is not None and not target.keeps_non_finite_guards:
+        passes, marker = (integer.drop_non_finite_guards,), _without_clamp
+    keep = [info.tensor for info in source.inputs + source.outputs]
+    result = rewrite.rewrite(graph.with_passes(source.graph_def, passes), keep,
+                             vocabulary.conversion_mode(options.mode, options.int8), options.exact_as,
+                             int8=options.int8, marker=marker)
+    if not options.float16_weights:
+        return result, result.graph_def
+    return result, graph.round_float_constants_to_float16(result.graph_def, except_scope=rewrite.FUSED_SCOPE)
+
+
+def _target_section(target, options):
+    """The report's account of the --target: the profile used and what it implied."""
+    section = {"name": target.name, "runtime": target.runtime, "mode": options.mode, "exact_as": options.exact_as,
+               "int8": options.int8, "int8_io": options.int8_io, "static_shapes": target.static_shapes,
+               "lacks": target.lacks, "notes": list(target.notes), "runtime_check": None, "figures": {},
+               "fidelity": [], "agreement": []}
+    if not target.keeps_non_finite_guards and not options.int8:
+        section["notes"].append(f"the runtime lacks some of {', '.join(sorted(targets.GUARD_OPS))}, so the inf/NaN "
+                                "guards are left out: GELU(+-inf) may be NaN there; every finite input is as before")
+    return section
 
 
 def _int8_setup(source, options, report):
@@ -156,8 +194,9 @@ def _int8_setup(source, options, report):
         report.int8_ranges = "ranges trained by quantization-aware training (FakeQuant ops)"
         return None, options.int8_io
     if not options.calibration:
-        raise errors.BadInputs(f"{source.path}: a float model needs --calibration file.npz or random:N for --int8 "
-                               "(or train it with keras_gelu.quantization.quantize_model)")
+        implied = f" (implied by --target {options.target})" if options.target else ""
+        raise errors.BadInputs(f"{source.path}: a float model needs --calibration file.npz or random:N for "
+                               f"--int8{implied} (or train it with keras_gelu.quantization.quantize_model)")
     samples = integer.calibration_samples(options.calibration, source.inputs, options.seed)
     report.int8_ranges = f"post-training, calibrated on {len(samples)} samples ({options.calibration})"
     return samples, options.int8_io
@@ -170,18 +209,26 @@ def _with_steps(comparison, scale):
     return entry
 
 
-def _verify(tflite_model, source, reference, options, report):
-    """Fill in the parity figures; `reference` is the rewritten graph as TFLite should compute it."""
-    arrays = parity.make_inputs(source.inputs, options.seed, options.dynamic_size, options.inputs)
+def _verify(tflite_model, source, reference, options, report, target, parity_inputs, batch_fixed):
+    """Fill in the parity figures; `reference` is the rewritten graph as TFLite should compute it.
+
+    Inputs are made for `parity_inputs`; where the target fixed the batch at 1 (`batch_fixed`), the .tflite
+    and the reference run them sample by sample.
+    """
+    arrays = parity.make_inputs(parity_inputs, options.seed, options.dynamic_size, options.inputs)
+
+    def fixed_batch(run):
+        return (lambda batch: target_checks.per_sample(run, batch)) if batch_fixed else run
+
     report.inputs_used = (f"inputs from {options.inputs}" if options.inputs else
                           f"seeded random inputs (seed {options.seed}, dynamic dimensions = {options.dynamic_size})")
     _, report.runtime = parity.interpreter_class()
     try:
-        tflite_outputs = parity.run_tflite(tflite_model, source, arrays)
+        tflite_outputs = fixed_batch(lambda batch: parity.run_tflite(tflite_model, source, batch))(arrays)
     except (RuntimeError, ValueError) as error:
         report.not_verified_reason = f"{report.runtime} cannot run this model: " + " ".join(str(error).split())[:300]
         return
-    graph_outputs = parity.run_graph(reference, source, arrays)
+    graph_outputs = fixed_batch(lambda batch: parity.run_graph(reference, source, batch))(arrays)
     source_outputs = parity.run_source(source, arrays)
     report.tolerance = {"atol": options.atol, "rtol": options.rtol, "max_drift": options.max_drift}
     scales = [None] * len(source.outputs)
@@ -191,26 +238,73 @@ def _verify(tflite_model, source, reference, options, report):
         if max_steps is None and report.quantization_aware:
             max_steps = conversion_options.DEFAULT_QAT_STEPS
         report.tolerance = {"max_steps": max_steps, "max_drift": options.max_drift}
-    for info, scale in zip(source.outputs, scales):
-        atol, rtol = options.atol, options.rtol
-        if options.int8:  # in output steps; without a limit (post-training), only reported
-            atol, rtol = (float("inf") if max_steps is None or scale is None else max_steps * scale), 0.0
+    limits = [(options.atol, options.rtol)] * len(scales)
+    if options.int8:  # in output steps; without a limit (post-training), only reported
+        limits = [(float("inf") if max_steps is None or scale is None else max_steps * scale, 0.0) for scale in scales]
+    drift_limit = float("inf") if options.max_drift is None else options.max_drift
+    for info, scale, (atol, rtol) in zip(source.outputs, scales, limits):
         fidelity = parity.compare(info.name, tflite_outputs[info.name], graph_outputs[info.name], atol, rtol)
-        drift_limit = float("inf") if options.max_drift is None else options.max_drift
         drift = parity.compare(info.name, tflite_outputs[info.name], source_outputs[info.name], drift_limit, 0.0)
         report.fidelity.append(_with_steps(fidelity, scale))
         report.drift.append(_with_steps(drift, scale))
     report.verified = True
-    failures = [c["output"] for c in report.fidelity if not c["passed"]]
+    limit = f"atol {options.atol} + rtol {options.rtol}"
+    if options.int8:
+        limit = f"{report.tolerance['max_steps']} int8 steps"
+    _fail_unless_passed(report.fidelity, source, report, "the .tflite differs from the rewritten graph", limit)
     drifted = [c["output"] for c in report.drift if not c["passed"]]
-    if failures:
-        worst = max(c["max_abs"] for c in report.fidelity)
-        limit = (f"{report.tolerance['max_steps']} int8 steps" if options.int8 else
-                 f"atol {options.atol} + rtol {options.rtol}")
-        raise errors.ParityFailure(report, f"{source.path}: the .tflite differs from the rewritten graph on output(s) "
-                                   f"{', '.join(failures)} (max abs {worst:.3g} > {limit}); nothing written")
     if drifted:
         worst = max(c["max_abs"] for c in report.drift)
-        raise errors.ParityFailure(report, f"{source.path}: the .tflite drifts from the original model by {worst:.3g} > "
-                                   f"--max-drift {options.max_drift} on output(s) {', '.join(drifted)}; "
-                                   "nothing written")
+        raise errors.ParityFailure(report, f"{source.path}: the .tflite drifts from the original model by "
+                                   f"{worst:.3g} > --max-drift {options.max_drift} on output(s) "
+                                   f"{', '.join(drifted)}; nothing written")
+    if target is not None:
+        ordered = [arrays[info.name] for info in source.inputs]
+        samples = [[array[index:index + 1] for array in ordered] for index in range(len(ordered[0]))]
+        on_target = _run_on_target(tflite_model, target, options, report, samples if batch_fixed else [ordered])
+        if on_target is not None:  # against the reference and against LiteRT, both with the fidelity limits
+            for info, scale, (atol, rtol), value in zip(source.outputs, scales, limits, on_target):
+                fidelity = parity.compare(info.name, value, graph_outputs[info.name], atol, rtol)
+                agreement = parity.compare(info.name, value, tflite_outputs[info.name], atol, rtol)
+                report.target["fidelity"].append(_with_steps(fidelity, scale))
+                report.target["agreement"].append(_with_steps(agreement, scale))
+            _fail_unless_passed(report.target["fidelity"], source, report,
+                                f"{target.runtime} differs from the rewritten graph", limit)
+            _fail_unless_passed(report.target["agreement"], source, report,
+                                f"{target.runtime} differs from {report.runtime} on the same .tflite", limit)
+
+
+def _fail_unless_passed(comparisons, source, report, what, limit):
+    failures = [c["output"] for c in comparisons if not c["passed"]]
+    if failures:
+        worst = max(c["max_abs"] for c in comparisons)
+        raise errors.ParityFailure(report, f"{source.path}: {what} on output(s) {', '.join(failures)} "
+                                   f"(max abs {worst:.3g} > {limit}); nothing written")
+
+
+_INSTALL_HINTS = {"tflm": "pip install 'keras-gelu[tflm]'", "vela": "pip install 'keras-gelu[vela]'"}
+
+
+def _run_on_target(tflite_model, target, options, report, samples):
+    """Check the model on the target's own runtime where it is installed; its outputs where it ran them."""
+    section = report.target
+    if target.verifier is None:
+        section["runtime_check"] = "checked against the op table, not run"
+        return None
+    if target.verifier == "litert":
+        section["runtime_check"] = f"ran in {report.runtime} (the parity check above)"
+        return None
+    check = {"tflm": lambda: runtimes.run_tflm(tflite_model, samples),
+             "vela": lambda: runtimes.run_vela(tflite_model, target.vela_config),
+             "gpu-analyzer": lambda: runtimes.analyze_for_gpu(tflite_model)}[target.verifier]()
+    if check is None:
+        section["runtime_check"] = (f"checked against the op table, not run: {_INSTALL_HINTS[target.verifier]} "
+                                    f"to run it in {target.verifier}")
+        return None
+    section["runtime_check"] = f"{check.verdict} ({check.tool})"
+    section["figures"] = check.figures
+    if check.figures.get("cpu_operators") and not options.allow_cpu_fallback:
+        raise errors.TargetRejected(f"--target {target.name}: Vela places {check.figures['cpu_operators']} "
+                                    "operator(s) on the CPU, not the NPU (--allow-cpu-fallback accepts that); "
+                                    "nothing written")
+    return check.outputs

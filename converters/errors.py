@@ -59,5 +59,23 @@ class UntrustedModel(ConversionError):
     exit_code = 12
 
 
+class DoesNotFitTarget(ConversionError):
+    """The .tflite has ops or tensor types the --target's runtime lacks (found from its op table)."""
+
+    exit_code = 13
+
+
+class TargetRejected(ConversionError):
+    """The --target's own runtime or compiler, run on the .tflite, refused it."""
+
+    exit_code = 14
+
+
+class TargetToolFailed(ConversionError):
+    """The --target's runtime or compiler is installed but crashed or answered nothing we can read."""
+
+    exit_code = 15
+
+
 # argparse's own code for bad flags.
 USAGE_EXIT_CODE = 2

@@ -350,6 +350,8 @@ def prune(graph_def, keep_tensors):
 
 def with_passes(graph_def, passes):
     """A copy of graph_def with each in-place `pass(graph_def)` run in order, on it and every control-flow function."""
+    if not passes:
+        return graph_def
 
     def run(body, outputs=None):
         result = graph_pb2.GraphDef()

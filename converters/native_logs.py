@@ -11,6 +11,8 @@ converter's MLIR diagnostics, whose substance reaches us in its exception.
   stderr on the terminal, and afterwards passes on every native line that is
   not start-up chatter, so a real native warning or error still shows.
 * `discarded` drops fd 2 altogether (around the TFLite converter).
+* `captured` keeps what is written to fd 2, for a runtime whose only account
+  of a failure or a figure is a line it prints there (TFLite Micro).
 """
 
 import contextlib
@@ -60,6 +62,19 @@ def discarded():
     """Within this block, whatever is written to fd 2 is dropped."""
     with open(os.devnull, "wb") as devnull, _fd2_redirected_to(devnull.fileno()):
         yield
+
+
+@contextlib.contextmanager
+def captured():
+    """Within this block, fd 2 is held back; yields a list that afterwards holds its lines."""
+    lines = []
+    with tempfile.TemporaryFile() as held:
+        try:
+            with _fd2_redirected_to(held.fileno()):
+                yield lines
+        finally:
+            held.seek(0)
+            lines.extend(line for line in held.read().decode(errors="replace").splitlines() if line.strip())
 
 
 @contextlib.contextmanager

@@ -8,6 +8,8 @@ import dataclasses
 
 from keras_gelu import vocabulary
 
+from . import targets
+
 # Fidelity tolerance (the .tflite against the rewritten graph in TensorFlow):
 # TFLite and TensorFlow kernels round differently (fused multiply-adds,
 # XNNPACK's exp/sigmoid polynomials, summation order in matmuls). Measured
@@ -32,7 +34,7 @@ DEFAULT_QAT_STEPS = 10.0
 
 @dataclasses.dataclass
 class Options:
-    mode: str = "builtin"  # vocabulary.MODES
+    mode: str = None  # vocabulary.MODES; None: the target's, or builtin
     exact_as: str = None  # how builtin mode computes exact GELU (--form); None: the mode's default
     signature: str = None
     float16_weights: bool = False
@@ -48,6 +50,14 @@ class Options:
     int8_io: bool = False
     max_steps: float = None  # int8 fidelity tolerance in output steps
     trust_model: bool = False  # skip trust.py's refusals: the user made the model or trusts its source
+    target: str = None  # targets.TARGETS: the runtime to convert for, which completes mode, exact_as and int8
+    allow_cpu_fallback: bool = False  # a target's ops may run on the CPU beside its accelerator
 
     def __post_init__(self):
+        if self.target is not None:
+            self.mode, self.exact_as, self.int8, self.int8_io = targets.resolve(
+                self.target, self.mode, self.exact_as, self.int8, self.int8_io, self.float16_weights)
+        elif self.allow_cpu_fallback:
+            raise ValueError("Argument `allow_cpu_fallback` applies to a `target` only. Received: target=None")
+        self.mode = self.mode or "builtin"
         self.exact_as = vocabulary.resolve_exact_as(self.mode, self.exact_as)

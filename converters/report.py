@@ -29,7 +29,7 @@ class Operator:
     writes_model_output: bool
 
 
-def _op_name(model, operator):
+def op_name(model, operator):
     """The builtin op's name, or a custom op's (Flex*) custom code."""
     code = model.operatorCodes[operator.opcodeIndex]
     builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
@@ -46,7 +46,7 @@ def operators(tflite_model):
     for subgraph in model.subgraphs:
         graph_inputs, graph_outputs = set(subgraph.inputs), set(subgraph.outputs)
         for operator in subgraph.operators:
-            name = _op_name(model, operator)
+            name = op_name(model, operator)
             outputs = list(operator.outputs)
             output_type = _TYPE_NAMES.get(subgraph.tensors[outputs[0]].type, "?") if outputs else "none"
             result.append(Operator(name, output_type, bool(graph_inputs & set(operator.inputs)),
@@ -69,7 +69,7 @@ def output_scales(tflite_model):
     for index in subgraph.outputs:
         scale = scale_of(index)
         producer = producers.get(index)
-        if scale is None and producer is not None and _op_name(model, producer) == "DEQUANTIZE":
+        if scale is None and producer is not None and op_name(model, producer) == "DEQUANTIZE":
             scale = scale_of(producer.inputs[0])
         scales.append(scale)
     return scales
@@ -107,6 +107,11 @@ def float_islands(tflite_model):
     return dict(sorted(counts.items()))
 
 
+def counted(counts):
+    """{name: count} as "2 x GELU, 1 x TILE", sorted by name."""
+    return ", ".join(f"{count} x {name}" for name, count in sorted(counts.items()))
+
+
 @dataclasses.dataclass
 class Report:
     input: str
@@ -136,10 +141,30 @@ class Report:
     drift: list = dataclasses.field(default_factory=list)
     tolerance: dict = dataclasses.field(default_factory=dict)
     warnings: list = dataclasses.field(default_factory=list)
+    target: dict = dataclasses.field(default_factory=dict)  # --target: profile, checks, verdict, figures
     seconds: float = 0.0
 
     def to_json(self):
         return json.dumps(dataclasses.asdict(self), indent=2, default=str)
+
+    def _target_lines(self):
+        if not self.target:
+            return []
+        target = self.target
+        lines = [f"target {target['name']}: {target['runtime']} (lacks {target['lacks']})"]
+        placed = target.get("ops", {})
+        if placed:
+            lines.append(f"  op table: {sum(placed['on_target'].values())} ops on the target"
+                         + (f", CPU fallback: {counted(placed['cpu_fallback'])}" if placed["cpu_fallback"] else ""))
+        lines.append(f"  runtime: {target['runtime_check'] or 'not run (verification switched off)'}")
+        for kind, comparisons in (("fidelity", target["fidelity"]), ("agreement", target["agreement"])):
+            for c in comparisons:
+                steps = "" if c.get("steps") is None else f" ({c['steps']:.2f} int8 steps)"
+                against = "the rewritten graph" if kind == "fidelity" else self.runtime
+                lines.append(f"  {c['output']} on the target vs {against}: max abs {c['max_abs']:.3g}{steps} "
+                             + ("ok" if c["passed"] else "FAIL"))
+        lines.extend(f"  note: {note}" for note in target["notes"])
+        return lines
 
     def to_text(self, verbose=False):
         lines = [f"{self.input} ({self.kind}, signature {self.signature}) -> {self.output or '(not written)'}",
@@ -155,10 +180,10 @@ class Report:
             scale = "" if entry["alpha"] == 1.0 else f" (scaled, alpha={entry['alpha']:.6g})"
             lines.append(f"  {entry['count']} x {entry['pattern']}{scale} -> {entry['became']}")
         if self.leftover_erf:
-            rewritten = vocabulary.conversion_mode(self.mode, self.int8).rewrites
-            what = "rewritten as a builtin erf polynomial" if rewritten else "kept"
-            lines.append("bare erf outside a GELU: " + ", ".join(
-                f"{count} x {op}" for op, count in sorted(self.leftover_erf.items())) + f" ({what})")
+            what = "kept"
+            if vocabulary.conversion_mode(self.mode, self.int8).rewrites:
+                what = "rewritten from LOGISTIC/MUL/ADD" if self.int8 else "rewritten as a builtin erf polynomial"
+            lines.append(f"bare erf outside a GELU: {counted(self.leftover_erf)} ({what})")
         if self.int8:
             lines.append(f"int8: {self.int8_ranges}")
             lines.append("ops: " + ", ".join(f"{name} {kind} {count}" for name, types in self.op_types.items()
@@ -180,6 +205,7 @@ class Report:
                 lines.append(f"  tolerance: {self.tolerance}")
         else:
             lines.append(f"not verified: {self.not_verified_reason}")
+        lines.extend(self._target_lines())
         lines.extend(f"warning: {warning}" for warning in self.warnings)
         lines.append(f"time: {self.seconds:.1f} s")
         return "\n".join(lines)

@@ -253,19 +253,20 @@ def _dtype_of(name, nodes):
     return tf.float32
 
 
-def rewrite(graph_def, keep_tensors, mode, exact_as, int8_marker=None):
+def rewrite(graph_def, keep_tensors, mode, exact_as, int8=False, marker=None):
     """Rewrite every GELU and bare erf as `mode` (a vocabulary.Mode) wants; returns a RewriteResult.
 
     `keep_tensors` are the graph's inputs and outputs: everything else that no
-    longer feeds them is pruned. For an int8 conversion, `int8_marker(build,
-    alpha, x, nodes)` gives each replacement its `mark` and a note for the
-    report (int8.marker), and the table's int8 replacements are used. The
-    branches and bodies of If/While ops are rewritten the same way.
+    longer feeds them is pruned. `int8` picks the table's int8 replacements.
+    `marker(build, alpha, x, nodes)`, where given, gives each replacement its
+    `mark` and a note for the report (int8.marker: exact int8 ranges); a
+    replacement given a mark does without the -inf clamp. The branches and
+    bodies of If/While ops are rewritten the same way.
     """
     findings, leftover = [], collections.Counter()
 
     def rewrite_one(body, outputs):
-        rewritten, found, bare = _rewrite_graph(body, outputs, mode, exact_as, int8_marker)
+        rewritten, found, bare = _rewrite_graph(body, outputs, mode, exact_as, int8, marker)
         findings.extend(found)
         leftover.update(bare)
         return rewritten
@@ -274,13 +275,13 @@ def rewrite(graph_def, keep_tensors, mode, exact_as, int8_marker=None):
     return RewriteResult(rewritten, findings, dict(leftover))
 
 
-def _splice_replacement(graph_def, finding, replacement, nodes, int8_marker):
+def _splice_replacement(graph_def, finding, replacement, nodes, marker):
     """Splice `replacement` in for the GELU of `finding`; what it became, for the report."""
     description = replacement.description
-    if int8_marker is None:
+    if marker is None:
         mark = None
     else:
-        mark, note = int8_marker(replacement.build, finding.alpha, finding.x, nodes)
+        mark, note = marker(replacement.build, finding.alpha, finding.x, nodes)
         description += note
     scope = FUSED_SCOPE if replacement.fused else REWRITE_SCOPE
     new = graph.splice(graph_def, lambda x: replacement.build(x, finding.alpha, mark=mark), finding.x,
@@ -289,7 +290,7 @@ def _splice_replacement(graph_def, finding, replacement, nodes, int8_marker):
     return description
 
 
-def _rewrite_graph(graph_def, keep_tensors, mode, exact_as, int8_marker):
+def _rewrite_graph(graph_def, keep_tensors, mode, exact_as, int8, marker):
     """rewrite() for one graph (the main graph or a function body): (graph_def, findings, leftover erf)."""
     rewritten = tf.compat.v1.GraphDef()
     rewritten.CopyFrom(graph_def)
@@ -298,11 +299,11 @@ def _rewrite_graph(graph_def, keep_tensors, mode, exact_as, int8_marker):
     for finding, pattern in find_gelus(rewritten):
         replacement = None
         if mode.rewrites:
-            replacement = replacements.replacement_for(pattern.function, mode, exact_as, int8_marker is not None)
+            replacement = replacements.replacement_for(pattern.function, mode, exact_as, int8)
         if replacement is None:
             finding.became = "unchanged" + (" (already builtin ops)" if mode.rewrites else "")
         else:
-            finding.became = _splice_replacement(rewritten, finding, replacement, nodes, int8_marker)
+            finding.became = _splice_replacement(rewritten, finding, replacement, nodes, marker)
         findings.append(finding)
     rewritten = graph.prune(rewritten, keep_tensors)
 
@@ -314,7 +315,8 @@ def _rewrite_graph(graph_def, keep_tensors, mode, exact_as, int8_marker):
             continue
         leftover[node.op] += 1
         if mode.rewrites:
-            new = graph.splice(rewritten, replacements.BARE_ERF[node.op], node.input[0], _dtype_of(node.name, nodes),
+            replacement = (replacements.BARE_ERF_INT8 if int8 else replacements.BARE_ERF)[node.op]
+            new = graph.splice(rewritten, replacement, node.input[0], _dtype_of(node.name, nodes),
                                node.name + REWRITE_SCOPE, nodes)
             graph.redirect(rewritten, node.name + ":0", new)
     if leftover and mode.rewrites:

@@ -25,6 +25,7 @@ from sklearn.model_selection import train_test_split  # noqa: E402
 
 import keras_gelu  # noqa: E402
 from keras_gelu.converters import cli as converter_cli  # noqa: E402
+from keras_gelu.converters import runtimes  # noqa: E402
 from keras_gelu.converters import verify  # noqa: E402
 from keras_gelu.flavour import keras  # noqa: E402
 
@@ -135,18 +136,41 @@ def main(argv=None):
         return 1
     print(f"\nint8 .tflite test accuracy: {int8_accuracy:.3f} (float .tflite: {tflite_accuracy:.3f}), "
           f"{os.path.getsize(int8_path) / os.path.getsize(tflite_path):.2f}x its size")
+
+    # For a microcontroller: converted, checked and run in TensorFlow Lite Micro's own interpreter.
+    tflm_path = os.path.join(args.output_dir, "digits_gelu_tflm_int8.tflite")
+    tflm_argv = [saved_model, "--target", "tflm", "--int8", "--calibration", calibration, "--inputs", check,
+                 "-o", tflm_path, "--force"]
+    if not run_converter(tflm_argv):
+        return 1
+    with open(tflm_path, "rb") as stream:
+        tflm_model = stream.read()
+    tflm_run = runtimes.run_tflm(tflm_model, [[x_test[index:index + 1]] for index in range(len(x_test))])
+    if tflm_run is None:
+        print("TFLite Micro is not installed (pip install 'keras-gelu[tflm]'): not run")
+    else:
+        tflm_accuracy = float(np.mean(np.argmax(tflm_run.outputs[0], axis=1) == y_test))
+        print(f"\nin TFLite Micro: test accuracy {tflm_accuracy:.3f} over {len(x_test)} images one by one "
+              f"(int8 .tflite: {int8_accuracy:.3f}), tensor arena {tflm_run.figures['arena_bytes']:,} bytes, "
+              f"model {len(tflm_model):,} bytes")
     print("demo passed")
     return 0
 
 
-def convert_and_score(argv, x_test, y_test):
-    """Run keras-gelu-convert (printing the command and its report); the .tflite's test accuracy, or None."""
+def run_converter(argv):
+    """Run keras-gelu-convert, printing the command and its report; whether it succeeded."""
     print("\n$ keras-gelu-convert " + " ".join(argv))
     sys.stderr.flush()
     code = converter_cli.main(argv)
     sys.stderr.flush()
     if code != 0:
         print(f"demo FAILED: keras-gelu-convert exited with {code}")
+    return code == 0
+
+
+def convert_and_score(argv, x_test, y_test):
+    """Run keras-gelu-convert; the .tflite's test accuracy in LiteRT, or None if the conversion failed."""
+    if not run_converter(argv):
         return None
     with open(argv[argv.index("-o") + 1], "rb") as stream:
         (probabilities,) = verify.invoke(stream.read(), [x_test])

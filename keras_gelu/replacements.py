@@ -13,14 +13,16 @@ An int8 replacement gets a `mark`, applied to every intermediate tensor that
 needs an int8 range of its own and, with logistic=True, to sigmoid outputs,
 whose int8 grid TFLite fixes; it skips the clamp, as int8 tensors are finite.
 
-Builtin replacements use only ops every TFLite runtime has (LOGISTIC, MUL,
-ADD, SUB, DIV, EXP, ABS, LESS, SELECT_V2, MAXIMUM). The GELU-op replacements
-are tf.nn.gelu's own spelling, which the TFLite converter fuses into its GELU
-op.
+Builtin replacements use only ops that LiteRT's CPU runtime and TFLite Micro
+both have (LOGISTIC, MUL, ADD, SUB, DIV, EXP, ABS, LESS, SELECT_V2, MAXIMUM);
+narrower runtimes are the business of `keras-gelu-convert --target`. The
+GELU-op replacements are tf.nn.gelu's own spelling, which the TFLite
+converter fuses into its GELU op.
 """
 
 import dataclasses
 import functools
+import math
 
 import numpy as np
 import tensorflow as tf
@@ -83,7 +85,31 @@ def erfc(t):
     return tf.where(t < constant_like(0.0, t), constant_like(2.0, t) - tail, tail)
 
 
+def _logistic_of_tanh_form(t, sign=1.0):
+    """sigmoid(1.5957691 u (1 + 0.044715 u^2)), u = sign sqrt(2) t: the tanh form's Phi(u), within 1.8e-4.
+
+    The sign rides on the constant: a NEG op would stay float in an int8 model.
+    """
+    u = t * constant_like(sign * math.sqrt(2.0), t)
+    linear = constant_like(formulas.SIGMOID_OF_TANH_SCALE, t)
+    cubic = constant_like(formulas.SIGMOID_OF_TANH_SCALE * formulas.TANH_CUBIC, t)
+    return tf.math.sigmoid(u * (linear + cubic * (u * u)))
+
+
+def erf_from_logistic(t):
+    """erf(t) = 2 Phi(sqrt(2) t) - 1 from LOGISTIC/MUL/ADD/SUB, for int8: within 3.6e-4, far below a 1/128 step."""
+    return constant_like(2.0, t) * _logistic_of_tanh_form(t) - constant_like(1.0, t)
+
+
+def erfc_from_logistic(t):
+    """erfc(t) = 2 (1 - Phi(sqrt(2) t)) = 2 Phi(-sqrt(2) t), for int8."""
+    return constant_like(2.0, t) * _logistic_of_tanh_form(t, sign=-1.0)
+
+
+# A bare Erf/Erfc op (not part of a GELU) -> its replacement; the int8 ones avoid DIV and EXP, as
+# TANH_FORM_FOR_ERF does.
 BARE_ERF = {"Erf": erf, "Erfc": erfc}
+BARE_ERF_INT8 = {"Erf": erf_from_logistic, "Erfc": erfc_from_logistic}
 
 
 def _prepared(x, mark):
@@ -144,8 +170,10 @@ class Replacement:
 SIGMOID_FORM = Replacement(sigmoid_from_builtins, "x*sigmoid(1.702x) from LOGISTIC/MUL")
 TANH_FORM = Replacement(tanh_from_builtins, "tanh form from LOGISTIC/MUL/ADD")
 ERF_FORM = Replacement(exact_from_builtins, "exact, erf polynomial from builtins")
-# TFLite's DIV has no int8 kernel and the erf polynomial divides; the tanh form
-# is within 4.7e-4 of exact GELU, far below an int8 step.
+# The erf polynomial divides and takes EXP: TF 2.18's converter leaves an int8
+# DIV float (2.21 quantizes it), and Ethos-U55/65, the Edge TPU, Hexagon and
+# TFLM's int8 EXP have no kernel for them. The tanh form is within 4.7e-4 of
+# exact GELU, far below an int8 step, and is LOGISTIC/MUL/ADD everywhere.
 TANH_FORM_FOR_ERF = Replacement(tanh_from_builtins, TANH_FORM.description + " (the erf form's int8 replacement)")
 GELU_OP = Replacement(_gelu_op(approximate=False), "GELU op", fused=True)
 GELU_OP_APPROXIMATE = Replacement(_gelu_op(approximate=True), "GELU op (approximate)", fused=True)

@@ -1,0 +1,28 @@
+"""A .tflite read into and written back from the flatbuffer object API (schema's ModelT)."""
+
+import flatbuffers
+from tensorflow.lite.python import schema_py_generated as schema
+from tensorflow.lite.tools import flatbuffer_utils
+
+_TFLITE_FILE_IDENTIFIER = b"TFL3"
+
+
+def as_object(tflite_model):
+    """The model as the flatbuffer object API's ModelT.
+
+    Unpacked straight from the bytes, without the copy flatbuffer_utils
+    makes: weight buffers stay numpy views of `tflite_model`. Models over
+    2 GB keep their weights after the flatbuffer (buffer offsets), which only
+    flatbuffer_utils reads back.
+    """
+    model = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(tflite_model, 0))
+    if any(buffer.offset for buffer in model.buffers or ()):
+        return flatbuffer_utils.read_model_from_bytearray(bytearray(tflite_model))
+    return model
+
+
+def as_bytes(model, size_hint):
+    """Serialize a ModelT: the builder is sized for the model up front and its bytes copied out once."""
+    builder = flatbuffers.Builder(size_hint + (1 << 20))
+    builder.Finish(model.Pack(builder), file_identifier=_TFLITE_FILE_IDENTIFIER)
+    return bytes(memoryview(builder.Bytes)[builder.Head():])

@@ -1,0 +1,151 @@
+"""A converted model on its target's own runtime or compiler, where that can be installed.
+
+* TFLite Micro (`pip install 'keras-gelu[tflm]'`): the real TFLM interpreter runs the model; we keep its
+  outputs for parity and the tensor arena it allocated, which is what an MCU's RAM must hold.
+* Vela (`pip install 'keras-gelu[vela]'`): compiles the model for an Ethos-U NPU and says how many
+  operators run on the NPU and how many fall back to the CPU.
+* The GPU delegate's compatibility analyzer, which ships with TensorFlow.
+
+Each returns a `RuntimeCheck`, or None where its tool is not installed.
+"""
+
+import contextlib
+import dataclasses
+import io
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+from . import errors
+from . import native_logs
+from . import verify
+
+_ARENA_TOTAL = re.compile(r"Arena allocation total (\d+) bytes")
+_VELA_COUNT = re.compile(r"^(CPU|NPU) operators = (\d+)", re.MULTILINE)
+# TFLM's first guess is 10x the model; a model whose activations outgrow it gets up to this much.
+_LARGEST_ARENA = 1 << 30
+
+
+@dataclasses.dataclass
+class RuntimeCheck:
+    tool: str  # what ran: "tflite-micro 0.dev2026...", "vela 5.2.0", ...
+    verdict: str  # one line for the report
+    figures: dict = dataclasses.field(default_factory=dict)  # arena bytes, NPU/CPU operator counts
+    outputs: list = None  # the runtime's outputs, in the model's output order, where it ran the model
+
+
+def _version(distribution):
+    from importlib import metadata
+
+    return f"{distribution} {metadata.version(distribution)}"
+
+
+def _tflm_interpreter(runtime, tflite_model):
+    """A TFLM interpreter with an arena big enough for the model; what TFLM printed if it refused the model."""
+    arena = len(tflite_model) * 10
+    while True:
+        with native_logs.captured() as printed:
+            try:
+                return runtime.Interpreter.from_bytes(bytes(tflite_model), arena_size=arena)
+            except RuntimeError as error:
+                failure = error
+        said = " ".join(line.strip() for line in printed)
+        if "Failed to allocate" not in said or arena >= _LARGEST_ARENA:
+            reason = next((line.strip() for line in printed if "Didn't find op" in line), said or str(failure))
+            raise errors.TargetRejected(f"TFLite Micro refused the model: {reason[:300]}")
+        arena *= 4
+
+
+def run_tflm(tflite_model, samples):
+    """Run the model in TFLite Micro on each of `samples` (one array per input, in input order), as an MCU would:
+    one interpreter, one invocation per sample. Outputs are stacked along the first axis. None if tflite-micro
+    is not installed."""
+    try:
+        from tflite_micro import runtime
+    except ImportError:
+        return None
+    interpreter = _tflm_interpreter(runtime, tflite_model)
+    output_count = len(_output_indices(tflite_model))
+    results = []
+    for arrays in samples:
+        for index, array in enumerate(arrays):
+            detail = _litert_style(interpreter.get_input_details(index))
+            interpreter.set_input(np.ascontiguousarray(verify.input_value(detail, array)), index)
+        with native_logs.captured() as printed:
+            try:
+                interpreter.invoke()
+            except RuntimeError as error:
+                raise errors.TargetRejected(f"TFLite Micro failed to run the model: {' '.join(printed) or error}"[:300])
+        results.append([verify.output_value(_litert_style(interpreter.get_output_details(index)),
+                                            interpreter.get_output(index)) for index in range(output_count)])
+    outputs = [np.concatenate([result[index] for result in results]) for index in range(output_count)]
+    with native_logs.captured() as printed:
+        interpreter.print_allocations()
+    arena = next((int(match.group(1)) for match in map(_ARENA_TOTAL.search, printed) if match), None)
+    if arena is None:
+        raise errors.TargetToolFailed("TFLite Micro ran the model but reported no arena size: "
+                                      + " ".join(printed)[:200])
+    return RuntimeCheck(_version("tflite-micro"), f"ran in TFLite Micro, tensor arena {arena:,} bytes",
+                        {"arena_bytes": arena}, outputs)
+
+
+def _output_indices(tflite_model):
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    return list(flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_model)).subgraphs[0].outputs)
+
+
+def _litert_style(detail):
+    """A TFLM tensor detail as LiteRT's interpreter gives it, for verify's (de)quantization."""
+    parameters = detail.get("quantization_parameters", {})
+    scales, zero_points = parameters.get("scales", []), parameters.get("zero_points", [])
+    quantization = (float(scales[0]), int(zero_points[0])) if len(scales) == 1 else (0.0, 0)
+    return {"dtype": np.dtype(detail["dtype"]).type, "quantization": quantization}
+
+
+def run_vela(tflite_model, vela_config):
+    """Compile for an Ethos-U NPU with Vela; None if it is not installed. Figures: NPU and CPU operator counts."""
+    try:
+        tool = _version("ethos-u-vela")
+    except Exception:  # noqa: BLE001 - importlib.metadata.PackageNotFoundError
+        return None
+    accelerator, system, memory = vela_config
+    with tempfile.TemporaryDirectory(prefix="keras_gelu_vela_") as directory:
+        model = os.path.join(directory, "model.tflite")
+        with open(model, "wb") as file:
+            file.write(tflite_model)
+        command = [sys.executable, "-c", "import sys; from ethosu.vela.vela import main; sys.exit(main())", model,
+                   "--accelerator-config", accelerator, "--config", "Arm/vela.ini", "--system-config", system,
+                   "--memory-mode", memory, "--output-dir", os.path.join(directory, "out")]
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            raise errors.TargetToolFailed(f"Vela ({accelerator}) ran for more than 10 minutes") from None
+    counts = {kind.lower(): int(count) for kind, count in _VELA_COUNT.findall(result.stdout)}
+    if result.returncode != 0 or set(counts) != {"cpu", "npu"}:
+        last = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[-1]
+        raise errors.TargetToolFailed(f"Vela ({accelerator}) failed (exit {result.returncode}): {last[:300]}")
+    figures = {"npu_operators": counts["npu"], "cpu_operators": counts["cpu"]}
+    return RuntimeCheck(tool, f"Vela {accelerator}: {counts['npu']} operators on the NPU, {counts['cpu']} on the CPU",
+                        figures)
+
+
+def analyze_for_gpu(tflite_model):
+    """TensorFlow's GPU-delegate compatibility analyzer; its verdict and the ops it warns about."""
+    import tensorflow as tf
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        tf.lite.experimental.Analyzer.analyze(model_content=bytes(tflite_model), gpu_compatibility=True)
+    text = printed.getvalue()
+    warnings = sorted({line.strip() for line in text.splitlines() if "GPU COMPATIBILITY WARNING" in line})
+    if warnings:
+        raise errors.TargetRejected("the GPU compatibility analyzer warns: " + "; ".join(warnings)[:300])
+    if "looks compatible with GPU delegate" not in text:
+        raise errors.TargetToolFailed("the GPU compatibility analyzer gave no verdict")
+    return RuntimeCheck(f"tf.lite.experimental.Analyzer (TF {tf.__version__})",
+                        "the GPU compatibility analyzer finds the model compatible")
