@@ -53,6 +53,9 @@ def _parser():
                              + ", ".join(targets.TARGET_NAMES) + " (picks --mode/--form/--int8 when not given)")
     parser.add_argument("--allow-cpu-fallback", action="store_true",
                         help="--target: let ops the accelerator lacks run on the CPU beside it")
+    parser.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...", default=[],
+                        help="fix an input's shape (repeatable), e.g. input_ids=1,128: for --target runtimes that "
+                             "need static shapes, where the model leaves a dimension open")
     parser.add_argument("--mode", choices=vocabulary.MODE_NAMES,
                         help="; ".join(f"{mode.name}: {mode.summary}" for mode in vocabulary.MODES.values()))
     parser.add_argument("--form", choices=vocabulary.EXACT_AS, dest="exact_as",
@@ -92,7 +95,23 @@ def _parser():
     return parser
 
 
+def _input_shapes(parser, given):
+    """{name: shape} from --input-shape NAME=D1,D2,... flags."""
+    shapes = {}
+    for text in given:
+        name, _, dims = text.partition("=")
+        try:
+            shape = tuple(int(size) for size in dims.split(","))
+        except ValueError:
+            shape = ()
+        if not name or not shape or min(shape) < 1:
+            parser.error(f"--input-shape {text}: expected NAME=D1,D2,... with positive sizes, e.g. input_ids=1,128")
+        shapes[name] = shape
+    return shapes
+
+
 def _check_flags(parser, args):
+    args.input_shapes = _input_shapes(parser, args.input_shape)
     if args.target is not None:
         try:
             args.mode, args.exact_as, args.int8, args.int8_io = targets.resolve(
@@ -180,7 +199,8 @@ def _convert_and_write(args):
             float16_weights=args.float16_weights, verify=args.verify, inputs=args.inputs, seed=args.seed,
             dynamic_size=args.dynamic_size, atol=args.atol, rtol=args.rtol, max_drift=args.max_drift,
             int8=args.int8, calibration=args.calibration, int8_io=args.int8_io, max_steps=args.max_steps,
-            trust_model=args.trust_model, target=args.target, allow_cpu_fallback=args.allow_cpu_fallback)
+            trust_model=args.trust_model, target=args.target, allow_cpu_fallback=args.allow_cpu_fallback,
+            input_shapes=args.input_shapes)
         paths.write_atomically(tflite_model, args.output, args.force)
         report.output = args.output
         if args.report_json:

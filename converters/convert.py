@@ -21,7 +21,6 @@ from . import native_logs
 from . import options as conversion_options
 from . import report as reporting
 from . import rewrite
-from . import runtimes
 from . import signatures
 from . import target_checks
 from . import targets
@@ -107,8 +106,8 @@ def convert(model, **options):
     target = targets.TARGETS.get(options.target)
     source = loading.load(model, options.signature, trust_model=options.trust_model)
     parity_inputs, batch_fixed = source.inputs, False  # parity runs on batches of the model's own shapes
-    if target is not None and target.static_shapes:
-        source, batch_fixed = target_checks.with_static_batch(source, target)
+    if (target is not None and target.static_shapes) or options.input_shapes:
+        source, parity_inputs, batch_fixed = target_checks.with_static_shapes(source, target, options.input_shapes)
     report = reporting.Report(source.path, source.kind, source.signature, options.mode, options.exact_as,
                               float16_weights=options.float16_weights,
                               promoted_to_float32=source.promoted_to_float32, trusted=options.trust_model)
@@ -122,7 +121,7 @@ def convert(model, **options):
     tflite_model = signatures.with_signature(tflite_model, source.signature, [info.name for info in source.inputs],
                                              [info.name for info in source.outputs])
     if target is not None:
-        report.target = _target_section(target, options)
+        report.target = target_checks.section(target, options)
         if target.ops is not None:
             tflite_model, report.target["renamed_ops"] = equivalent_ops.for_target(tflite_model, target.ops)
     report.ops = reporting.op_histogram(tflite_model)
@@ -165,18 +164,6 @@ def _rewritten(source, options, target):
     if not options.float16_weights:
         return result, result.graph_def
     return result, graph.round_float_constants_to_float16(result.graph_def, except_scope=rewrite.FUSED_SCOPE)
-
-
-def _target_section(target, options):
-    """The report's account of the --target: the profile used and what it implied."""
-    section = {"name": target.name, "runtime": target.runtime, "mode": options.mode, "exact_as": options.exact_as,
-               "int8": options.int8, "int8_io": options.int8_io, "static_shapes": target.static_shapes,
-               "lacks": target.lacks, "notes": list(target.notes), "runtime_check": None, "figures": {},
-               "fidelity": [], "agreement": []}
-    if not target.keeps_non_finite_guards and not options.int8:
-        section["notes"].append(f"the runtime lacks some of {', '.join(sorted(targets.GUARD_OPS))}, so the inf/NaN "
-                                "guards are left out: GELU(+-inf) may be NaN there; every finite input is as before")
-    return section
 
 
 def _int8_setup(source, options, report):
@@ -260,8 +247,7 @@ def _verify(tflite_model, source, reference, options, report, target, parity_inp
                                    f"{', '.join(drifted)}; nothing written")
     if target is not None:
         ordered = [arrays[info.name] for info in source.inputs]
-        samples = [[array[index:index + 1] for array in ordered] for index in range(len(ordered[0]))]
-        on_target = _run_on_target(tflite_model, target, options, report, samples if batch_fixed else [ordered])
+        on_target = target_checks.run_on_target(tflite_model, target, options, report, ordered, batch_fixed)
         if on_target is not None:  # against the reference and against LiteRT, both with the fidelity limits
             for info, scale, (atol, rtol), value in zip(source.outputs, scales, limits, on_target):
                 fidelity = parity.compare(info.name, value, graph_outputs[info.name], atol, rtol)
@@ -280,31 +266,3 @@ def _fail_unless_passed(comparisons, source, report, what, limit):
         worst = max(c["max_abs"] for c in comparisons)
         raise errors.ParityFailure(report, f"{source.path}: {what} on output(s) {', '.join(failures)} "
                                    f"(max abs {worst:.3g} > {limit}); nothing written")
-
-
-_INSTALL_HINTS = {"tflm": "pip install 'keras-gelu[tflm]'", "vela": "pip install 'keras-gelu[vela]'"}
-
-
-def _run_on_target(tflite_model, target, options, report, samples):
-    """Check the model on the target's own runtime where it is installed; its outputs where it ran them."""
-    section = report.target
-    if target.verifier is None:
-        section["runtime_check"] = "checked against the op table, not run"
-        return None
-    if target.verifier == "litert":
-        section["runtime_check"] = f"ran in {report.runtime} (the parity check above)"
-        return None
-    check = {"tflm": lambda: runtimes.run_tflm(tflite_model, samples),
-             "vela": lambda: runtimes.run_vela(tflite_model, target.vela_config),
-             "gpu-analyzer": lambda: runtimes.analyze_for_gpu(tflite_model)}[target.verifier]()
-    if check is None:
-        section["runtime_check"] = (f"checked against the op table, not run: {_INSTALL_HINTS[target.verifier]} "
-                                    f"to run it in {target.verifier}")
-        return None
-    section["runtime_check"] = f"{check.verdict} ({check.tool})"
-    section["figures"] = check.figures
-    if check.figures.get("cpu_operators") and not options.allow_cpu_fallback:
-        raise errors.TargetRejected(f"--target {target.name}: Vela places {check.figures['cpu_operators']} "
-                                    "operator(s) on the CPU, not the NPU (--allow-cpu-fallback accepts that); "
-                                    "nothing written")
-    return check.outputs

@@ -52,6 +52,7 @@ class Options:
     trust_model: bool = False  # skip trust.py's refusals: the user made the model or trusts its source
     target: str = None  # targets.TARGETS: the runtime to convert for, which completes mode, exact_as and int8
     allow_cpu_fallback: bool = False  # a target's ops may run on the CPU beside its accelerator
+    input_shapes: dict = None  # {input name: static shape} (--input-shape), for dimensions the model leaves open
 
     def __post_init__(self):
         if self.target is not None:

@@ -19,6 +19,7 @@ import sys
 import tempfile
 
 import numpy as np
+from tensorflow.lite.python import schema_py_generated as schema
 
 from . import errors
 from . import native_logs
@@ -69,17 +70,21 @@ def run_tflm(tflite_model, samples):
     except ImportError:
         return None
     interpreter = _tflm_interpreter(runtime, tflite_model)
-    output_count = len(_output_indices(tflite_model))
+    output_count = schema.Model.GetRootAsModel(tflite_model, 0).Subgraphs(0).OutputsLength()
     results = []
     for arrays in samples:
         for index, array in enumerate(arrays):
             detail = _litert_style(interpreter.get_input_details(index))
             interpreter.set_input(np.ascontiguousarray(verify.input_value(detail, array)), index)
+        failure = None
         with native_logs.captured() as printed:
             try:
                 interpreter.invoke()
             except RuntimeError as error:
-                raise errors.TargetRejected(f"TFLite Micro failed to run the model: {' '.join(printed) or error}"[:300])
+                failure = error
+        if failure is not None:  # what TFLM printed is in `printed` only once the block has closed
+            said = " ".join(line.strip() for line in printed) or str(failure)
+            raise errors.TargetRejected(f"TFLite Micro failed to run the model: {said}"[:300])
         results.append([verify.output_value(_litert_style(interpreter.get_output_details(index)),
                                             interpreter.get_output(index)) for index in range(output_count)])
     outputs = [np.concatenate([result[index] for result in results]) for index in range(output_count)]
@@ -91,12 +96,6 @@ def run_tflm(tflite_model, samples):
                                       + " ".join(printed)[:200])
     return RuntimeCheck(_version("tflite-micro"), f"ran in TFLite Micro, tensor arena {arena:,} bytes",
                         {"arena_bytes": arena}, outputs)
-
-
-def _output_indices(tflite_model):
-    from tensorflow.lite.tools import flatbuffer_utils
-
-    return list(flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_model)).subgraphs[0].outputs)
 
 
 def _litert_style(detail):

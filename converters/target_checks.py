@@ -1,5 +1,6 @@
-"""A model against its --target's profile (targets.py): static shapes before conversion, then every op and
-output type of the .tflite, before anything is written."""
+"""A model against its --target's profile (targets.py): static shapes before conversion, every op and output
+type of the .tflite before anything is written, then the runs on the target's own runtime (runtimes.py), and
+the report's section that tells of them."""
 
 import collections
 import dataclasses
@@ -11,33 +12,60 @@ from tensorflow.core.framework import graph_pb2
 from . import errors
 from . import graph
 from . import report as reporting
+from . import runtimes
+from .targets import GUARD_OPS
 
 
-def with_static_batch(source, target):
-    """(the source with a dynamic batch axis fixed to 1, whether one was): for a runtime that plans its memory
-    before it runs. Parity then runs sample by sample (`per_sample`).
+def _shown(shape):
+    return "unknown" if shape is None else "[" + ", ".join("?" if size is None else str(size) for size in shape) + "]"
 
-    TFLite then folds the shape arithmetic a dynamic batch needs (SHAPE, PACK, TILE), which such runtimes
-    often lack. Any other unknown dimension is refused: only the user knows its size.
+
+def with_static_shapes(source, target=None, input_shapes=None):
+    """(source with static input shapes, the inputs parity makes arrays for, whether the batch was fixed at 1).
+
+    For a runtime that plans its memory before it runs: a dynamic batch axis
+    becomes 1 (TFLite then folds the shape arithmetic a dynamic batch needs,
+    SHAPE/PACK/TILE, which such runtimes often lack) and parity runs sample by
+    sample (`per_sample`). `input_shapes` ({input name: shape}, --input-shape)
+    fixes the other dimensions; one left unknown is refused, since only the
+    user knows its size.
     """
+    input_shapes = dict(input_shapes or {})
+    unknown = sorted(set(input_shapes) - {info.name for info in source.inputs})
+    if unknown:
+        raise errors.BadInputs(f"--input-shape names no input of the signature: {', '.join(unknown)}; its inputs: "
+                               + ", ".join(f"{info.name} {_shown(info.shape)}" for info in source.inputs))
+    who = f"--target {target.name}: {target.runtime}" if target is not None else "--input-shape: the conversion"
     fixed_graph = graph_pb2.GraphDef()
     fixed_graph.CopyFrom(source.graph_def)
     nodes = graph.nodes_by_name(fixed_graph)
-    inputs, fixed = [], False
+    inputs, parity_inputs, batch_fixed = [], [], False
     for info in source.inputs:
         shape = list(info.shape) if info.shape is not None else None
-        if shape and shape[0] is None:
-            shape[0], fixed = 1, True
+        given = input_shapes.get(info.name)
+        if given is not None:
+            if shape is not None and (len(given) != len(shape) or any(
+                    size is not None and size != want for size, want in zip(shape, given))):
+                raise errors.BadInputs(f"--input-shape {info.name}={','.join(map(str, given))} does not fit the "
+                                       f"signature's shape {_shown(info.shape)}")
+            shape = list(given)
+        elif shape and shape[0] is None:
+            shape[0] = 1
         if shape is None or None in shape:
-            shown = "unknown" if shape is None else str(["?" if size is None else size for size in shape])
+            dims = "1," + ",".join("?" if size is None else str(size) for size in (shape or [None])[1:])
             raise errors.DoesNotFitTarget(
-                f"--target {target.name}: {target.runtime} needs static shapes, and input {info.name!r} has shape "
-                f"{shown} beyond the batch axis; export the model with those dimensions fixed")
+                f"{who} needs static shapes, and input {info.name!r} has shape {_shown(shape)}; give its size "
+                f"with --input-shape {info.name}={dims}")
         placeholder = nodes[graph.split_tensor_name(info.tensor)[0]]
-        for dimension, size in zip(placeholder.attr["shape"].shape.dim, shape):
-            dimension.size = size
+        placeholder.attr["shape"].shape.ClearField("dim")
+        placeholder.attr["shape"].shape.unknown_rank = False
+        for size in shape:
+            placeholder.attr["shape"].shape.dim.add(size=size)
         inputs.append(dataclasses.replace(info, shape=tuple(shape)))
-    return dataclasses.replace(source, graph_def=fixed_graph, inputs=inputs), fixed
+        batch_dynamic = info.shape is not None and len(info.shape) > 0 and info.shape[0] is None and shape[0] == 1
+        batch_fixed = batch_fixed or batch_dynamic
+        parity_inputs.append(dataclasses.replace(info, shape=(None, *shape[1:]) if batch_dynamic else tuple(shape)))
+    return dataclasses.replace(source, graph_def=fixed_graph, inputs=inputs), parity_inputs, batch_fixed
 
 
 def per_sample(run, arrays):
@@ -70,3 +98,49 @@ def check(tflite_model, target, allow_cpu_fallback):
         raise errors.DoesNotFitTarget(f"--target {target.name}: {target.runtime} computes {kinds} only, and "
                                       f"{reporting.counted(wrong_type)} would not; nothing written")
     return {"on_target": dict(sorted(on_target.items())), "cpu_fallback": dict(sorted(fallback.items()))}
+
+
+def section(target, options):
+    """The report's account of the --target: the profile used and what it implied."""
+    section = {"name": target.name, "runtime": target.runtime, "mode": options.mode, "exact_as": options.exact_as,
+               "int8": options.int8, "int8_io": options.int8_io, "static_shapes": target.static_shapes,
+               "lacks": target.lacks, "notes": list(target.notes), "runtime_check": None, "figures": {},
+               "fidelity": [], "agreement": []}
+    if not target.keeps_non_finite_guards and not options.int8:
+        section["notes"].append(f"the runtime lacks some of {', '.join(sorted(GUARD_OPS))}, so the inf/NaN "
+                                "guards are left out: GELU(+-inf) may be NaN there; every finite input is as before")
+    return section
+
+
+_INSTALL_HINTS = {"tflm": "pip install 'keras-gelu[tflm]'", "vela": "pip install 'keras-gelu[vela]'"}
+
+
+def run_on_target(tflite_model, target, options, report, arrays, batch_fixed):
+    """Check the model on the target's own runtime where it is installed; its outputs where it ran them.
+
+    `arrays` are the parity inputs in input order: one batch, or, where the batch was fixed at 1, a sample each.
+    """
+    samples = [arrays]
+    if batch_fixed:
+        samples = [[array[index:index + 1] for array in arrays] for index in range(len(arrays[0]))]
+    section = report.target
+    if target.verifier is None:
+        section["runtime_check"] = "checked against the op table, not run"
+        return None
+    if target.verifier == "litert":
+        section["runtime_check"] = f"ran in {report.runtime} (the parity check above)"
+        return None
+    check = {"tflm": lambda: runtimes.run_tflm(tflite_model, samples),
+             "vela": lambda: runtimes.run_vela(tflite_model, target.vela_config),
+             "gpu-analyzer": lambda: runtimes.analyze_for_gpu(tflite_model)}[target.verifier]()
+    if check is None:
+        section["runtime_check"] = (f"checked against the op table, not run: {_INSTALL_HINTS[target.verifier]} "
+                                    f"to run it in {target.verifier}")
+        return None
+    section["runtime_check"] = f"{check.verdict} ({check.tool})"
+    section["figures"] = check.figures
+    if check.figures.get("cpu_operators") and not options.allow_cpu_fallback:
+        raise errors.TargetRejected(f"--target {target.name}: Vela places {check.figures['cpu_operators']} "
+                                    "operator(s) on the CPU, not the NPU (--allow-cpu-fallback accepts that); "
+                                    "nothing written")
+    return check.outputs

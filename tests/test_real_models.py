@@ -9,6 +9,8 @@ itself (not only against the graph the converter read), the op promises, and,
 for int8, that the result is integer or that the report names what is not.
 """
 
+import importlib.util
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,6 +18,7 @@ import tensorflow as tf
 import conversions
 from conftest import IS_KERAS3
 from keras_gelu import converters
+from keras_gelu.converters import errors
 from keras_gelu.converters import verify
 
 VOCABULARY, SEQUENCE, SAMPLES = 100, 16, 8
@@ -243,3 +246,37 @@ def test_random_inputs_respect_embedding_tables_and_masks(hugging_face_cases):
     assert set(np.unique(mask)) <= {0, 1} and mask[:, 0].all() and (np.diff(mask, axis=-1) <= 0).all()
     _, report = converters.convert(source.path, mode="native", int8=True, calibration="random:4")
     assert report.verified
+
+
+HAS_TFLM = importlib.util.find_spec("tflite_micro") is not None
+needs_tflm = pytest.mark.skipif(not HAS_TFLM, reason="tflite-micro is not installed (keras-gelu[tflm])")
+
+
+@pytest.mark.slow
+@needs_tflm
+@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
+def test_hugging_face_bert_runs_in_tflite_micro(hugging_face_cases, int8):
+    """A BERT for an MCU: run in the TFLM interpreter, which agrees with LiteRT on the same .tflite."""
+    _in_this_leg("hf_bert_gelu", "tflm", int8)
+    case = hugging_face_cases["hf_bert_gelu"]
+    options = {"int8": True, "calibration": case.calibration_npz} if int8 else {}
+    _, report = converters.convert(case.path, target="tflm", inputs=case.inputs_npz, **options)
+    section = report.target
+    assert section["figures"]["arena_bytes"] > 0 and section["agreement"]
+    for agreement in section["agreement"]:
+        if int8:  # TFLM's and LiteRT's int8 kernels may round a boundary value apart, a step per layer or so
+            assert agreement["steps"] <= 3.0, agreement
+        else:  # float32 kernel rounding through two encoder layers
+            assert agreement["max_abs"] <= 1e-4, agreement
+
+
+@pytest.mark.slow
+@needs_tflm
+def test_keras_hub_bert_is_refused_by_tflite_micro_in_its_own_words(keras_hub_cases):
+    """keras-hub's BERT selects on its int32 padding mask; TFLM's SELECT_V2 takes int8/int16/float32 only.
+    The op table cannot see types per op: the run in TFLM does, and the refusal is TFLM's own line."""
+    case = keras_hub_cases["keras_hub_bert-exported"]
+    shapes = {name: (1, SEQUENCE) for name in case.arrays}  # --input-shape: exported with open axes
+    with pytest.raises(errors.TargetRejected, match=r"TFLite Micro failed to run the model: Does not support type "
+                                                     r"other than int8\|int16\|float32, but got INT32"):
+        converters.convert(case.path, target="tflm", input_shapes=shapes, inputs=case.inputs_npz)

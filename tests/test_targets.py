@@ -164,7 +164,9 @@ def test_cpu_fallback_is_accepted_only_when_asked(native_and_odd_models):
     assert placed == {"on_target": {"FULLY_CONNECTED": 2}, "cpu_fallback": {"GELU": 1, "MAXIMUM": 1}}
 
 
-def test_a_dynamic_batch_becomes_one_and_other_unknown_dimensions_are_refused(tmp_path):
+def test_a_dynamic_batch_becomes_one_and_other_unknown_dimensions_need_input_shape(tmp_path):
+    import re
+
     from keras_gelu.flavour import keras
 
     for name, shape in (("batch", (8,)), ("sequence", (None, 8))):
@@ -176,8 +178,13 @@ def test_a_dynamic_batch_becomes_one_and_other_unknown_dimensions_are_refused(tm
             detail = _interpreter(tflite_model).get_input_details()[0]
             assert list(detail["shape_signature"]) == [1, 8]
         else:
-            with pytest.raises(errors.DoesNotFitTarget, match=r"needs static shapes.*\[1, '\?', 8\]"):
+            with pytest.raises(errors.DoesNotFitTarget, match=r"needs static shapes.*\[1, \?, 8\]; give its size "
+                                                              r"with --input-shape \w+=1,\?,8") as refusal:
                 converters.convert(path, target="nnapi")
+            input_name = re.search(r"--input-shape (\w+)=", refusal.value.message).group(1)
+            tflite_model, report = converters.convert(path, target="nnapi", input_shapes={input_name: (1, 5, 8)})
+            assert list(_interpreter(tflite_model).get_input_details()[0]["shape_signature"]) == [1, 5, 8]
+            assert report.verified and report.fidelity[0]["passed"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -186,6 +193,7 @@ def test_a_dynamic_batch_becomes_one_and_other_unknown_dimensions_are_refused(tm
     (["--target", "coreml", "--int8"], "runs float models only"),
     (["--target", "edgetpu", "--float16-weights"], "runs int8 models only"),
     (["--allow-cpu-fallback"], "--allow-cpu-fallback applies to --target only"),
+    (["--input-shape", "ids=1,0"], "--input-shape ids=1,0: expected NAME=D1,D2,... with positive sizes"),
     (["--target", "arduino"], "invalid choice: 'arduino'"),  # argparse lists the choices; quoting varies
 ])
 def test_target_flag_conflicts_are_usage_errors(argv, message, tmp_path, capsys):
