@@ -44,7 +44,10 @@ demo: $(INSTALLED)
 # CPU's default (on for AVX-512, off for AVX2-only): they change fused kernels,
 # and with them float results. The tf-keras leg runs with oneDNN on, because
 # tf-keras's LayerNormalization is the pattern oneDNN fuses.
-test: test-keras3 test-tf-keras test-tf218
+# The legs run two at a time, as do the two installs: each leg is one pytest
+# process, mostly single-threaded Python, so a 2-core machine runs two at once.
+test:
+	$(MAKE) --jobs=2 --output-sync=target test-keras3 test-tf-keras test-tf218
 
 test-keras3: $(INSTALLED)
 	TF_USE_LEGACY_KERAS=0 TF_ENABLE_ONEDNN_OPTS=0 $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
