@@ -71,10 +71,11 @@ def run_tflm(tflite_model, samples):
         return None
     interpreter = _tflm_interpreter(runtime, tflite_model)
     output_count = schema.Model.GetRootAsModel(tflite_model, 0).Subgraphs(0).OutputsLength()
+    input_details = [_litert_style(interpreter.get_input_details(index)) for index in range(len(samples[0]))]
+    output_details = [_litert_style(interpreter.get_output_details(index)) for index in range(output_count)]
     results = []
     for arrays in samples:
-        for index, array in enumerate(arrays):
-            detail = _litert_style(interpreter.get_input_details(index))
+        for index, (detail, array) in enumerate(zip(input_details, arrays)):
             interpreter.set_input(np.ascontiguousarray(verify.input_value(detail, array)), index)
         failure = None
         with native_logs.captured() as printed:
@@ -85,8 +86,8 @@ def run_tflm(tflite_model, samples):
         if failure is not None:  # what TFLM printed is in `printed` only once the block has closed
             said = " ".join(line.strip() for line in printed) or str(failure)
             raise errors.TargetRejected(f"TFLite Micro failed to run the model: {said}"[:300])
-        results.append([verify.output_value(_litert_style(interpreter.get_output_details(index)),
-                                            interpreter.get_output(index)) for index in range(output_count)])
+        results.append([verify.output_value(detail, interpreter.get_output(index))
+                        for index, detail in enumerate(output_details)])
     outputs = [np.concatenate([result[index] for result in results]) for index in range(output_count)]
     with native_logs.captured() as printed:
         interpreter.print_allocations()
