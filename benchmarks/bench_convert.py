@@ -148,6 +148,9 @@ def main():
     if args.child:
         child(*args.child)
         return
+    import machine
+
+    print(machine.header() + "\n")
     conversion_table(args.layers)
     latency_table(args.rounds)
 

@@ -31,6 +31,7 @@ import tensorflow as tf  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")
 
+import machine  # noqa: E402
 import timing  # noqa: E402
 
 import keras_gelu  # noqa: E402
@@ -133,6 +134,7 @@ def main():
         parser.error(f"unknown GELU function(s) {', '.join(unknown)}; choose from {', '.join(FUNCTIONS)}")
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
+    print(machine.header(threads=1))
     ffn_table(functions, args.rounds)
     digits_table(functions, args.rounds * 10)
 

@@ -17,6 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 
 import keras_gelu  # noqa: E402
+import machine  # noqa: E402
 
 
 def _sigmoid_gelu_reference(x):
@@ -85,8 +86,9 @@ def main():
         for key, values in samples.items():
             timings[(mode,) + key] = statistics.median(values)
 
-    print(f"GELU forms on a {args.size}x{args.size} float32 tensor, {os.cpu_count()} CPUs, "
-          f"median of {args.rounds} interleaved rounds; TF {tf.__version__}, {keras_gelu.KERAS_FLAVOUR}")
+    print(f"GELU forms on a {args.size}x{args.size} float32 tensor, median of {args.rounds} interleaved rounds; "
+          f"TF {tf.__version__}, {keras_gelu.KERAS_FLAVOUR}")
+    print(machine.header())
     print("ratios are time(stock) / time(row): above 1 means the row is faster\n")
     header = ("| mode | function | fwd ms | fwd+bwd ms | fwd+bwd speed-up vs its stock equivalent "
               "| fwd+bwd speed-up vs tf.nn.gelu exact | fwd+bwd time vs relu |")

@@ -60,7 +60,7 @@ def _parser():
                         help="; ".join(f"{mode.name}: {mode.summary}" for mode in vocabulary.MODES.values()))
     parser.add_argument("--form", choices=vocabulary.EXACT_AS, dest="exact_as",
                         help="builtin mode: how exact GELU is computed (default sigmoid: x*sigmoid(1.702x); "
-                             "tanh; erf: exact from a builtin erf polynomial)")
+                             "tanh; erf: exact GELU within 1e-6, from LOGISTIC/MUL/ADD/MINIMUM)")
     parser.add_argument("--signature", help="signature to convert (default: serving_default or the only one)")
     parser.add_argument("--float16-weights", action="store_true", help="store weights as float16")
     parser.add_argument("--no-verify", dest="verify", action="store_false", help="skip the parity check")

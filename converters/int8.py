@@ -18,6 +18,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
+from keras_gelu import formulas
 from keras_gelu import replacements
 
 from . import errors
@@ -34,9 +35,14 @@ def is_quantization_aware(graph_def):
     return any(node.op in FAKE_QUANT_OPS for node in graph_def.node)
 
 
-def _is_lowest_float(name, nodes):
+def _scalar(name, nodes):
     value = graph.constant_value(name, nodes)
-    return value is not None and value.size == 1 and float(value.reshape(())) <= _LOWEST_FLOAT32
+    return None if value is None or value.size != 1 else float(value.reshape(()))
+
+
+def _is_lowest_float(name, nodes):
+    value = _scalar(name, nodes)
+    return value is not None and value <= _LOWEST_FLOAT32
 
 
 def _is_zero(name, nodes):
@@ -44,10 +50,21 @@ def _is_zero(name, nodes):
     return value is not None and value.size == 1 and float(value.reshape(())) == 0.0
 
 
+def _innermost_else(name, nodes):
+    """The value a chain of SelectV2(cond, c, SelectV2(...)) ends in: the x of LearnableGELU's two bounds."""
+    node = graph.producer(name, nodes)
+    while node is not None and node.op in ("Select", "SelectV2"):
+        name = graph.data_inputs(node)[2]
+        node = graph.producer(name, nodes)
+    return name
+
+
 def _guarded_value(node, nodes):
     """The tensor a keras_gelu inf/NaN guard passes through for finite inputs, or None.
 
     * Maximum(x, lowest float32): the -inf clamp of the fixed forms.
+    * SelectV2(x > 1e20, 1e20, x) and SelectV2(x < -1e20, -1e20, x): LearnableGELU's bounds on the x
+      its sigmoid takes.
     * SelectV2(IsInf(x), ..., x): LearnableGELU's clamp of +-inf.
     * SelectV2(Equal(g, 0), ZerosLike(..), x * g): its 0 * inf guard; x * g is 0 there anyway.
     """
@@ -65,6 +82,13 @@ def _guarded_value(node, nodes):
     otherwise = graph.resolve(operands[2], nodes)
     if condition.op == "IsInf" and graph.resolve(condition.input[0], nodes) == otherwise:
         return operands[2]
+    if condition.op in ("Greater", "Less"):
+        compared, bound = graph.data_inputs(condition)
+        value = _scalar(bound, nodes)
+        bound = formulas.LEARNABLE_GATE_X_BOUND
+        if (value is not None and abs(abs(value) - bound) <= 1e-6 * bound and _scalar(operands[1], nodes) == value
+                and graph.resolve(compared, nodes) == graph.resolve(_innermost_else(otherwise, nodes), nodes)):
+            return operands[2]
     if condition.op == "Equal":
         compared = [graph.resolve(name, nodes) for name in graph.data_inputs(condition) if not _is_zero(name, nodes)]
         when_zero = graph.producer(operands[1], nodes)

@@ -137,7 +137,7 @@ TARGETS = {target.name: target for target in (
            output_types=FLOAT_ONLY, static_shapes=True, verifier="gpu-analyzer", lacks="ZEROS_LIKE; int8 kernels",
            notes=("the GPU delegate's OpenGL backend computes GELU as the tanh form, also where exact GELU is asked "
                   "for (gpu/gl/kernels/elementwise.cc); its OpenCL backend computes exact GELU",)),
-    Target("nnapi", "Android NNAPI delegate", NNAPI_OPS, ("builtin",), ("sigmoid", "tanh"), static_shapes=True,
+    Target("nnapi", "Android NNAPI delegate", NNAPI_OPS, ("builtin",), ("sigmoid", "tanh", "erf"), static_shapes=True,
            lacks="GELU; SELECT_V2, ZEROS_LIKE"),
     Target("coreml", "Core ML delegate", COREML_OPS, ("builtin",), ("sigmoid", "tanh"), output_types=FLOAT_ONLY,
            static_shapes=True, lacks="GELU, SUB, MAXIMUM, SELECT; int8"),

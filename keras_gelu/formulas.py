@@ -50,6 +50,10 @@ _GATE_IS_ONE_ABOVE = 1e30
 # argument exceeds 1e17), so the polynomial factor may be held here instead
 # of overflowing to inf and meeting that 0.
 _TANH_POLY_CLIP = 1e6
+# XNNPACK's LOGISTIC, which runs a .tflite's sigmoids on LiteRT's CPU, returns NaN for finite inputs
+# beyond about +-4.3e26 (tensorflow/tensorflow#119354), so the learnable gate takes x clamped to +-1e20:
+# for |alpha| >= 1e-15 the gate is exactly 0 or 1 there already, in float64 too.
+LEARNABLE_GATE_X_BOUND = 1e20
 
 
 def constant_like(value, like):
@@ -70,6 +74,12 @@ def _finite(x):
     """
     largest = tf.where(x > 0, constant_like(x.dtype.max, x), constant_like(x.dtype.min, x))
     return tf.where(tf.math.is_inf(x), largest, x)
+
+
+def _clamped(x, bound):
+    """x clamped to [-bound, bound]; NaN stays NaN (with where, as in _finite)."""
+    high, low = constant_like(bound, x), constant_like(-bound, x)
+    return tf.where(x > high, high, tf.where(x < low, low, x))
 
 
 def exact_forward(x):
@@ -136,7 +146,7 @@ def learnable_forward(x, alpha, beta):
     exponential decay beats the linear growth (x -> -inf with alpha > 0, or
     x -> +inf with alpha < 0).
     """
-    gate = tf.math.sigmoid(alpha * _finite(x) + beta)
+    gate = tf.math.sigmoid(alpha * _clamped(x, LEARNABLE_GATE_X_BOUND) + beta)
     return tf.where(tf.equal(gate, constant_like(0.0, x)), tf.zeros_like(x), x * gate)
 
 

@@ -32,7 +32,23 @@ _WIDER_COMPUTE_DTYPE = {tf.float16: tf.float32, tf.bfloat16: tf.float64}
 
 
 def _xla(fn):
-    return tf.function(fn, jit_compile=True, autograph=False, reduce_retracing=True)
+    """`fn` as an XLA function traced once per dtype, for arguments of that dtype and any shapes.
+
+    One tf.function per dtype, each with an input signature of unknown
+    shapes: a single tf.function called with float32, then float16, then
+    bfloat16 arguments of changing shapes retraced on every new combination
+    and warned about it. XLA still compiles one kernel per concrete shape.
+    """
+    traced = {}
+
+    def call(*args):
+        dtype = args[0].dtype
+        if dtype not in traced:
+            signature = [tf.TensorSpec(None, dtype)] * len(args)
+            traced[dtype] = tf.function(fn, input_signature=signature, jit_compile=True, autograph=False)
+        return traced[dtype](*args)
+
+    return call
 
 
 def compute_dtype_for(dtype):

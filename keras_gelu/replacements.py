@@ -7,15 +7,16 @@ produces.
 
 Every replacement is `build(x, alpha, mark=None)`, returning x * Phi(alpha x)
 (or its tanh or sigmoid twin) from the ops its description names. Float
-replacements (mark None) first clamp -inf to the lowest finite value, so
-GELU(-inf) is 0 in the .tflite too (a MAXIMUM op; it changes no finite value).
+replacements (mark None) guard the edges: GELU(-inf) is 0 in the .tflite too,
+and no LOGISTIC sees an input XNNPACK turns into NaN (see GATE_INPUT_BOUND).
 An int8 replacement gets a `mark`, applied to every intermediate tensor that
 needs an int8 range of its own and, with logistic=True, to sigmoid outputs,
 whose int8 grid TFLite fixes; it skips the clamp, as int8 tensors are finite.
 
-Builtin replacements use only ops that LiteRT's CPU runtime and TFLite Micro
-both have (LOGISTIC, MUL, ADD, SUB, DIV, EXP, ABS, LESS, SELECT_V2, MAXIMUM);
-narrower runtimes are the business of `keras-gelu-convert --target`. The
+Builtin GELU replacements use only LOGISTIC, MUL, ADD, MINIMUM and MAXIMUM,
+which LiteRT's CPU runtime, TFLite Micro and NNAPI all have; a bare Erf or
+Erfc (not part of a GELU) also takes SUB, DIV, EXP, ABS, LESS and SELECT_V2.
+Narrower runtimes are the business of `keras-gelu-convert --target`. The
 GELU-op replacements are tf.nn.gelu's own spelling, which the TFLite
 converter fuses into its GELU op.
 """
@@ -37,10 +38,27 @@ from keras_gelu.formulas import without_minus_inf
 LOGISTIC_INT8_GRID_MAX = 255.0 / 256.0
 
 # Abramowitz & Stegun 7.1.26: erf(z) = 1 - t (a1 + t (a2 + ...)) exp(-z^2),
-# t = 1 / (1 + p z), for z >= 0, |error| <= 1.5e-7.
+# t = 1 / (1 + p z), for z >= 0, |error| <= 1.5e-7. Used for a bare Erf or Erfc
+# only: erfc(z) must stay accurate relative to its own tiny tail values, which
+# the GELU gate's polynomial, accurate in absolute terms, is not.
 AS_P = 0.3275911
 AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 
+
+# Exact GELU from builtins: Phi(u) = sigmoid(u q(min(u^2, 30))), q of degree 5,
+# minimax-fitted to logit(Phi) weighted by each point's effect on x Phi(x)
+# (`python benchmarks/bench_forms.py --fit` refits it and prints the
+# alternatives). Max abs error against float64 GELU: 6.5e-7 in float64 and
+# 9.6e-7 evaluated in float32. The clamp holds the polynomial where it was
+# fitted; past |u| = sqrt(30) the gate is within 2e-8 of 0 or 1 and only has to
+# stay there. Degree 4 without the clamp (one op fewer) misses 2e-6 (3.3e-6);
+# degree 6 without it is as cheap but its 3.9e-9 leading coefficient is 0 in
+# float16, and --float16-weights stores every constant as float16: q would
+# turn negative and GELU(10) become 0. Here the smallest, -1.1e-7, stays
+# nonzero and inside [0, 30] the rounding moves the gate by under 1e-4.
+EXACT_GATE_SQUARE_CLAMP = 30.0
+EXACT_GATE_POLYNOMIAL = (1.5957464616171189, 0.0727290507858573, -0.00011452878152178668,
+                         -9.481426470736393e-05, 5.625665990560874e-06, -1.1416382503555812e-07)
 
 def on_logistic_int8_grid(gate):
     """A sigmoid's output rounded as TFLite's int8 LOGISTIC rounds it (straight-through gradient)."""
@@ -112,49 +130,68 @@ BARE_ERF = {"Erf": erf, "Erfc": erfc}
 BARE_ERF_INT8 = {"Erf": erf_from_logistic, "Erfc": erfc_from_logistic}
 
 
-def _prepared(x, mark):
-    """(x, mark) to compute with: a float replacement (mark None) clamps -inf and marks nothing."""
-    if mark is None:
-        return without_minus_inf(x), unmarked
-    return x, mark
+# XNNPACK's LOGISTIC, LiteRT's default CPU kernel, returns NaN for finite
+# inputs beyond about +-4.3e26 (measured; tensorflow/tensorflow#119354), so a
+# float replacement bounds its gate's input u to [-64, 64], where every form's
+# gate is exactly 0 or 1 in float32. The lower bound is the -inf guard too: the
+# product takes x clamped at -64/alpha, where the gate is 0, so GELU(-inf) = -0.
+GATE_INPUT_BOUND = 64.0
 
 
-def _scaled(x, alpha, mark):
-    return x if alpha == 1.0 else mark(x * constant_like(alpha, x))
+def gate_inputs(x, alpha, mark):
+    """(x for the product, u = alpha x for the gate, mark): bounded as above when float (mark None)."""
+    if mark is not None:  # int8: finite tensors, each intermediate with its own range
+        return x, x if alpha == 1.0 else mark(x * constant_like(alpha, x)), mark
+    bound = GATE_INPUT_BOUND / alpha
+    x = tf.maximum(x, constant_like(-bound, x))
+    u = tf.minimum(x, constant_like(bound, x))
+    return x, u if alpha == 1.0 else u * constant_like(alpha, x), unmarked
 
 
-def exact_from_builtins(x, alpha, mark=None):
-    """x Phi(alpha x) with Phi from the erfc above: within 2e-6 of float64 GELU."""
-    x, mark = _prepared(x, mark)
-    u = _scaled(x, alpha, mark)
-    half_tail = constant_like(0.5, x) * erfc_of_nonnegative(tf.abs(u) * constant_like(formulas.SQRT_HALF, x))
-    cdf = tf.where(u < constant_like(0.0, x), half_tail, constant_like(1.0, x) - half_tail)
-    return x * cdf
+def gate_polynomial_form(coefficients, square_clamp=None):
+    """build(x, alpha, mark) of x sigmoid(u q(u^2)), u = alpha x, q with `coefficients` (lowest first),
+    u^2 clamped at `square_clamp` unless None: 2 ops per degree, 4 more, 1 for the clamp, 2 for the bounds."""
+
+    def build(x, alpha, mark=None):
+        x, u, mark = gate_inputs(x, alpha, mark)
+        square = mark(u * u)
+        if square_clamp is not None:
+            square = mark(tf.minimum(square, constant_like(square_clamp, x)))
+        polynomial = constant_like(coefficients[-1], x)
+        for coefficient in reversed(coefficients[:-1]):
+            polynomial = mark(constant_like(coefficient, x) + mark(square * polynomial))
+        return x * mark(tf.math.sigmoid(mark(u * polynomial)), logistic=True)
+
+    return build
+
+
+exact_from_builtins = gate_polynomial_form(EXACT_GATE_POLYNOMIAL, EXACT_GATE_SQUARE_CLAMP)
+"""x Phi(alpha x) within 1e-6 of float64 GELU in float32, from LOGISTIC, MUL, ADD and MINIMUM: 15 ops,
+17 with the bounds (the A&S erfc took 22, with DIV and EXP); see EXACT_GATE_POLYNOMIAL for the fit."""
 
 
 def tanh_from_builtins(x, alpha, mark=None):
     """x Phi_tanh(alpha x) as x sigmoid(u (1.5957691 + 0.0713548 u^2)), u = alpha x: the same function.
 
     Horner's form of 1.5957691 (u + 0.044715 u^3) saves two ops (elementwise
-    passes over memory) against the textbook nesting.
+    passes over memory) against the textbook nesting: 6 ops, 8 with the bounds.
     """
-    x, mark = _prepared(x, mark)
-    u = _scaled(x, alpha, mark)
+    x, u, mark = gate_inputs(x, alpha, mark)
     linear = constant_like(formulas.SIGMOID_OF_TANH_SCALE, x)
     cubic = constant_like(formulas.SIGMOID_OF_TANH_SCALE * formulas.TANH_CUBIC, x)
     return x * mark(tf.math.sigmoid(mark(u * mark(linear + mark(cubic * mark(u * u))))), logistic=True)
 
 
 def sigmoid_from_builtins(x, alpha, mark=None):
-    """x sigmoid(1.702 alpha x): the sigmoid approximation of x Phi(alpha x)."""
-    x, mark = _prepared(x, mark)
-    return x * mark(tf.math.sigmoid(mark(constant_like(formulas.SIGMOID_SLOPE * alpha, x) * x)), logistic=True)
+    """x sigmoid(1.702 alpha x): the sigmoid approximation of x Phi(alpha x); 3 ops, 5 with the bounds."""
+    x, u, mark = gate_inputs(x, 1.0, mark)
+    return x * mark(tf.math.sigmoid(mark(constant_like(formulas.SIGMOID_SLOPE * alpha, x) * u)), logistic=True)
 
 
 def _gelu_op(approximate):
     def gelu_op(x, alpha, mark=None):
-        x, mark = _prepared(x, mark)
-        y = tf.nn.gelu(_scaled(x, alpha, mark), approximate=approximate)
+        x, mark = (without_minus_inf(x), unmarked) if mark is None else (x, mark)
+        y = tf.nn.gelu(x if alpha == 1.0 else mark(x * constant_like(alpha, x)), approximate=approximate)
         return y if alpha == 1.0 else mark(y) * constant_like(1.0 / alpha, x)
 
     return gelu_op
@@ -169,11 +206,10 @@ class Replacement:
 
 SIGMOID_FORM = Replacement(sigmoid_from_builtins, "x*sigmoid(1.702x) from LOGISTIC/MUL")
 TANH_FORM = Replacement(tanh_from_builtins, "tanh form from LOGISTIC/MUL/ADD")
-ERF_FORM = Replacement(exact_from_builtins, "exact, erf polynomial from builtins")
-# The erf polynomial divides and takes EXP: TF 2.18's converter leaves an int8
-# DIV float (2.21 quantizes it), and Ethos-U55/65, the Edge TPU, Hexagon and
-# TFLM's int8 EXP have no kernel for them. The tanh form is within 4.7e-4 of
-# exact GELU, far below an int8 step, and is LOGISTIC/MUL/ADD everywhere.
+ERF_FORM = Replacement(exact_from_builtins, "exact, polynomial in LOGISTIC from builtins")
+# In int8 each of the exact form's 13 intermediates would need a range and
+# add a rounding, which the tanh form's 4 do not: it is within 4.7e-4 of exact
+# GELU, far below an int8 step, and runs where LOGISTIC/MUL/ADD do.
 TANH_FORM_FOR_ERF = Replacement(tanh_from_builtins, TANH_FORM.description + " (the erf form's int8 replacement)")
 GELU_OP = Replacement(_gelu_op(approximate=False), "GELU op", fused=True)
 GELU_OP_APPROXIMATE = Replacement(_gelu_op(approximate=True), "GELU op (approximate)", fused=True)
@@ -184,8 +220,7 @@ ANY = "any"
 # left as it is. Exactly one row matches each combination of a rewriting mode.
 RULES = (
     # function  mode       exact_as   int8   replacement
-    ("sigmoid", ANY,       ANY,       False, None),  # already LOGISTIC/MUL
-    ("sigmoid", ANY,       ANY,       True,  SIGMOID_FORM),  # its intermediate needs a range
+    ("sigmoid", ANY,       ANY,       ANY,   SIGMOID_FORM),  # LOGISTIC/MUL already, but bounded, and int8 ranged
     ("tanh",    "builtin", ANY,       ANY,   TANH_FORM),
     ("tanh",    "native",  ANY,       ANY,   GELU_OP_APPROXIMATE),
     ("exact",   "native",  ANY,       ANY,   GELU_OP),

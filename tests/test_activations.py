@@ -273,3 +273,29 @@ def test_asymptotes(function, x):
     # (x e^{-1.702 x} < 1e-5 beyond x = 8).
     assert abs(y[0] - x) <= 1e-5 * max(1.0, 1e-15 * x) + 1e-15 * x
     assert -1e-5 <= y[1] <= 0.0
+
+
+def test_no_retracing_warnings_across_dtypes_and_shapes():
+    """Gradients in float32, float16, bfloat16 and float64, for changing shapes, as a user's script would
+    take them: TensorFlow warns about excessive retracing once a tf.function retraces 5 of its last calls.
+    A fresh process, so that kernels traced by other tests cannot hide the warning."""
+    import subprocess
+    import sys
+
+    script = """
+import tensorflow as tf
+import keras_gelu
+learnable = keras_gelu.LearnableGELU(shared_axes=[1])
+for size in (3, 4, 5):
+    for dtype in (tf.float32, tf.float16, tf.bfloat16, tf.float64):
+        x = tf.cast(tf.random.normal([2, size]), dtype)
+        for function in (lambda x: keras_gelu.gelu(x), lambda x: keras_gelu.gelu(x, "tanh"), learnable):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = function(x)
+            assert tape.gradient(y, x) is not None
+print("done")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and "done" in result.stdout, result.stderr[-2000:]
+    assert "retracing" not in result.stderr, [line for line in result.stderr.splitlines() if "retracing" in line]

@@ -62,6 +62,23 @@ def test_every_layer_in_every_mode(tmp_path, mode, exact_as, as_file):
     assert max(c["max_abs"] for c in report.drift) <= (1e-4 if exact_kept else 0.2)
 
 
+@pytest.mark.parametrize("mode, exact_as", conversions.REWRITING, ids=conversions.ids(conversions.REWRITING))
+def test_huge_finite_inputs_stay_finite_in_the_tflite(tmp_path, mode, exact_as):
+    """Every layer alone, at inputs far beyond any activation's saturation: LiteRT's XNNPACK LOGISTIC
+    returns NaN for finite inputs beyond about 4.3e26, so every sigmoid's input must be bounded."""
+    import tflite_helpers
+
+    layers = {"exact": keras_gelu.GELU("exact"), "tanh": keras_gelu.GELU("tanh"),
+              "sigmoid": keras_gelu.GELU("sigmoid"), "learnable": keras_gelu.LearnableGELU(shared_axes=[1])}
+    x = np.float32([[1e30, -1e30, 3e38, -3e38, 1e27, -1e27, 1e20, -1e20]])
+    for name, layer in layers.items():
+        model = keras.Sequential([keras.Input((x.shape[1],)), layer])
+        tflite_model, _ = converters.convert(model, mode=mode, exact_as=exact_as, verify=False)
+        (y,) = tflite_helpers.run(tflite_model, x)
+        expected = np.where(x > 0, x, 0.0)  # GELU(x) for |x| >= 1e20, and the learnable's sigmoid-form start
+        np.testing.assert_array_equal(y, expected, err_msg=name)
+
+
 def test_functional_multi_input_multi_output_dynamic_batch(tmp_path):
     keras.utils.set_random_seed(5)
     a, b = keras.Input((6,), name="a"), keras.Input((4,), name="b")

@@ -189,7 +189,7 @@ def test_a_dynamic_batch_becomes_one_and_other_unknown_dimensions_need_input_sha
 
 @pytest.mark.parametrize("argv, message", [
     (["--target", "tflm", "--mode", "native"], "--target tflm takes --mode builtin, not native"),
-    (["--target", "nnapi", "--form", "erf"], "--target nnapi takes --form sigmoid or tanh, not erf"),
+    (["--target", "coreml", "--form", "erf"], "--target coreml takes --form sigmoid or tanh, not erf"),
     (["--target", "coreml", "--int8"], "runs float models only"),
     (["--target", "edgetpu", "--float16-weights"], "runs int8 models only"),
     (["--allow-cpu-fallback"], "--allow-cpu-fallback applies to --target only"),

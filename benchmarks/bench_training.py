@@ -1,0 +1,111 @@
+"""The headline: how much faster a model trains with keras_gelu than with Keras's own GELU, per epoch.
+
+Two models, trained with `model.fit` on random data (the time does not
+depend on the values):
+
+* FFN stack: 2 blocks of Dense 256 -> 1024 (GELU) -> 256 with residual and
+  LayerNormalization, sequences of 128 tokens, batch 32.
+* Transformer encoder: 2 layers of 4-head self-attention and that FFN block.
+
+Each activation variant gets its own model; after a warm-up epoch the
+variants train one epoch each in turn, for several rounds, and the table shows
+median epoch times as ratios to `activation="gelu"` and to ReLU. Runs the
+Keras flavour chosen by TF_USE_LEGACY_KERAS; `--flavours keras3 tf-keras`
+runs each in its own process. Ratios measured in one run on a shared, noisy
+machine; not a test.
+
+    python benchmarks/bench_training.py [--rounds 5] [--steps 16] [--flavours keras3 tf-keras]
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+SEQUENCE, WIDTH, HIDDEN, BATCH, BLOCKS, HEADS = 128, 256, 1024, 32, 2, 4
+FLAVOUR_SETTING = {"keras3": "0", "tf-keras": "1"}
+
+
+def variants():
+    import keras_gelu
+
+    return {
+        'activation="gelu" (Keras, exact)': "gelu",
+        "keras_gelu.GELU() (exact)": keras_gelu.GELU(),
+        'keras_gelu.GELU("tanh")': keras_gelu.GELU("tanh"),
+        "relu": "relu",
+    }
+
+
+def build(kind, activation):
+    from keras_gelu.flavour import keras
+
+    tokens = keras.Input((SEQUENCE, WIDTH))
+    h = tokens
+    for _ in range(BLOCKS):
+        if kind == "Transformer encoder":
+            h = keras.layers.LayerNormalization()(h + keras.layers.MultiHeadAttention(HEADS, WIDTH // HEADS)(h, h))
+        ffn = keras.layers.Dense(WIDTH)(keras.layers.Dense(HIDDEN, activation=activation)(h))
+        h = keras.layers.LayerNormalization()(h + ffn)
+    model = keras.Model(tokens, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(h)))
+    model.compile(keras.optimizers.Adam(1e-4), "mse")
+    return model
+
+
+def table(rounds, steps):
+    import numpy as np
+    import tensorflow as tf
+
+    import keras_gelu
+    import machine
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(BATCH * steps, SEQUENCE, WIDTH)).astype(np.float32)
+    y = rng.normal(size=(BATCH * steps, 1)).astype(np.float32)
+    print(f"\n## Training time per epoch ({steps} steps of batch {BATCH}), {keras_gelu.KERAS_FLAVOUR}, "
+          f"TF {tf.__version__}\n")
+    print(f"{machine.header()}; median of {rounds} interleaved epochs\n")
+    print("| model | activation | s / epoch | vs activation=\"gelu\" (speed-up) | vs relu (time) |")
+    print("|---|---|---:|---:|---:|")
+    for kind in ("FFN stack", "Transformer encoder"):
+        models = {}
+        for name, activation in variants().items():
+            models[name] = build(kind, activation)
+            models[name].fit(x, y, batch_size=BATCH, epochs=1, verbose=0)  # trace and warm up
+        samples = {name: [] for name in models}
+        for _ in range(rounds):
+            for name, model in models.items():
+                started = time.perf_counter()
+                model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+                samples[name].append(time.perf_counter() - started)
+        medians = {name: statistics.median(values) for name, values in samples.items()}
+        keras_gelu_time, relu_time = medians['activation="gelu" (Keras, exact)'], medians["relu"]
+        for name, median in medians.items():
+            print(f"| {kind} | {name} | {median:.2f} | {keras_gelu_time / median:.2f}x | {median / relu_time:.2f}x |",
+                  flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved epochs per variant (default 5)")
+    parser.add_argument("--steps", type=int, default=16, help="steps per epoch (default 16)")
+    parser.add_argument("--flavours", nargs="+", choices=tuple(FLAVOUR_SETTING),
+                        help="run each Keras flavour in its own process (default: the current one)")
+    args = parser.parse_args()
+    if args.rounds < 1 or args.steps < 1:
+        parser.error("--rounds and --steps must be >= 1")
+    if not args.flavours:
+        table(args.rounds, args.steps)
+        return
+    for flavour in args.flavours:
+        environment = dict(os.environ, TF_USE_LEGACY_KERAS=FLAVOUR_SETTING[flavour])
+        subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds), "--steps", str(args.steps)],
+                       env=environment, check=True)
+
+
+if __name__ == "__main__":
+    main()
