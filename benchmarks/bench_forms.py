@@ -92,6 +92,16 @@ def _abramowitz_stegun_form(x, alpha, mark=None):
     return x * tf.where(x < constant_like(0.0, x), tail, constant_like(1.0, x) - tail)
 
 
+# One op each (the converter keeps a MUL by a constant as one MUL).
+UNIT_OPS = {
+    "MUL by a constant": lambda x, alpha, mark=None: x * constant_like(1.5, x),
+    "MUL x*x": lambda x, alpha, mark=None: x * x,
+    "ADD a constant": lambda x, alpha, mark=None: x + constant_like(1.5, x),
+    "MINIMUM with a constant": lambda x, alpha, mark=None: tf.minimum(x, constant_like(1.5, x)),
+    "LOGISTIC": lambda x, alpha, mark=None: tf.math.sigmoid(x),
+}
+
+
 def to_tflite(build, bounded, shape):
     mark = None if bounded else replacements.unmarked
     function = tf.function(lambda x: build(x, 1.0, mark=mark), input_signature=[tf.TensorSpec(shape, tf.float32)])
@@ -134,6 +144,8 @@ def main():
         interpreters[name, "bounded"] = timing.interpreter(to_tflite(build, True, SHAPE), [x])
         if name != "GELU op":
             interpreters[name, "bare"] = timing.interpreter(to_tflite(build, False, SHAPE), [x])
+    for name, build in UNIT_OPS.items():
+        interpreters[name, "unit"] = timing.interpreter(to_tflite(build, True, SHAPE), [x])
     medians = timing.interleaved_medians(interpreters, args.rounds)
     reference = medians["GELU op", "bounded"]
     print(f"## Builtin GELU spellings: ops, error and TFLite latency ({SHAPE[0]}x{SHAPE[1]} float32)\n")
@@ -146,6 +158,11 @@ def main():
         bare_text, cost = ("", "") if bare is None else (f"{bare / reference:.2f}x",
                                                          f"{medians[name, 'bounded'] / bare - 1:+.0%}")
         print(f"| {name} | {ops} | {error:.1e} | {shipped:.2f}x | {bare_text} | {cost} |", flush=True)
+    print("\nWhat one op costs, alone, as a share of the GELU op: every elementwise op is a pass over memory.\n")
+    print("| op | vs GELU op |")
+    print("|---|---:|")
+    for name in UNIT_OPS:
+        print(f"| {name} | {medians[name, 'unit'] / reference:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -33,10 +33,13 @@ def _candidates():
         "tf.nn.gelu exact": (lambda x: tf.nn.gelu(x, approximate=False), "tf.nn.gelu exact"),
         "tf.nn.gelu tanh": (lambda x: tf.nn.gelu(x, approximate=True), "tf.nn.gelu tanh"),
         "x*sigmoid(1.702x) in TF": (_sigmoid_gelu_reference, "x*sigmoid(1.702x) in TF"),
+        # The same variables, as a user would write the layer: the learnable's stock equivalent.
+        "x*sigmoid(ax+b) in TF": (lambda x: x * tf.math.sigmoid(learnable.alpha * x + learnable.beta),
+                                  "x*sigmoid(ax+b) in TF"),
         "keras_gelu exact": (lambda x: keras_gelu.gelu(x, "exact"), "tf.nn.gelu exact"),
         "keras_gelu tanh": (lambda x: keras_gelu.gelu(x, "tanh"), "tf.nn.gelu tanh"),
         "keras_gelu sigmoid": (lambda x: keras_gelu.gelu(x, "sigmoid"), "x*sigmoid(1.702x) in TF"),
-        "keras_gelu learnable": (learnable, "x*sigmoid(1.702x) in TF"),
+        "keras_gelu learnable": (learnable, "x*sigmoid(ax+b) in TF"),
     }
 
 

@@ -1,7 +1,9 @@
 """The conversion pipeline: load, rewrite, convert, verify, report, write."""
 
 import collections
+import contextlib
 import dataclasses
+import gc
 import logging
 import time
 import types
@@ -26,8 +28,47 @@ from . import target_checks
 from . import targets
 from . import verify as parity
 
+# Constants larger than this are weights, never the shapes and axes that importing a graph infers from.
+_WEIGHT_BYTES = 1024
+
+
+def _without_weights(graph_def):
+    """graph_def with each weight replaced by a Placeholder of its dtype and shape.
+
+    The converter reads only the input and output tensors of the graph we
+    import for it, and converts `graph_def` itself; importing the weights too
+    held all of them once more, a third of the converter's extra peak memory.
+    """
+    skeleton = tf.compat.v1.GraphDef()
+    skeleton.versions.CopyFrom(graph_def.versions)
+    skeleton.library.CopyFrom(graph_def.library)
+    for node in graph_def.node:
+        tensor = node.attr["value"].tensor if node.op == "Const" else None
+        if tensor is None or len(tensor.tensor_content) <= _WEIGHT_BYTES:
+            skeleton.node.add().CopyFrom(node)
+            continue
+        placeholder = skeleton.node.add(name=node.name, op="Placeholder", device=node.device)
+        placeholder.attr["dtype"].type = tensor.dtype
+        placeholder.attr["shape"].shape.CopyFrom(tensor.tensor_shape)
+    return skeleton
+
+
+class _SerializedGraph:
+    """The GraphDef the converter gets: the weightless skeleton for the nodes its checks read, and the
+    whole graph's bytes for what it converts, so that no Python copy of the weights is held meanwhile."""
+
+    def __init__(self, skeleton, serialized):
+        self.skeleton, self.serialized = skeleton, serialized
+
+    def __getattr__(self, name):
+        return getattr(self.skeleton, name)
+
+    def SerializeToString(self, **kwargs):  # noqa: N802 (the protobuf method it stands in for)
+        return self.serialized
+
+
 def _tflite_converter(graph_def, source):
-    """A TFLiteConverter over our already frozen GraphDef.
+    """A TFLiteConverter over our already frozen GraphDef (a _SerializedGraph).
 
     The public entry points want a ConcreteFunction, which the converter then
     freezes again (and by default saves as a temporary SavedModel first):
@@ -37,7 +78,7 @@ def _tflite_converter(graph_def, source):
     """
     scratch = tf.Graph()
     with scratch.as_default():
-        tf.compat.v1.import_graph_def(graph_def, name="")
+        tf.compat.v1.import_graph_def(graph_def.skeleton, name="")
     inputs = [scratch.get_tensor_by_name(info.tensor) for info in source.inputs]
     outputs = [scratch.get_tensor_by_name(info.tensor) for info in source.outputs]
     placeholder_function = tf.function(lambda: tf.constant(0.0)).get_concrete_function()
@@ -54,8 +95,18 @@ def _tflite_converter(graph_def, source):
     return converter
 
 
+def serialized_for_converter(graph_def):
+    """graph_def as to_tflite takes it, after which the caller may let graph_def and its weights go."""
+    return _SerializedGraph(_without_weights(graph_def), graph_def.SerializeToString())
+
+
 def to_tflite(graph_def, source, mode, float16_weights, int8=None):
-    """Convert with mode.op_sets; `int8`: None for float, else (calibration samples or None for QAT, int8_io)."""
+    """Convert with mode.op_sets; `int8`: None for float, else (calibration samples or None for QAT, int8_io).
+
+    `graph_def` is a GraphDef or what serialized_for_converter made of one.
+    """
+    if not isinstance(graph_def, _SerializedGraph):
+        graph_def = serialized_for_converter(graph_def)
     converter = _tflite_converter(graph_def, source)
     converter.target_spec.supported_ops = [getattr(tf.lite.OpsSet, name) for name in mode.op_sets]
     if float16_weights:
@@ -103,21 +154,76 @@ def convert(model, **options):
     """
     options = conversion_options.Options(**options)
     started = time.perf_counter()
+    stages = dict.fromkeys(("load", "rewrite", "convert", "verify"), 0.0)  # where the time goes
     target = targets.TARGETS.get(options.target)
-    source = loading.load(model, options.signature, trust_model=options.trust_model)
-    parity_inputs, batch_fixed = source.inputs, False  # parity runs on batches of the model's own shapes
-    if (target is not None and target.static_shapes) or options.input_shapes:
-        source, parity_inputs, batch_fixed = target_checks.with_static_shapes(source, target, options.input_shapes)
+    with _timed(stages, "load"):
+        source = loading.load(model, options.signature, trust_model=options.trust_model)
+        parity_inputs, batch_fixed = source.inputs, False  # parity runs on batches of the model's own shapes
+        if (target is not None and target.static_shapes) or options.input_shapes:
+            source, parity_inputs, batch_fixed = target_checks.with_static_shapes(source, target,
+                                                                                  options.input_shapes)
     report = reporting.Report(source.path, source.kind, source.signature, options.mode, options.exact_as,
                               float16_weights=options.float16_weights,
                               promoted_to_float32=source.promoted_to_float32, trusted=options.trust_model)
     int8_setup = _int8_setup(source, options, report)
-    result, reference = _rewritten(source, options, target)
+    with _timed(stages, "rewrite"):
+        result, reference = _rewritten(source, options, target)
     report.gelus = _summarise(result.findings)
     report.leftover_erf = result.leftover_erf
     # The requested mode's op sets: int8 select rewrites GELUs as native does but may leave other ops to Flex.
     requested = vocabulary.MODES[options.mode]
-    tflite_model = to_tflite(result.graph_def, source, requested, options.float16_weights, int8_setup)
+    arrays = source_outputs = None
+    if options.verify:
+        with _timed(stages, "verify"):
+            arrays = parity.make_inputs(parity_inputs, options.seed, options.dynamic_size, options.inputs)
+            # The original model runs now, so that its variables can go before converting; not where the
+            # .tflite may need Flex, which LiteRT cannot run: a model is not run for a check that cannot happen.
+            if "SELECT_TF_OPS" not in requested.op_sets:
+                source_outputs = parity.run_source(source, arrays)
+    with _timed(stages, "convert"):
+        keep_source = options.verify and source_outputs is None
+        serialized, reference = _handed_to_converter(source, result, reference, keep_source)
+        tflite_model = _converted(serialized, source, requested, options, int8_setup, target, report)
+    if options.verify:
+        with _timed(stages, "verify"):
+            reference = reference or tf.compat.v1.GraphDef.FromString(serialized.serialized)
+            del serialized
+            _verify(tflite_model, source, reference, options, report, target, arrays, source_outputs, batch_fixed)
+    else:
+        report.not_verified_reason = "verification switched off (--no-verify)"
+    report.seconds = time.perf_counter() - started
+    report.stage_seconds = stages
+    return tflite_model, report
+
+
+@contextlib.contextmanager
+def _timed(stages, stage):
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        stages[stage] += time.perf_counter() - started
+
+
+def _handed_to_converter(source, result, reference, keep_source):
+    """(the rewritten graph as to_tflite takes it, the fidelity reference or None to parse it back later).
+
+    The converter gets the graph as bytes, and every other copy of its weights
+    is let go (the GraphDef, and the loaded model's variables unless
+    `keep_source`): the converter's own copies and the bytes are already four.
+    """
+    serialized = serialized_for_converter(result.graph_def)
+    reference = None if reference is result.graph_def else reference
+    source.graph_def = result.graph_def = None
+    if not keep_source:
+        source.function = None
+    gc.collect()  # a loaded SavedModel's objects hold each other in cycles
+    return serialized, reference
+
+
+def _converted(serialized, source, requested, options, int8_setup, target, report):
+    """The .tflite with its signature and the target's op names; fills in the report's op figures."""
+    tflite_model = to_tflite(serialized, source, requested, options.float16_weights, int8_setup)
     tflite_model = signatures.with_signature(tflite_model, source.signature, [info.name for info in source.inputs],
                                              [info.name for info in source.outputs])
     if target is not None:
@@ -137,12 +243,7 @@ def convert(model, **options):
     report.size_bytes = len(tflite_model)
     if target is not None:  # before any runtime sees the model: a refusal here names what does not fit
         report.target["ops"] = target_checks.check(tflite_model, target, options.allow_cpu_fallback)
-    if options.verify:
-        _verify(tflite_model, source, reference, options, report, target, parity_inputs, batch_fixed)
-    else:
-        report.not_verified_reason = "verification switched off (--no-verify)"
-    report.seconds = time.perf_counter() - started
-    return tflite_model, report
+    return tflite_model
 
 
 def _without_clamp(build, alpha, x, nodes):
@@ -196,13 +297,13 @@ def _with_steps(comparison, scale):
     return entry
 
 
-def _verify(tflite_model, source, reference, options, report, target, parity_inputs, batch_fixed):
+def _verify(tflite_model, source, reference, options, report, target, arrays, source_outputs, batch_fixed):
     """Fill in the parity figures; `reference` is the rewritten graph as TFLite should compute it.
 
-    Inputs are made for `parity_inputs`; where the target fixed the batch at 1 (`batch_fixed`), the .tflite
-    and the reference run them sample by sample.
+    `arrays` are the inputs and `source_outputs` the original model's outputs for them, or None where it
+    has yet to run; where the target fixed the batch at 1 (`batch_fixed`), the .tflite and the reference
+    run them sample by sample.
     """
-    arrays = parity.make_inputs(parity_inputs, options.seed, options.dynamic_size, options.inputs)
 
     def fixed_batch(run):
         return (lambda batch: target_checks.per_sample(run, batch)) if batch_fixed else run
@@ -216,7 +317,8 @@ def _verify(tflite_model, source, reference, options, report, target, parity_inp
         report.not_verified_reason = f"{report.runtime} cannot run this model: " + " ".join(str(error).split())[:300]
         return
     graph_outputs = fixed_batch(lambda batch: parity.run_graph(reference, source, batch))(arrays)
-    source_outputs = parity.run_source(source, arrays)
+    if source_outputs is None:  # not run before converting (see convert)
+        source_outputs = parity.run_source(source, arrays)
     report.tolerance = {"atol": options.atol, "rtol": options.rtol, "max_drift": options.max_drift}
     scales = [None] * len(source.outputs)
     if options.int8:

@@ -99,45 +99,42 @@ def _copy_under_prefix(target, nodes, prefix, outer_tensors, control_inputs=(), 
 
 
 def inline_function_calls(graph_def):
-    """Inline every call to a function of the graph's own library.
+    """Inline, in place, every call to a function of the graph's own library; returns graph_def.
 
     TensorFlow's freezer leaves calls to XLA-compiled functions (keras_gelu's
     kernels among them) as PartitionedCall nodes; the rewrite has to see their
-    bodies. Returns a new GraphDef with the same library.
+    bodies. In place: a copy would hold every weight twice.
     """
     library = {function.signature.name: function for function in graph_def.library.function}
-    current = graph_def
     for _ in range(16):  # nested calls: one level per pass
-        calls = [n for n in current.node if n.op in CALL_OPS and n.attr["f"].func.name in library]
+        calls = [index for index, n in enumerate(graph_def.node)
+                 if n.op in CALL_OPS and n.attr["f"].func.name in library]
         if not calls:
-            return current
+            return graph_def
         rename = {}  # canonical 'call:i' -> the inlined tensor
-        inlined = graph_pb2.GraphDef()
-        inlined.versions.CopyFrom(current.versions)
-        inlined.library.CopyFrom(current.library)
-        call_names = {call.name for call in calls}
-        for node in current.node:
-            if node.name not in call_names:
-                inlined.node.add().CopyFrom(node)
-                continue
+        call_names = set()
+        for index in calls:
+            node = graph_def.node[index]
+            call_names.add(node.name)
             function = library[node.attr["f"].func.name]
             body, flat_names = function_def_to_graph.function_def_to_graph_def(function)
             operands = data_inputs(node)
             arguments = {arg.name: operands[i] for i, arg in enumerate(function.signature.input_arg)}
             _, outer = _copy_under_prefix(
-                inlined, body.node, node.name + "/inlined/", arguments,
+                graph_def, body.node, node.name + "/inlined/", arguments,
                 control_inputs=[name for name in node.input if name.startswith("^")],  # the call's own
                 device=node.device)
-            for index, output in enumerate(function.signature.output_arg):
-                rename[f"{node.name}:{index}"] = outer(flat_names[function.ret[output.name]])
-        for node in inlined.node:
+            for position, output in enumerate(function.signature.output_arg):
+                rename[f"{node.name}:{position}"] = outer(flat_names[function.ret[output.name]])
+        for index in reversed(calls):
+            del graph_def.node[index]
+        for node in graph_def.node:
             for position, name in enumerate(node.input):
                 if name.startswith("^") and name[1:] in call_names:
                     # A control edge on a call: depend on the inlined outputs instead.
                     node.input[position] = "^" + split_tensor_name(rename[f"{name[1:]}:0"])[0]
                 elif canonical(name) in rename:
                     node.input[position] = rename[canonical(name)]
-        current = inlined
     raise ValueError("function calls nested more than 16 deep")
 
 
@@ -331,7 +328,7 @@ def redirect(graph_def, old, new, keep=()):
 
 
 def prune(graph_def, keep_tensors):
-    """A copy with only the nodes `keep_tensors` depend on (data and control edges); library kept."""
+    """Delete, in place, the nodes `keep_tensors` do not depend on (data and control edges); returns graph_def."""
     nodes = nodes_by_name(graph_def)
     needed = set()
     pending = [split_tensor_name(name)[0] for name in keep_tensors]
@@ -341,11 +338,9 @@ def prune(graph_def, keep_tensors):
             continue
         needed.add(name)
         pending.extend(split_tensor_name(operand)[0] for operand in nodes[name].input)
-    pruned = graph_pb2.GraphDef()
-    pruned.versions.CopyFrom(graph_def.versions)
-    pruned.library.CopyFrom(graph_def.library)
-    pruned.node.extend(node for node in graph_def.node if node.name in needed)
-    return pruned
+    for index in reversed([index for index, node in enumerate(graph_def.node) if node.name not in needed]):
+        del graph_def.node[index]
+    return graph_def
 
 
 def with_passes(graph_def, passes):

@@ -143,6 +143,7 @@ class Report:
     warnings: list = dataclasses.field(default_factory=list)
     target: dict = dataclasses.field(default_factory=dict)  # --target: profile, checks, verdict, figures
     seconds: float = 0.0
+    stage_seconds: dict = dataclasses.field(default_factory=dict)  # load (and freeze), rewrite, convert, verify
 
     def to_json(self):
         return json.dumps(dataclasses.asdict(self), indent=2, default=str)
@@ -207,5 +208,6 @@ class Report:
             lines.append(f"not verified: {self.not_verified_reason}")
         lines.extend(self._target_lines())
         lines.extend(f"warning: {warning}" for warning in self.warnings)
-        lines.append(f"time: {self.seconds:.1f} s")
+        stages = ", ".join(f"{stage} {seconds:.1f}" for stage, seconds in self.stage_seconds.items())
+        lines.append(f"time: {self.seconds:.1f} s" + (f" ({stages})" if verbose and stages else ""))
         return "\n".join(lines)

@@ -256,6 +256,9 @@ def _dtype_of(name, nodes):
 def rewrite(graph_def, keep_tensors, mode, exact_as, int8=False, marker=None):
     """Rewrite every GELU and bare erf as `mode` (a vocabulary.Mode) wants; returns a RewriteResult.
 
+    The main graph is rewritten in place (its RewriteResult.graph_def is `graph_def` itself, unless
+    control flow made a new one): pass a copy to keep the original.
+
     `keep_tensors` are the graph's inputs and outputs: everything else that no
     longer feeds them is pruned. `int8` picks the table's int8 replacements.
     `marker(build, alpha, x, nodes)`, where given, gives each replacement its
@@ -292,8 +295,7 @@ def _splice_replacement(graph_def, finding, replacement, nodes, marker):
 
 def _rewrite_graph(graph_def, keep_tensors, mode, exact_as, int8, marker):
     """rewrite() for one graph (the main graph or a function body): (graph_def, findings, leftover erf)."""
-    rewritten = tf.compat.v1.GraphDef()
-    rewritten.CopyFrom(graph_def)
+    rewritten = graph_def  # in place: a copy would hold every weight twice
     findings = []
     nodes = graph.nodes_by_name(rewritten)  # splice keeps it up to date
     for finding, pattern in find_gelus(rewritten):

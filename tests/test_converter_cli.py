@@ -3,6 +3,7 @@
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -62,11 +63,18 @@ def test_report_json_and_quiet(model_dir, capsys, tmp_path):
     assert report["gelus"][0]["became"] == "GELU op"
     assert report["size_bytes"] == output.stat().st_size
     assert report["verified"] and report["fidelity"][0]["passed"]
+    # Where the time went: the four stages, in order, each timed once, within the total.
+    stages = report["stage_seconds"]
+    assert list(stages) == ["load", "rewrite", "convert", "verify"]
+    assert all(seconds > 0.0 for seconds in stages.values())
+    assert sum(stages.values()) <= report["seconds"]
 
 
-def test_verbose_shows_tolerances(model_dir, capsys, tmp_path):
+def test_verbose_shows_tolerances_and_stage_times(model_dir, capsys, tmp_path):
     code, stderr = _run([model_dir, "-o", str(tmp_path / "m.tflite"), "-v"], capsys)
     assert code == 0 and "tolerance: {'atol': 0.0001" in stderr
+    assert re.search(r"^time: [\d.]+ s \(load [\d.]+, rewrite [\d.]+, convert [\d.]+, verify [\d.]+\)$", stderr,
+                     re.MULTILINE), stderr
 
 
 def test_inputs_file_is_used(model_dir, capsys, tmp_path):
@@ -84,8 +92,7 @@ def _converter_with_weights_off_by_one_percent(to_tflite):
     """
 
     def faulty(graph_def, *args, **kwargs):
-        scaled = tf.compat.v1.GraphDef()
-        scaled.CopyFrom(graph_def)
+        scaled = tf.compat.v1.GraphDef.FromString(graph_def.SerializeToString())
         for node in scaled.node:
             value = node.attr["value"].tensor if node.op == "Const" else None
             if value is not None and value.dtype == tf.float32.as_datatype_enum and len(value.tensor_shape.dim) == 2:
