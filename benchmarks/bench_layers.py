@@ -107,6 +107,48 @@ def main():
                 f"| {timings[(mode, 'tf.nn.gelu exact', 'fwd+bwd')] / both:.2f}x "
                 f"| {both / timings[(mode, 'relu', 'fwd+bwd')]:.2f}x |"
             )
+    bound_table(x, upstream, args.rounds)
+
+
+def bound_table(x, upstream, rounds):
+    """What bounds the kernels: single XLA passes against a copy (memory-bound by definition).
+
+    Bytes per element, forward + backward: ReLU reads x and writes y, then
+    reads the upstream gradient and x and writes dx (20 bytes); keras_gelu's
+    backward also reads y (24 bytes, 1.2x), to recover the gate instead of
+    recomputing it. A pass that costs more than a copy of the same bytes is
+    bound by its arithmetic.
+    """
+    from keras_gelu import formulas
+
+    def xla(fn):
+        return tf.function(fn, jit_compile=True, autograph=False)
+
+    y = xla(formulas.exact_forward)(x)
+    passes = {
+        "copy (x * 2)": (xla(lambda x: x * 2.0), (x,)),
+        "erf": (xla(tf.math.erf), (x,)),
+        "erfc": (xla(tf.math.erfc), (x,)),
+        "exp": (xla(tf.exp), (x,)),
+        "sigmoid": (xla(tf.math.sigmoid), (x,)),
+        "keras_gelu exact forward": (xla(formulas.exact_forward), (x,)),
+        "keras_gelu tanh forward": (xla(formulas.tanh_forward), (x,)),
+        "3-input copy (u * x + y)": (xla(lambda u, x, y: u * x + y), (upstream, x, y)),
+        "keras_gelu exact backward": (xla(lambda u, x, y: u * formulas.exact_derivative(x, y)), (upstream, x, y)),
+    }
+    for function, arguments in passes.values():
+        _time_once(function, *arguments)
+    samples = {name: [] for name in passes}
+    for _ in range(rounds):
+        for name, (function, arguments) in passes.items():
+            samples[name].append(_time_once(function, *arguments))
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    print("\nWhat bounds it: one XLA pass each, against a copy of the same size\n")
+    print("| pass | ms | vs copy |")
+    print("|---|---:|---:|")
+    for name, median in medians.items():
+        copy = medians["3-input copy (u * x + y)" if "backward" in name or "3-input" in name else "copy (x * 2)"]
+        print(f"| {name} | {median * 1e3:.1f} | {median / copy:.2f}x |")
 
 
 if __name__ == "__main__":
