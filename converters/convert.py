@@ -28,6 +28,9 @@ from . import target_checks
 from . import targets
 from . import verify as parity
 
+# A full garbage collection takes about 0.2 s with TensorFlow loaded, as long as converting a small
+# model; it pays off only where the weights are large.
+_COLLECT_ABOVE_BYTES = 64 * 2**20
 # Constants larger than this are weights, never the shapes and axes that importing a graph infers from.
 _WEIGHT_BYTES = 1024
 
@@ -217,7 +220,8 @@ def _handed_to_converter(source, result, reference, keep_source):
     source.graph_def = result.graph_def = None
     if not keep_source:
         source.function = None
-    gc.collect()  # a loaded SavedModel's objects hold each other in cycles
+    if len(serialized.serialized) >= _COLLECT_ABOVE_BYTES:
+        gc.collect()  # a loaded SavedModel's objects hold each other in cycles
     return serialized, reference
 
 

@@ -60,6 +60,7 @@ EXACT_GATE_SQUARE_CLAMP = 30.0
 EXACT_GATE_POLYNOMIAL = (1.5957464616171189, 0.0727290507858573, -0.00011452878152178668,
                          -9.481426470736393e-05, 5.625665990560874e-06, -1.1416382503555812e-07)
 
+
 def on_logistic_int8_grid(gate):
     """A sigmoid's output rounded as TFLite's int8 LOGISTIC rounds it (straight-through gradient)."""
     return tf.quantization.fake_quant_with_min_max_args(gate, min=0.0, max=LOGISTIC_INT8_GRID_MAX, num_bits=8)
@@ -138,14 +139,19 @@ BARE_ERF_INT8 = {"Erf": erf_from_logistic, "Erfc": erfc_from_logistic}
 GATE_INPUT_BOUND = 64.0
 
 
-def gate_inputs(x, alpha, mark):
-    """(x for the product, u = alpha x for the gate, mark): bounded as above when float (mark None)."""
+def gate_inputs(x, alpha, mark, scaled=True):
+    """(x for the product, u = alpha x for the gate, mark): bounded as above when float (mark None).
+
+    Unless `scaled`, u is left in units of x (bounded at +-64/alpha all the
+    same), for a form that folds alpha into a constant of its own.
+    """
+    scale = alpha if scaled else 1.0
     if mark is not None:  # int8: finite tensors, each intermediate with its own range
-        return x, x if alpha == 1.0 else mark(x * constant_like(alpha, x)), mark
+        return x, x if scale == 1.0 else mark(x * constant_like(scale, x)), mark
     bound = GATE_INPUT_BOUND / alpha
     x = tf.maximum(x, constant_like(-bound, x))
     u = tf.minimum(x, constant_like(bound, x))
-    return x, u if alpha == 1.0 else u * constant_like(alpha, x), unmarked
+    return x, u if scale == 1.0 else u * constant_like(scale, x), unmarked
 
 
 def gate_polynomial_form(coefficients, square_clamp=None):
@@ -167,7 +173,7 @@ def gate_polynomial_form(coefficients, square_clamp=None):
 
 exact_from_builtins = gate_polynomial_form(EXACT_GATE_POLYNOMIAL, EXACT_GATE_SQUARE_CLAMP)
 """x Phi(alpha x) within 1e-6 of float64 GELU in float32, from LOGISTIC, MUL, ADD and MINIMUM: 15 ops,
-17 with the bounds (the A&S erfc took 22, with DIV and EXP); see EXACT_GATE_POLYNOMIAL for the fit."""
+17 with the bounds (the A&S erfc took 24, with DIV and EXP); see EXACT_GATE_POLYNOMIAL for the fit."""
 
 
 def tanh_from_builtins(x, alpha, mark=None):
@@ -184,7 +190,7 @@ def tanh_from_builtins(x, alpha, mark=None):
 
 def sigmoid_from_builtins(x, alpha, mark=None):
     """x sigmoid(1.702 alpha x): the sigmoid approximation of x Phi(alpha x); 3 ops, 5 with the bounds."""
-    x, u, mark = gate_inputs(x, 1.0, mark)
+    x, u, mark = gate_inputs(x, alpha, mark, scaled=False)
     return x * mark(tf.math.sigmoid(mark(constant_like(formulas.SIGMOID_SLOPE * alpha, x) * u)), logistic=True)
 
 
@@ -216,8 +222,8 @@ GELU_OP_APPROXIMATE = Replacement(_gelu_op(approximate=True), "GELU op (approxim
 
 ANY = "any"
 
-# (function, mode, exact_as, int8) -> Replacement, or None where the GELU is
-# left as it is. Exactly one row matches each combination of a rewriting mode.
+# (function, mode, exact_as, int8) -> Replacement. Exactly one row matches each
+# combination of a rewriting mode; every GELU is rewritten, if only for the bounds.
 RULES = (
     # function  mode       exact_as   int8   replacement
     ("sigmoid", ANY,       ANY,       ANY,   SIGMOID_FORM),  # LOGISTIC/MUL already, but bounded, and int8 ranged

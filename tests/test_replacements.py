@@ -97,14 +97,16 @@ def test_exact_form_with_a_scaled_input(alpha):
 LARGEST = float(np.finfo(np.float32).max)
 
 
+@pytest.mark.parametrize("alpha", [1.0, 0.5], ids=["alpha1", "alpha0.5"])
 @pytest.mark.parametrize("replacement", [replacements.ERF_FORM, replacements.TANH_FORM, replacements.SIGMOID_FORM],
                          ids=["erf", "tanh", "sigmoid"])
-def test_float_forms_at_the_edges_and_their_gate_input_is_bounded(replacement):
-    """-inf -> 0, +inf -> +inf, NaN -> NaN, the largest floats, subnormals and signed zeros; and every
-    LOGISTIC input stays within +-1e26, below where XNNPACK's LOGISTIC turns finite inputs into NaN."""
+def test_float_forms_at_the_edges_and_their_gate_input_is_bounded(replacement, alpha):
+    """-inf -> 0, +inf -> +inf, NaN -> NaN, the largest floats, subnormals and signed zeros, for x Phi(x)
+    and a scaled x Phi(x/2); and every LOGISTIC input stays within +-1e26, below where XNNPACK's LOGISTIC
+    turns finite inputs into NaN."""
     x = np.float32([-np.inf, np.inf, np.nan, LARGEST, -LARGEST, 1e30, -1e30, 1e-45, -1e-45, 1e-39, 0.0, -0.0])
     with tf.Graph().as_default() as graph:
-        y = replacement.build(tf.constant(x), 1.0)
+        y = replacement.build(tf.constant(x), alpha)
         sigmoid_inputs = [op.inputs[0] for op in graph.get_operations() if op.type == "Sigmoid"]
     with tf.compat.v1.Session(graph=graph) as session:
         y, gate_inputs = session.run([y, sigmoid_inputs])
