@@ -99,6 +99,17 @@ def test_every_layer_converts_for_every_target(every_gelu_model, name):
         assert section["runtime_check"] == "checked against the op table, not run"
 
 
+@pytest.mark.parametrize("name", [name for name, target in targets.TARGETS.items() if "erf" in target.exact_as])
+def test_exact_gelu_from_builtins_converts_for_every_target_that_takes_it(every_gelu_model, name):
+    """--form erf keeps exact GELU (drift within the exact form's 1e-6 and the matmuls' rounding) from ops
+    the target has: NNAPI among them, now that the form needs no DIV, EXP or SELECT_V2."""
+    tflite_model, report = converters.convert(every_gelu_model, target=name, mode="builtin", exact_as="erf")
+    target = targets.TARGETS[name]
+    assert "GELU" not in report.ops and report.ops.get("MINIMUM", 0) > 0 and report.verified
+    assert target.ops is None or set(report.ops) <= target.ops
+    assert max(c["max_abs"] for c in report.drift) <= 1e-4
+
+
 @needs_tflm
 def test_int8_every_layer_model_runs_in_tflite_micro(every_gelu_model):
     _, report = converters.convert(every_gelu_model, target="tflm", int8=True, calibration="random:32")
