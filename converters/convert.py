@@ -189,7 +189,8 @@ def convert(model, **options):
         tflite_model = _converted(serialized, source, requested, options, int8_setup, target, report)
     if options.verify:
         with _timed(stages, "verify"):
-            reference = reference or tf.compat.v1.GraphDef.FromString(serialized.serialized)
+            if reference is None:
+                reference = tf.compat.v1.GraphDef.FromString(serialized.serialized)
             del serialized
             _verify(tflite_model, source, reference, options, report, target, arrays, source_outputs, batch_fixed)
     else:

@@ -46,8 +46,7 @@ def _is_lowest_float(name, nodes):
 
 
 def _is_zero(name, nodes):
-    value = graph.constant_value(name, nodes)
-    return value is not None and value.size == 1 and float(value.reshape(())) == 0.0
+    return _scalar(name, nodes) == 0.0
 
 
 def _innermost_else(name, nodes):
@@ -83,8 +82,8 @@ def _guarded_value(node, nodes):
     if condition.op == "IsInf" and graph.resolve(condition.input[0], nodes) == otherwise:
         return operands[2]
     if condition.op in ("Greater", "Less"):
-        compared, bound = graph.data_inputs(condition)
-        value = _scalar(bound, nodes)
+        compared, bound_name = graph.data_inputs(condition)
+        value = _scalar(bound_name, nodes)
         bound = formulas.LEARNABLE_GATE_X_BOUND
         if (value is not None and abs(abs(value) - bound) <= 1e-6 * bound and _scalar(operands[1], nodes) == value
                 and graph.resolve(compared, nodes) == graph.resolve(_innermost_else(otherwise, nodes), nodes)):
