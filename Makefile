@@ -14,7 +14,7 @@ TF218_VENV ?= .venv-tf218
 TF218_PYTHON := $(TF218_VENV)/bin/python
 TF218_INSTALLED := $(TF218_VENV)/.installed
 
-.PHONY: demo test test-keras3 test-tf-keras test-tf218 install install-tf218 bench bench-int8 recipes plot clean
+.PHONY: demo test test-keras3 test-tf-keras test-tf218 install install-tf218 bench bench-int8 recipes study plot clean
 
 install: $(INSTALLED)
 
@@ -68,6 +68,10 @@ bench-int8: $(INSTALLED)
 recipes: $(INSTALLED)
 	$(VENV_PYTHON) examples/qat_digits.py --force
 	$(VENV_PYTHON) examples/qat_transformer.py --force
+
+# The ReLU -> GELU study (swap_activations on trained models, 5 seeds, two tasks; ~5 minutes).
+study: $(INSTALLED)
+	$(VENV_PYTHON) examples/relu_to_gelu.py --plots-dir docs --force
 
 plot: $(INSTALLED)
 	$(VENV_PYTHON) examples/plot_forms.py --output docs/gelu_forms.png

@@ -54,6 +54,12 @@ def check_output_path(output, force):
         raise errors.OutputNotWritable(f"{output}: cannot write in {directory} ({error.strerror})") from None
 
 
+def _current_umask():
+    umask = os.umask(0o022)  # reading the umask means setting it: set it straight back
+    os.umask(umask)
+    return umask
+
+
 def write_atomically(data, output, force):
     """Write via a temporary file and rename: readers never see half a file."""
     check_output_path(output, force)
@@ -65,6 +71,8 @@ def write_atomically(data, output, force):
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
+        # mkstemp makes the file private (0600); give it the mode any new file of the user's gets.
+        os.chmod(temporary, 0o666 & ~_current_umask())
         if force:
             os.replace(temporary, output)
         else:

@@ -24,6 +24,7 @@ from keras_gelu import vocabulary  # noqa: E402
 from keras_gelu.converters.paths import write_atomically  # noqa: E402
 from keras_gelu.converters import verify  # noqa: E402
 from keras_gelu.flavour import keras  # noqa: E402
+from tables import print_table  # noqa: E402
 
 FUNCTIONS = keras_gelu.GELU_LAYER_FUNCTIONS
 
@@ -95,15 +96,6 @@ def tflite_outputs(tflite_model, x):
 
 def save(tflite_model, path, force):
     write_atomically(tflite_model, path, force)
-
-
-def print_table(headers, rows):
-    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
-    line = "| " + " | ".join(str(h).ljust(w) for h, w in zip(headers, widths)) + " |"
-    print(line)
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in rows:
-        print("| " + " | ".join(str(c).rjust(w) for c, w in zip(row, widths)) + " |")
 
 
 def argument_parser(description, output_dir, epochs, qat_epochs, qat_learning_rate, width):

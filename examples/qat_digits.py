@@ -24,9 +24,7 @@ import int8_recipe
 from int8_recipe import keras
 
 import keras_gelu
-import numpy as np
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+from tasks import load_digits_split
 
 
 def build_model(function, width):
@@ -37,20 +35,11 @@ def build_model(function, width):
     return keras.Model(inputs, logits, name=f"digits_{function}")
 
 
-def load_split(seed):
-    """(x_train, y_train, x_test, y_test): 80/20, stratified, pixels scaled to [0, 1]."""
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    x_train, x_test, y_train, y_test = train_test_split(x, digits.target, test_size=0.2, random_state=seed,
-                                                        stratify=digits.target)
-    return x_train, y_train, x_test, y_test
-
-
 def main(argv=None):
     parser = int8_recipe.argument_parser(__doc__, "qat_digits_output", epochs=30, qat_epochs=5,
                                          qat_learning_rate=1e-4, width=64)
     args = int8_recipe.parse_arguments(parser, argv, "digits")
-    data = load_split(args.seed)
+    data = load_digits_split(args.seed)
     print(f"digits: {len(data[0])} train / {len(data[2])} test samples; {int8_recipe.describe(args)}")
     results = [int8_recipe.compare_float_ptq_qat(function, lambda f: build_model(f, args.width), data, args, "pixels",
                                                  learning_rate=1e-3) for function in args.functions]

@@ -1,6 +1,6 @@
 """A tiny Transformer encoder (attention + GELU feed-forward) to int8, for each GELU function.
 
-The task is generated here, from the seed: sequences of 24 tokens out of 12,
+The task is generated from the seed (examples/tasks.py): sequences of 24 tokens out of 12,
 and the class is which of the tokens 0-5 occurs most often (ties go to the
 smaller token). Counting across the sequence is what attention is for.
 
@@ -34,22 +34,10 @@ import numpy as np
 
 from keras_gelu import replacements
 from keras_gelu import quantization
-
-SEQUENCE_LENGTH = 24
-VOCABULARY = 12
-CLASSES = 6  # the tokens whose counts are compared
-
-
-def make_task(count, seed):
-    """(features, labels): one-hot tokens and one-hot positions; the most frequent of tokens 0 to CLASSES - 1."""
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, VOCABULARY, size=(count, SEQUENCE_LENGTH))
-    counts = np.stack([(tokens == token).sum(axis=1) for token in range(CLASSES)], axis=1)
-    labels = np.argmax(counts, axis=1)  # argmax takes the first maximum: ties go to the smaller token
-    features = np.concatenate([np.eye(VOCABULARY, dtype=np.float32)[tokens],
-                               np.broadcast_to(np.eye(SEQUENCE_LENGTH, dtype=np.float32),
-                                               (count, SEQUENCE_LENGTH, SEQUENCE_LENGTH))], axis=-1)
-    return features.astype(np.float32), labels
+from tasks import CLASSES
+from tasks import SEQUENCE_LENGTH
+from tasks import VOCABULARY
+from tasks import make_sequence_task
 
 
 class DotProductAttention(keras.layers.Layer):
@@ -148,8 +136,8 @@ def main(argv=None):
     parser.add_argument("--train-size", type=int, default=4000, help="training sequences (default 4000)")
     parser.add_argument("--test-size", type=int, default=1000, help="test sequences (default 1000)")
     args = int8_recipe.parse_arguments(parser, argv, "encoder", positive=("train_size", "test_size"))
-    x_train, y_train = make_task(args.train_size, args.seed)
-    x_test, y_test = make_task(args.test_size, args.seed + 1)
+    x_train, y_train = make_sequence_task(args.train_size, args.seed)
+    x_test, y_test = make_sequence_task(args.test_size, args.seed + 1)
     print(f"task: most frequent of tokens 0-{CLASSES - 1} in {SEQUENCE_LENGTH} tokens out of {VOCABULARY}; "
           f"{args.train_size} train / {args.test_size} test sequences; majority class "
           f"{np.bincount(y_test).max() / len(y_test):.3f}; {int8_recipe.describe(args)}")

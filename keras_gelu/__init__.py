@@ -9,11 +9,15 @@ from keras_gelu.activations import gelu
 from keras_gelu.activations import gelu_exact
 from keras_gelu.activations import gelu_sigmoid
 from keras_gelu.activations import gelu_tanh
+from keras_gelu.fine_tuning import fine_tune_swapped
 from keras_gelu.flavour import KERAS_FLAVOUR
 from keras_gelu.layers import GELU
 from keras_gelu.layers import GELU_LAYER_FUNCTIONS
 from keras_gelu.layers import LearnableGELU
 from keras_gelu.layers import gelu_layer
+from keras_gelu.swapping import Swap
+from keras_gelu.swapping import swap_activations
+from keras_gelu.swapping import when
 
 __version__ = "0.1.0"
 
@@ -23,9 +27,13 @@ __all__ = [
     "GELU_LAYER_FUNCTIONS",
     "KERAS_FLAVOUR",
     "LearnableGELU",
+    "Swap",
+    "fine_tune_swapped",
     "gelu",
     "gelu_exact",
     "gelu_layer",
     "gelu_sigmoid",
     "gelu_tanh",
+    "swap_activations",
+    "when",
 ]

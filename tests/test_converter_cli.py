@@ -182,6 +182,21 @@ def test_force_overwrites(model_dir, capsys, tmp_path):
     assert code == 0 and output.read_bytes()[4:8] == b"TFL3"
 
 
+def test_the_output_gets_the_mode_of_any_new_file(model_dir, capsys, tmp_path):
+    import os
+    import stat
+
+    umask = os.umask(0o027)
+    try:
+        code, _ = _run([model_dir, "-o", str(tmp_path / "m.tflite"), "-q"], capsys)
+        untouched = tmp_path / "plain"
+        untouched.write_bytes(b"")  # how the user's own new files come out under this umask
+    finally:
+        os.umask(umask)
+    assert code == 0
+    assert stat.S_IMODE((tmp_path / "m.tflite").stat().st_mode) == stat.S_IMODE(untouched.stat().st_mode) == 0o640
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--mode", "native", "--form", "erf"], "--form applies to --mode builtin only"),
     (["--no-verify", "--max-drift", "0.1"], "need verification"),

@@ -1,0 +1,498 @@
+"""Swap the activations of a trained Sequential or functional model, keeping its weights.
+
+    relu_free = keras_gelu.swap_activations(model, {"relu": keras_gelu.gelu_exact})
+    deployable, swaps = keras_gelu.swap_activations(model, {"gelu": keras_gelu.GELU("sigmoid")},
+                                                    return_swaps=True)
+
+Every layer is rebuilt from its config, as `keras.models.clone_model` does,
+with the matched activations replaced, and its weights are copied over, so
+the new model is independent of the old one and saves and loads like any
+model built with the new activation from the start. The old model is not
+modified, even when the swap fails.
+
+An activation is found where Keras keeps one:
+
+* fused into a layer: the `activation` (and `recurrent_activation`) argument
+  of `Dense`, `Conv*`, `EinsumDense`, the recurrent layers, and any layer
+  that follows Keras's convention of taking it as a constructor argument
+  (keras-hub's `TransformerEncoder`, for instance). Keras's own
+  `MultiHeadAttention` has no activation to swap: its projections are linear;
+* a stand-alone activation layer: `Activation`, `ReLU`, `LeakyReLU`, `PReLU`,
+  `ELU`, `Softmax`, our `GELU` and `LearnableGELU`, and instances of any
+  layer class used as a mapping key;
+* inside nested Sequential and functional models, at any depth.
+
+An activation built inside another layer's own code (a custom layer that
+creates `Dense(64, activation="relu")` in `build`) has no argument to change;
+such leftovers are named in a warning.
+"""
+
+import json
+import logging
+import typing
+import warnings
+
+import tensorflow as tf
+
+from keras_gelu import activations
+from keras_gelu.flavour import KERAS_FLAVOUR
+from keras_gelu.flavour import keras
+from keras_gelu.layers import GELU
+from keras_gelu.layers import LearnableGELU
+
+logger = logging.getLogger(__name__)
+
+
+class SwapError(ValueError):
+    """A swap refused for a reason found here, with a message that says why (not Keras's own errors)."""
+
+# The constructor arguments that hold a fused activation, by Keras's convention.
+ACTIVATION_CONFIG_KEYS = ("activation", "recurrent_activation")
+
+# Our one-argument activations, by the names `swap_activations` accepts for them.
+NAMED_ACTIVATIONS = {
+    "gelu_exact": activations.gelu_exact,
+    "gelu_tanh": activations.gelu_tanh,
+    "gelu_sigmoid": activations.gelu_sigmoid,
+}
+
+
+class Swap(typing.NamedTuple):
+    """One activation replaced: in `layer` (a path, "outer/inner/dense"), at `attribute`.
+
+    `attribute` is the constructor argument ("activation",
+    "recurrent_activation") of a fused activation, or None for a stand-alone
+    activation layer, which the new model has in its place, under the same name.
+    `old` and `new` describe the activations ("relu", "gelu_tanh", "LearnableGELU").
+    """
+
+    layer: str
+    attribute: typing.Optional[str]
+    old: str
+    new: str
+
+    def __str__(self):
+        where = self.layer if self.attribute is None else f"{self.layer}.{self.attribute}"
+        return f"{where}: {self.old} -> {self.new}"
+
+
+class when:  # noqa: N801 - reads as a keyword in a mapping: {when(is_encoder_relu): "gelu"}
+    """A mapping key that matches where `predicate(layer, activation)` is true.
+
+    `layer` is the layer holding the activation (the `Dense` of a fused one,
+    the activation layer itself otherwise); `activation` is the function or
+    layer that computes it (`layer.activation` for an `Activation` layer).
+    The predicate is asked about every activation in the model, fused or
+    stand-alone, and about nothing else.
+
+    >>> import keras_gelu
+    >>> in_encoder = keras_gelu.when(lambda layer, activation: layer.name.startswith("encoder"))
+    """
+
+    def __init__(self, predicate, description=None):
+        if not callable(predicate):
+            raise ValueError(f"Argument `predicate` must be callable. Received: predicate={predicate!r}")
+        self.predicate = predicate
+        self.description = description or getattr(predicate, "__name__", repr(predicate))
+
+    def __repr__(self):
+        return f"when({self.description})"
+
+
+def _stand_alone_activation_classes():
+    names = ("Activation", "ReLU", "LeakyReLU", "PReLU", "ELU", "Softmax", "ThresholdedReLU")
+    return tuple(getattr(keras.layers, name) for name in names if hasattr(keras.layers, name)) + (GELU, LearnableGELU)
+
+
+# Functions of other libraries, by (module, name), that are a GELU of ours: no import needed to know them.
+_LIBRARY_SPELLINGS = {
+    ("keras_hub.src.utils.keras_utils", "gelu_approximate"): "gelu_tanh",  # keras-hub's BERT and friends
+}
+
+
+def _same_function_names():
+    """{id(function): name} for the functions Keras and TensorFlow spell several ways."""
+    spellings = [
+        (keras.activations.relu, "relu"),
+        (tf.nn.relu, "relu"),
+        (tf.nn.relu6, "relu6"),
+        # Keras's `gelu` activation and tf.nn.gelu default to exact GELU...
+        (keras.activations.gelu, "gelu_exact"),
+        (tf.nn.gelu, "gelu_exact"),
+    ]
+    if hasattr(keras.activations, "relu6"):
+        spellings.append((keras.activations.relu6, "relu6"))
+    if hasattr(keras, "ops"):  # Keras 3: ...while keras.ops.gelu defaults to the tanh form
+        spellings += [(keras.ops.relu, "relu"), (keras.ops.relu6, "relu6"), (keras.ops.gelu, "gelu_tanh")]
+    return {id(function): name for function, name in spellings}
+
+
+def _plain_config(layer):
+    """The layer's config without what does not change what it computes, as a hashable string."""
+    config = {key: value for key, value in layer.get_config().items() if key not in ("name", "trainable", "dtype")}
+    return json.dumps(config, sort_keys=True, default=lambda value: value.tolist() if hasattr(value, "tolist")
+                      else repr(value))
+
+
+def _relu_layer_function(layer):
+    config = layer.get_config()
+    if float(config["negative_slope"]) != 0 or float(config["threshold"]) != 0:
+        return None
+    return {None: "relu", 6.0: "relu6"}.get(None if config["max_value"] is None else float(config["max_value"]))
+
+
+def computed_function(activation):
+    """What an activation computes, equal for every spelling of one function.
+
+    "relu" for `keras.activations.relu`, `tf.nn.relu`, `keras.ops.relu`,
+    `Activation("relu")` and a default `ReLU()` layer; "gelu_exact" for
+    Keras's "gelu" (exact by default), `tf.nn.gelu`, our `gelu_exact` and
+    `GELU()`; "gelu_tanh" for `keras.ops.gelu` (tanh by default), keras-hub's
+    `gelu_approximate` and ours.
+    Other layers are told apart by class and config (not name or dtype),
+    other functions by identity.
+    """
+    if isinstance(activation, (activations.GELUActivation, GELU)):
+        return f"gelu_{activation.approximate}"
+    if isinstance(activation, keras.layers.Activation):
+        return computed_function(activation.activation)
+    if isinstance(activation, keras.layers.ReLU) and _relu_layer_function(activation):
+        return _relu_layer_function(activation)
+    if isinstance(activation, keras.layers.Layer):
+        return (type(activation), _plain_config(activation))
+    library_name = _LIBRARY_SPELLINGS.get((getattr(activation, "__module__", None),
+                                           getattr(activation, "__qualname__", None)))
+    return library_name or _same_function_names().get(id(activation), activation)
+
+
+def describe(activation):
+    """A short name for an activation, for reports: "relu", "gelu_tanh", "LearnableGELU"."""
+    function = computed_function(activation)
+    if isinstance(function, str):
+        return function
+    if isinstance(activation, keras.layers.Layer):
+        return type(activation).__name__
+    return getattr(activation, "__name__", repr(activation))
+
+
+def _activation_named(name, argument):
+    if name in NAMED_ACTIVATIONS:
+        return NAMED_ACTIVATIONS[name]
+    try:
+        return keras.activations.get(name)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"{argument} {name!r} names no activation Keras knows (nor {', '.join(NAMED_ACTIVATIONS)}). "
+            f"Received: {argument}={name!r}") from None
+
+
+class _Rule:
+    """One mapping entry: what it matches, and how to make its replacement for a site."""
+
+    def __init__(self, key, value):
+        self.key, self.value = key, value
+        self.matches = self._matcher(key)
+        self.make, self.new_function, self.new_description = self._maker(value)
+        self.matched = 0
+
+    @staticmethod
+    def _matcher(key):
+        if isinstance(key, when):
+            return lambda layer, activation, stand_alone: bool(key.predicate(layer, activation))
+        if isinstance(key, type):
+            if not issubclass(key, keras.layers.Layer):
+                raise ValueError("A mapping key that is a class must be a Keras layer class (an activation layer "
+                                 f"such as keras.layers.ReLU). Received: mapping key={key!r}")
+            return lambda layer, activation, stand_alone: isinstance(activation, key) or (
+                stand_alone and isinstance(layer, key))
+        if isinstance(key, str):
+            key = _activation_named(key, "mapping key")
+        if not callable(key):
+            raise ValueError("A mapping key must be an activation (a name, function or layer), an activation "
+                             f"layer class or keras_gelu.when(predicate). Received: mapping key={key!r}")
+        function = computed_function(key)
+        return lambda layer, activation, stand_alone: computed_function(activation) == function
+
+    @staticmethod
+    def _maker(value):
+        """(make(dtype, name) -> a new activation, what it computes, its description)."""
+        if isinstance(value, str):
+            value = _activation_named(value, "mapping value")
+        if isinstance(value, type) and issubclass(value, keras.layers.Layer):
+            layer_class, config = value, {}
+        elif isinstance(value, keras.layers.Layer):
+            layer_class, config = type(value), value.get_config()
+        elif callable(value) and not isinstance(value, type):
+            return (lambda dtype, name: value), computed_function(value), describe(value)
+        else:
+            raise ValueError("A mapping value must be an activation: a name, a function, a layer or a layer "
+                             f"class. Received: mapping value={value!r}")
+
+        def make(dtype, name):
+            # The host's dtype policy, so that a mixed-precision layer keeps computing in float16.
+            settings = {**config, "dtype": dtype, "name": name}
+            return layer_class.from_config({key: item for key, item in settings.items() if item is not None})
+
+        try:
+            example = make(None, None)
+        except Exception as error:
+            raise ValueError(f"The mapping value {value!r} cannot be built from its config ({error}). "
+                             f"Received: mapping value={value!r}") from None
+        return make, computed_function(example), describe(example)
+
+
+def _is_nestable_model(model):
+    """Whether clone_model can rebuild `model`: Sequential or functional, not subclassed."""
+    return isinstance(model, keras.Sequential) or any(cls.__name__ == "Functional" for cls in type(model).__mro__)
+
+
+def _check_model(model, path=""):
+    if not isinstance(model, keras.Model):
+        other = "tf_keras" if KERAS_FLAVOUR == "keras3" else "keras"
+        hint = ""
+        if type(model).__module__.split(".")[0] == other:
+            hint = (f" It is a model of the other Keras: keras_gelu uses {KERAS_FLAVOUR}, chosen by "
+                    "TF_USE_LEGACY_KERAS as tf.keras chooses; set it the same way for both.")
+        raise SwapError(f"swap_activations takes a Keras model.{hint} Received: model={type(model).__name__}")
+    if not _is_nestable_model(model):
+        raise SwapError(
+            f"swap_activations rebuilds Sequential and functional models; {path or 'the model'} is subclassed, "
+            "and its call() is Python code that cannot be rebuilt with other layers. Give its constructor "
+            "the new activation instead, build it and copy the weights with "
+            f"new_model.set_weights(model.get_weights()). Received: model={type(model).__name__} (subclassed)")
+    if not model.built:
+        raise SwapError("swap_activations copies weights, so the model must be built: call it on data or build "
+                        f"it first. Received: model={model.name} (not built)")
+
+
+def _activation_sites(layer, stand_alone_classes):
+    """(attribute, activation, stand_alone) for each activation the layer holds."""
+    if isinstance(layer, stand_alone_classes):
+        activation = layer.activation if isinstance(layer, keras.layers.Activation) else layer
+        return [(None, activation, True)]
+    config = layer.get_config()
+    return [(key, getattr(layer, key), False) for key in ACTIVATION_CONFIG_KEYS
+            if key in config and callable(getattr(layer, key, None))]
+
+
+def _activation_layers(layer):
+    """{attribute: layer} for the fused activations that are layers, and so may have weights."""
+    return {key: getattr(layer, key) for key in ACTIVATION_CONFIG_KEYS
+            if isinstance(getattr(layer, key, None), keras.layers.Layer) and getattr(layer, key) is not layer}
+
+
+def _build_activation_layers(layer):
+    """Keras 3 builds a Dense's activation layer only when the Dense first runs on data: run it once on zeros.
+
+    A layer that cannot run on zeros of its input shape (unknown sizes taken as 1) keeps them unbuilt, to be
+    built on its first call.
+    """
+    if all(activation.built for activation in _activation_layers(layer).values()) or not layer._inbound_nodes:
+        return
+    first_input = tf.nest.flatten(layer._inbound_nodes[0].input_tensors)[0]
+    zeros = tf.zeros([1 if size is None else size for size in first_input.shape], first_input.dtype)
+    try:
+        layer(zeros)
+    except Exception:  # noqa: BLE001 - e.g. a convolution bigger than the size-1 stand-ins
+        logger.debug("could not build the activation of %s on zeros", layer.name)
+
+
+class _Swapper:
+    def __init__(self, rules):
+        self.rules = rules
+        self.stand_alone_classes = _stand_alone_activation_classes() + tuple(
+            rule.key for rule in rules if isinstance(rule.key, type))
+        self.swaps = []
+        self.created = set()  # ids of the activations we made, which must not be mistaken for leftovers
+
+    def rule_for(self, layer, activation, stand_alone):
+        for rule in self.rules:
+            if rule.matches(layer, activation, stand_alone):
+                return rule
+        return None
+
+    def would_change(self, layer, activation, stand_alone):
+        rule = self.rule_for(layer, activation, stand_alone)
+        return rule is not None and rule.new_function != computed_function(activation)
+
+    def model(self, model, path=""):
+        _check_model(model, path)
+        rebuilt = []
+
+        def clone_function(layer):
+            if isinstance(layer, keras.Model):
+                return self.model(layer, f"{path}{layer.name}/")
+            if not isinstance(layer, keras.layers.Layer):  # a Keras 3 operation on tensors (x[:, 0]): no weights
+                return type(layer).from_config(layer.get_config())
+            new_layer, replaced = self.layer(layer, path)
+            rebuilt.append((layer, new_layer, replaced))
+            return new_layer
+
+        new_model = keras.models.clone_model(model, clone_function=clone_function)
+        for old_layer, new_layer, replaced in rebuilt:
+            _check_output_shapes(old_layer, new_layer, path)
+            if None not in replaced:  # a replaced stand-alone layer starts afresh
+                _copy_weights(old_layer, new_layer, replaced)
+        return new_model
+
+    def layer(self, layer, path):
+        """(the new layer, the attributes whose activations it replaced: None for the whole layer)."""
+        config = layer.get_config()
+        replaced = []
+        stand_alone_replacement = None
+        for attribute, activation, stand_alone in _activation_sites(layer, self.stand_alone_classes):
+            rule = self.rule_for(layer, activation, stand_alone)
+            if rule is None:
+                continue
+            if stand_alone:
+                new = rule.make(config.get("dtype"), layer.name)
+                stand_alone_replacement = new if isinstance(new, keras.layers.Layer) else keras.layers.Activation(
+                    new, name=layer.name, dtype=config.get("dtype"))
+                new_activation = stand_alone_replacement
+            else:
+                new_activation = rule.make(config.get("dtype"), None)
+                config[attribute] = new_activation
+            if rule.new_function == computed_function(activation):
+                continue  # already what was asked for
+            rule.matched += 1
+            replaced.append(attribute)
+            self.created.add(id(new_activation))
+            swap = Swap(f"{path}{layer.name}", attribute, describe(activation), rule.new_description)
+            self.swaps.append(swap)
+            logger.info("swapped %s", swap)
+        if stand_alone_replacement is not None and replaced:
+            return stand_alone_replacement, replaced
+        return type(layer).from_config(config), replaced
+
+    def leftovers(self, model, path=""):
+        """Paths of activations in `model` that match a rule but were out of reach."""
+        found = []
+        for layer in model.layers:
+            if isinstance(layer, keras.Model):
+                found += self.leftovers(layer, f"{path}{layer.name}/")
+                continue
+            for sublayer in layer._flatten_layers(include_self=True, recursive=True):
+                if id(sublayer) in self.created:
+                    continue
+                for attribute, activation, stand_alone in _activation_sites(sublayer, self.stand_alone_classes):
+                    if id(activation) not in self.created and self.would_change(sublayer, activation, stand_alone):
+                        inner = "" if sublayer is layer else f" (inside {layer.name})"
+                        found.append(f"{path}{sublayer.name}{'' if attribute is None else '.' + attribute}{inner}")
+        return found
+
+
+def _output_shapes(layer):
+    return sorted({tuple(tensor.shape) for node in layer._inbound_nodes
+                   for tensor in tf.nest.flatten(node.output_tensors) if hasattr(tensor, "shape")}, key=repr)
+
+
+def _check_output_shapes(old_layer, new_layer, path):
+    old, new = _output_shapes(old_layer), _output_shapes(new_layer)
+    if not set(new) <= set(old):
+        raise SwapError(f"The replacement changes the output shape of layer {path}{old_layer.name} from "
+                         f"{old} to {new}; an activation must keep its input's shape. "
+                         f"Received: layer={path}{old_layer.name}")
+
+
+def _copy_weights(old_layer, new_layer, replaced):
+    """Copy the layer's own weights in order, then those of the activation layers it kept."""
+    old_activations, new_activations = _activation_layers(old_layer), _activation_layers(new_layer)
+    _build_activation_layers(new_layer)
+    pairs = [(_own_weights(old_layer, old_activations), _own_weights(new_layer, new_activations))]
+    pairs += [(activation.weights, new_activations[attribute].weights)
+              for attribute, activation in old_activations.items() if attribute not in replaced]
+    for old_weights, new_weights in pairs:
+        old_shapes = [tuple(weight.shape) for weight in old_weights]
+        new_shapes = [tuple(weight.shape) for weight in new_weights]
+        if old_shapes != new_shapes:
+            raise SwapError(f"The rebuilt layer {new_layer.name} has weights of shapes {new_shapes}, not the "
+                            f"{old_shapes} of the original, so they cannot be copied. Received: layer={old_layer.name}")
+        for old_weight, new_weight in zip(old_weights, new_weights):
+            new_weight.assign(old_weight.numpy())
+
+
+def _own_weights(layer, activation_layers):
+    theirs = {id(weight) for activation in activation_layers.values() for weight in activation.weights}
+    return [weight for weight in layer.weights if id(weight) not in theirs]
+
+
+def _rules(mapping):
+    items = mapping.items() if hasattr(mapping, "items") else mapping
+    try:
+        items = list(items)
+    except TypeError:
+        raise ValueError("Argument `mapping` must map what to replace to its replacement (a dict). "
+                         f"Received: mapping={mapping!r}") from None
+    if not items or not all(isinstance(item, tuple) and len(item) == 2 for item in items):
+        raise ValueError("Argument `mapping` must map what to replace to its replacement, with at least one "
+                         f"entry. Received: mapping={mapping!r}")
+    return [_Rule(key, value) for key, value in items]
+
+
+def swap_activations(model, mapping, *, return_swaps=False):
+    """A copy of `model` with some activations replaced, and the same weights.
+
+    Args:
+        model: A built Sequential or functional Keras model (of the Keras
+            keras_gelu uses). Nested Sequential and functional models are
+            reached too. Subclassed models are refused: their `call` is
+            code, which cannot be rebuilt.
+        mapping: What to replace, and by what, tried in order, the first
+            match winning. Keys: an activation by name ("relu", "gelu",
+            "gelu_tanh"), function (`keras.activations.relu`) or layer
+            (`keras.layers.ReLU()`, `keras_gelu.GELU("tanh")`), which match
+            every spelling of the same function (see `computed_function`:
+            "gelu" matches Keras's exact "gelu", `tf.nn.gelu` and
+            `keras_gelu.GELU()`); an activation layer class (`keras.layers.ReLU`,
+            `keras_gelu.LearnableGELU`); or `keras_gelu.when(predicate)`.
+            Values: an activation by name, a function
+            (`keras_gelu.gelu_sigmoid`), a layer (used as a template: each
+            site gets a fresh copy, with the dtype policy of the layer it
+            replaces or sits in) or a layer class (built with its defaults).
+        return_swaps: Also return the list of `Swap`s made.
+
+    Returns:
+        The new model, or `(model, swaps)` with `return_swaps=True`. Each
+        swap is also logged (logger "keras_gelu.swapping", level INFO). When
+        a key matched nothing, or an activation matching a key was out of
+        reach (built in a layer's own code), a `UserWarning` says so.
+
+    Raises:
+        ValueError: for a model that is not a built Sequential or functional
+            Keras model, a key or value that is not an activation, or a
+            replacement that changes a layer's output shape. `model` is left
+            as it was.
+
+    >>> import keras_gelu
+    >>> from keras_gelu.flavour import keras
+    >>> relu_model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu", name="hidden")])
+    >>> gelu_model, swaps = keras_gelu.swap_activations(relu_model, {"relu": "gelu_tanh"}, return_swaps=True)
+    >>> [str(swap) for swap in swaps]
+    ['hidden.activation: relu -> gelu_tanh']
+    """
+    _check_model(model)
+    swapper = _Swapper(_rules(mapping))
+    try:
+        new_model = swapper.model(model)
+    except SwapError:
+        raise
+    except Exception as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ValueError(f"The model could not be rebuilt with these replacements: {type(error).__name__}: "
+                         f"{first_line}. Received: mapping={mapping!r}") from error
+    unmatched = [rule.key for rule in swapper.rules if not rule.matched]
+    if not swapper.swaps:
+        warnings.warn(f"swap_activations: no activation in model {model.name!r} matched {list(mapping)!r} (or each "
+                      "already was its replacement); the copy computes what the model does.", stacklevel=2)
+    elif unmatched:
+        warnings.warn(f"swap_activations: these keys swapped nothing in model {model.name!r}: {unmatched!r}",
+                      stacklevel=2)
+    leftovers = swapper.leftovers(new_model)
+    if leftovers:
+        warnings.warn("swap_activations: these activations match the mapping but are built by their layer's own "
+                      f"code, which has no argument for them, and were left as they were: {leftovers}", stacklevel=2)
+    return (new_model, swapper.swaps) if return_swaps else new_model
+
+
+__all__ = ["ACTIVATION_CONFIG_KEYS", "NAMED_ACTIVATIONS", "Swap", "computed_function", "describe",
+           "swap_activations", "when"]
