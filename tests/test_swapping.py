@@ -120,6 +120,26 @@ def test_stand_alone_activation_layers_become_the_replacement_under_their_names(
     np.testing.assert_allclose(_outputs(swapped, x), _outputs(hand_built, x), atol=SAME_FUNCTION_ATOL)
 
 
+@pytest.mark.parametrize("layer_class", ["LeakyReLU", "PReLU", "ELU", "ReLU", "Activation", "LearnableGELU"])
+def test_every_stand_alone_activation_layer_class_is_reached(layer_class, rng):
+    make = {"Activation": lambda: keras.layers.Activation("swish", name="act"),
+            "LearnableGELU": lambda: keras_gelu.LearnableGELU(name="act")}.get(
+        layer_class, lambda: getattr(keras.layers, layer_class)(name="act"))
+    key = keras_gelu.LearnableGELU if layer_class == "LearnableGELU" else getattr(keras.layers, layer_class)
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(make()(keras.layers.Dense(5, name="a")(inputs))))
+    inputs = keras.Input((6,))
+    hand_built = keras.Model(inputs, keras.layers.Dense(3, name="head")(
+        keras_gelu.GELU("tanh")(keras.layers.Dense(5, name="a")(inputs))))
+    x = rng.normal(size=(4, 6)).astype(np.float32)
+    model(x)
+    hand_built.set_weights([model.get_layer("a").kernel.numpy(), model.get_layer("a").bias.numpy(),
+                            model.get_layer("head").kernel.numpy(), model.get_layer("head").bias.numpy()])
+    swapped, swaps = keras_gelu.swap_activations(model, {key: keras_gelu.GELU("tanh")}, return_swaps=True)
+    assert [swap.layer for swap in swaps] == ["act"]
+    np.testing.assert_allclose(_outputs(swapped, x), _outputs(hand_built, x), atol=SAME_FUNCTION_ATOL)
+
+
 def test_a_function_replacing_an_activation_layer_becomes_an_activation_layer(rng):
     relu_model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5), keras.layers.ReLU(name="act")])
     swapped = keras_gelu.swap_activations(relu_model, {keras.layers.ReLU: keras.activations.sigmoid})
