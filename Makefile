@@ -64,10 +64,13 @@ bench: $(INSTALLED)
 bench-int8: $(INSTALLED)
 	$(VENV_PYTHON) benchmarks/bench_int8.py
 
-# The int8 recipes (quantization-aware training with tfmot, which sets tf-keras itself).
+# The int8 recipes, each with QAT on both engines: tfmot (tf-keras) and keras_gelu.qat (Keras 3).
+RECIPES := qat_digits qat_cnn_digits qat_transformer
 recipes: $(INSTALLED)
-	$(VENV_PYTHON) examples/qat_digits.py --force
-	$(VENV_PYTHON) examples/qat_transformer.py --force
+	for recipe in $(RECIPES); do \
+	  TF_USE_LEGACY_KERAS=1 $(VENV_PYTHON) examples/$$recipe.py --force --output-dir $${recipe}_output/tf_keras && \
+	  TF_USE_LEGACY_KERAS=0 $(VENV_PYTHON) examples/$$recipe.py --force --output-dir $${recipe}_output/keras3 || exit 1; \
+	done
 
 # The ReLU -> GELU study (swap_activations on trained models, 5 seeds, two tasks; ~5 minutes).
 study: $(INSTALLED)
@@ -77,4 +80,4 @@ plot: $(INSTALLED)
 	$(VENV_PYTHON) examples/plot_forms.py --output docs/gelu_forms.png
 
 clean:
-	rm -rf $(VENV) $(TF218_VENV) demo_output qat_digits_output qat_transformer_output build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(TF218_VENV) demo_output qat_digits_output qat_cnn_digits_output qat_transformer_output build *.egg-info .pytest_cache .hypothesis

@@ -18,17 +18,14 @@ machine; not a test.
     python benchmarks/bench_training.py [--rounds 7] [--steps 8] [--flavours keras3 tf-keras]
 """
 
-import argparse
 import os
 import statistics
-import subprocess
-import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import flavours  # noqa: E402
+
 SEQUENCE, WIDTH, HIDDEN, BATCH, BLOCKS, HEADS = 128, 256, 1024, 32, 2, 4
-FLAVOUR_SETTING = {"keras3": "0", "tf-keras": "1"}
 
 
 def variants():
@@ -63,6 +60,7 @@ def table(rounds, steps):
 
     import keras_gelu
     import machine
+    import timing
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(BATCH * steps, SEQUENCE, WIDTH)).astype(np.float32)
@@ -75,16 +73,8 @@ def table(rounds, steps):
           "| vs relu (time) |")
     print("|---|---|---:|---:|---:|---:|")
     for kind in ("FFN stack", "Transformer encoder"):
-        models = {}
-        for name, activation in variants().items():
-            models[name] = build(kind, activation)
-            models[name].fit(x, y, batch_size=BATCH, epochs=1, verbose=0)  # trace and warm up
-        samples = {name: [] for name in models}
-        for _ in range(rounds):
-            for name, model in models.items():
-                started = time.perf_counter()
-                model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
-                samples[name].append(time.perf_counter() - started)
+        models = {name: build(kind, activation) for name, activation in variants().items()}
+        samples = timing.fit_epoch_seconds(models, x, y, BATCH, rounds)
         # The fastest epoch is the least disturbed: on this shared machine whole epochs run 2x slower at times.
         fastest = {name: min(values) for name, values in samples.items()}
         keras_gelu_time, relu_time = fastest['activation="gelu" (Keras, exact)'], fastest["relu"]
@@ -94,21 +84,8 @@ def table(rounds, steps):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved epochs per variant (default 7)")
-    parser.add_argument("--steps", type=int, default=8, help="steps per epoch (default 8)")
-    parser.add_argument("--flavours", nargs="+", choices=tuple(FLAVOUR_SETTING),
-                        help="run each Keras flavour in its own process (default: the current one)")
-    args = parser.parse_args()
-    if args.rounds < 1 or args.steps < 1:
-        parser.error("--rounds and --steps must be >= 1")
-    if not args.flavours:
-        table(args.rounds, args.steps)
-        return
-    for flavour in args.flavours:
-        environment = dict(os.environ, TF_USE_LEGACY_KERAS=FLAVOUR_SETTING[flavour])
-        subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds), "--steps", str(args.steps)],
-                       env=environment, check=True)
+    flavours.main(__doc__, table, rounds=7, steps=8,
+                  round_help="interleaved epochs per variant", steps_help="steps per epoch")
 
 
 if __name__ == "__main__":

@@ -33,3 +33,17 @@ def interleaved_medians(interpreters, rounds):
 
 def runtime_name():
     return verify.interpreter_class()[1]
+
+
+def fit_epoch_seconds(models, x, y, batch_size, rounds):
+    """{name: seconds of each timed epoch}: one warm-up epoch each (tracing), then `rounds` epochs each in turn,
+    so every model trains under the same load."""
+    for model in models.values():
+        model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0)
+    seconds = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            started = time.perf_counter()
+            model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0)
+            seconds[name].append(time.perf_counter() - started)
+    return seconds

@@ -241,11 +241,24 @@ def resolve(name, nodes):
 
 
 def constant_value(name, nodes):
-    """The numpy value of a Const tensor (through Identity-like nodes), or None."""
+    """The numpy value of a Const tensor (through Identity-like nodes, Reshape and Cast), or None.
+
+    Keras 3's fake_quant reshapes and casts its frozen range constants before the FakeQuant reads them.
+    """
     node = producer(name, nodes)
-    if node is None or node.op != "Const":
+    if node is None:
         return None
-    return tf.make_ndarray(node.attr["value"].tensor)
+    if node.op == "Const":
+        return tf.make_ndarray(node.attr["value"].tensor)
+    if node.op not in ("Reshape", "Cast"):
+        return None
+    value = constant_value(node.input[0], nodes)
+    if value is None:
+        return None
+    if node.op == "Cast":
+        return value.astype(tf.dtypes.as_dtype(node.attr["DstT"].type).as_numpy_dtype)
+    shape = constant_value(node.input[1], nodes)
+    return None if shape is None else value.reshape(shape)
 
 
 def _to_float32_saturating(values):

@@ -9,7 +9,9 @@ import sys
 import tempfile
 import time
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"  # tfmot (QAT) works only with tf-keras
+# QAT runs on tf-keras (tfmot) by default, as it always has here; TF_USE_LEGACY_KERAS=0 runs it on Keras 3
+# (keras_gelu's own engine). The choice must be made before TensorFlow is imported.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
@@ -83,10 +85,10 @@ def to_int8(model, mode, exact_as=None, calibration=None, check_inputs=None):
         options = {"mode": mode, "exact_as": exact_as, "int8": True}
         if calibration is not None:
             options["calibration"] = os.path.join(directory, "calibration.npz")
-            np.savez(options["calibration"], **calibration)
+            np.savez(options["calibration"], *calibration.values())  # in input order: Keras 3 names them "inputs"
         if check_inputs is not None:
             options["inputs"] = os.path.join(directory, "check_inputs.npz")
-            np.savez(options["inputs"], **check_inputs)
+            np.savez(options["inputs"], *check_inputs.values())
         return converters.convert(saved, **options)
 
 
@@ -193,5 +195,7 @@ def print_results(results, output_dir):
 
 def describe(args):
     exact_as = vocabulary.resolve_exact_as(args.mode, args.exact_as)
-    return f"mode {args.mode}" + (f", exact GELU as {exact_as}" if exact_as else "") + f", seed {args.seed}"
+    engine = "tfmot on tf-keras" if keras_gelu.KERAS_FLAVOUR == "tf_keras" else "keras_gelu.qat on Keras 3"
+    return (f"QAT: {engine}; mode {args.mode}" + (f", exact GELU as {exact_as}" if exact_as else "")
+            + f", seed {args.seed}")
 

@@ -15,7 +15,8 @@ per GELU function. Digits ships inside scikit-learn: nothing is downloaded.
 
     python examples/qat_digits.py [--functions exact,learnable] [--mode native] [--output-dir qat_digits_output]
 
-QAT needs tf-keras: the script sets TF_USE_LEGACY_KERAS=1 itself.
+QAT runs on tf-keras with tfmot unless TF_USE_LEGACY_KERAS=0 is set, which
+runs it on Keras 3 with keras_gelu's own engine (no tfmot).
 """
 
 import sys
@@ -35,16 +36,22 @@ def build_model(function, width):
     return keras.Model(inputs, logits, name=f"digits_{function}")
 
 
-def main(argv=None):
-    parser = int8_recipe.argument_parser(__doc__, "qat_digits_output", epochs=30, qat_epochs=5,
-                                         qat_learning_rate=1e-4, width=64)
-    args = int8_recipe.parse_arguments(parser, argv, "digits")
-    data = load_digits_split(args.seed)
-    print(f"digits: {len(data[0])} train / {len(data[2])} test samples; {int8_recipe.describe(args)}")
-    results = [int8_recipe.compare_float_ptq_qat(function, lambda f: build_model(f, args.width), data, args, "pixels",
-                                                 learning_rate=1e-3) for function in args.functions]
+def run(argv, description, output_dir, file_prefix, width, load, build, input_name, learning_rate, what):
+    """A digits recipe: flags, data, the float/PTQ/QAT/int8 comparison per GELU function, the table."""
+    parser = int8_recipe.argument_parser(description, output_dir, epochs=30, qat_epochs=5,
+                                         qat_learning_rate=1e-4, width=width)
+    args = int8_recipe.parse_arguments(parser, argv, file_prefix)
+    data = load(args.seed)
+    print(f"{what}: {len(data[0])} train / {len(data[2])} test samples; {int8_recipe.describe(args)}")
+    results = [int8_recipe.compare_float_ptq_qat(function, lambda f: build(f, args.width), data, args, input_name,
+                                                 learning_rate=learning_rate) for function in args.functions]
     int8_recipe.print_results(results, args.output_dir)
     return 0
+
+
+def main(argv=None):
+    return run(argv, __doc__, "qat_digits_output", "digits", width=64, load=load_digits_split, build=build_model,
+               input_name="pixels", learning_rate=1e-3, what="digits")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ residual-only, which a model this small trains well without.
 
     python examples/qat_transformer.py [--functions exact,learnable] [--epochs 12] [--output-dir qat_transformer_output]
 
-QAT needs tf-keras: the script sets TF_USE_LEGACY_KERAS=1 itself.
+QAT runs on tf-keras with tfmot unless TF_USE_LEGACY_KERAS=0 is set, which
+runs it on Keras 3 with keras_gelu's own engine (no tfmot); the attention
+layer then has a QuantizeRule instead of a QuantizeConfig.
 """
 
 import sys
@@ -101,6 +103,24 @@ def attention_quantize_config():
     return AttentionQuantizeConfig()
 
 
+def attention_rule():
+    """The same for Keras 3's QAT engine: a QuantizeRule (keras_gelu.quantization.register_rule)."""
+    from keras_gelu.qat import QuantizeRule
+
+    class AttentionRule(QuantizeRule):
+        def build(self, wrapper, layer):
+            wrapper.add_activation_range("scores")
+            wrapper.add_activation_range("output")
+
+        def call(self, wrapper, layer, inputs, training, **kwargs):
+            query, key, value = inputs
+            scores = wrapper.ranges["scores"](tf.matmul(query, key, transpose_b=True), training)
+            probabilities = replacements.on_logistic_int8_grid(tf.nn.softmax(scores))
+            return wrapper.ranges["output"](tf.matmul(probabilities, value), training)
+
+    return AttentionRule()
+
+
 def build_encoder(function, width):
     inputs = keras.Input((SEQUENCE_LENGTH, VOCABULARY + SEQUENCE_LENGTH), name="tokens")
     hidden = keras.layers.Dense(width, name="embed")(inputs)
@@ -115,7 +135,10 @@ def build_encoder(function, width):
 
 
 def quantize_encoder(model, mode, exact_as, calibration_data=None):
-    """quantize_model with the attention layer annotated by its own config."""
+    """quantize_model with the attention layer quantized by its own config (tfmot) or rule (Keras 3)."""
+    if keras_gelu.KERAS_FLAVOUR == "keras3":
+        quantization.register_rule(DotProductAttention, attention_rule())
+        return quantization.quantize_model(model, mode=mode, exact_as=exact_as, calibration_data=calibration_data)
     tfmot_keras = quantization.require_tfmot()
     config = attention_quantize_config()
 

@@ -1,4 +1,9 @@
-"""Quantization-aware training of keras_gelu models with tfmot (tf-keras only).
+"""Quantization-aware training of keras_gelu models: tfmot under tf-keras, our own engine under Keras 3.
+
+Under Keras 3 (TF_USE_LEGACY_KERAS unset) `quantize_model` and
+`initialize_ranges` are `keras_gelu.qat`'s, which builds on Keras 3's
+fake-quant ops and needs no tfmot; the int8 model they train for is the same.
+What follows describes the tf-keras engine.
 
     import keras_gelu.quantization as kq
     qat_model = kq.quantize_model(model, mode="builtin", calibration_data=x_train[:256])
@@ -33,7 +38,9 @@ before keras_gelu is imported, and tensorflow-model-optimization installed
 import contextlib
 
 from keras_gelu import activations
+from keras_gelu import swapping
 from keras_gelu import vocabulary
+from keras_gelu.flavour import USE_LEGACY_KERAS
 from keras_gelu.flavour import keras
 from keras_gelu.layers import GELU
 from keras_gelu.layers import LearnableGELU
@@ -50,11 +57,22 @@ def _configs():
     return quantize_configs
 
 
+def _keras3_engine():
+    from keras_gelu import qat
+
+    return qat
+
+
 def __getattr__(name):
     # The configs subclass tfmot's QuantizeConfig, so they are defined once tfmot
     # imports; `keras_gelu.quantization.GELUQuantizeConfig` imports it on first use.
     if name in ("GELUQuantizeConfig", "LearnableGELUQuantizeConfig"):
         return getattr(_configs(), name)
+    if name in ("QuantizeRule", "register_rule"):  # Keras 3's engine: its rules
+        if USE_LEGACY_KERAS:
+            raise AttributeError(f"{name} belongs to the Keras 3 QAT engine; under tf-keras give a layer of yours "
+                                 "a tfmot QuantizeConfig with tfmot.quantization.keras.quantize_annotate_layer")
+        return getattr(_keras3_engine(), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -175,12 +193,14 @@ def _copy_weights(source, target, activation_layers):
             target.get_layer(activation_layers[layer.name].name).set_weights([weight.numpy() for weight in moved])
 
 
-def _annotator(mode, exact_as):
+def _annotator(mode, exact_as, keep_float=()):
     from tensorflow_model_optimization.python.core.quantization.keras.quantize_annotate import QuantizeAnnotate
 
     def annotate(layer):
         if isinstance(layer, QuantizeAnnotate):
             return layer  # annotated by the user, with a config of their own
+        if layer.name in keep_float:
+            return layer  # tfmot leaves what is not annotated float
         config = quantize_config_for(layer, mode, exact_as)
         if config is not None:
             return require_tfmot().quantize_annotate_layer(layer, config)
@@ -212,6 +232,8 @@ def _moving_averages_without_memory():
 def initialize_ranges(qat_model, samples):
     """Set every moving-average int8 range of a QAT model to its range over `samples`.
 
+    Under Keras 3, `keras_gelu.qat.initialize_ranges` (the same meaning).
+
     tfmot starts each range at [-6, 6] and moves it with an exponential
     moving average of decay 0.999, so a few hundred training steps leave it
     mostly where it started, and QAT trains against needlessly coarse grids.
@@ -225,6 +247,8 @@ def initialize_ranges(qat_model, samples):
         qat_model: A model from `quantize_model`.
         samples: Representative inputs, as one batch.
     """
+    if not USE_LEGACY_KERAS:
+        return _keras3_engine().initialize_ranges(qat_model, samples)
     require_tfmot()
     snapshot = [(variable, variable.numpy()) for variable in qat_model.variables]
     with _moving_averages_without_memory():
@@ -236,8 +260,11 @@ def initialize_ranges(qat_model, samples):
             variable.assign(value)
 
 
-def quantize_model(model, mode="builtin", exact_as=None, calibration_data=None):
-    """A quantization-aware copy of a Sequential or functional tf-keras model.
+def quantize_model(model, mode="builtin", exact_as=None, calibration_data=None, keep_float=()):
+    """A quantization-aware copy of a Sequential or functional model.
+
+    Under Keras 3 this is `keras_gelu.qat.quantize_model`: the same arguments
+    and meaning, on Keras 3's own fake-quant ops, no tfmot. Under tf-keras:
 
     It splits `Dense/Conv(..., activation=<keras_gelu GELU or activation>)`
     into the layer plus a GELU layer (tfmot accepts only Keras's named
@@ -262,22 +289,32 @@ def quantize_model(model, mode="builtin", exact_as=None, calibration_data=None):
             given, every int8 range starts at its range over them (see
             `initialize_ranges`) instead of tfmot's [-6, 6], which short
             QAT runs barely move away from.
+        keep_float: Names of layers to leave in float (the int8 model then
+            has float ops there). A layer with no quantization rule is an
+            error, not silently float.
 
     Returns:
-        The QAT model (tfmot's `quantize_apply` output).
+        The QAT model (tfmot's `quantize_apply` output, or Keras 3's).
     """
-    tfmot = require_tfmot()
-    if not isinstance(model, keras.Model) or not (isinstance(model, keras.Sequential) or model._is_graph_network):
+    if not isinstance(model, keras.Model) or not swapping.is_rebuildable(model):
         raise ValueError(
-            "quantize_model takes a built Sequential or functional tf-keras model (tfmot cannot quantize "
-            f"subclassed models). Received: model={type(model).__name__}")
+            "quantize_model takes a built Sequential or functional model (a subclassed model's call is code it "
+            f"cannot rewrite). Received: model={type(model).__name__}")
     if not model.built:
         raise ValueError(f"quantize_model needs a built model; call it on data or build it first. "
                          f"Received: model={model.name} (not built)")
     vocabulary.check_mode(mode, vocabulary.INT8_MODE_NAMES)
     exact_as = vocabulary.resolve_exact_as(mode, exact_as)
+    keep_float = set(keep_float)
+    unknown = keep_float - {layer.name for layer in model.layers}
+    if unknown:
+        raise ValueError(f"Argument `keep_float` names layers the model does not have. Received: "
+                         f"keep_float={sorted(unknown)}")
+    if not USE_LEGACY_KERAS:
+        return _keras3_engine().quantize(model, mode, exact_as, calibration_data, keep_float)
+    tfmot = require_tfmot()
     split = split_activations(model)
-    annotated = keras.models.clone_model(split, clone_function=_annotator(mode, exact_as))
+    annotated = keras.models.clone_model(split, clone_function=_annotator(mode, exact_as, keep_float))
     with quantize_scope():
         qat_model = tfmot.quantize_apply(annotated)
     if calibration_data is not None:
@@ -288,11 +325,13 @@ def quantize_model(model, mode="builtin", exact_as=None, calibration_data=None):
 __all__ = [
     "GELUQuantizeConfig",
     "LearnableGELUQuantizeConfig",
+    "QuantizeRule",
     "custom_objects",
     "initialize_ranges",
     "quantize_config_for",
     "quantize_model",
     "quantize_scope",
+    "register_rule",
     "require_tfmot",
     "split_activations",
 ]

@@ -241,8 +241,9 @@ class _Rule:
         return make, computed_function(example), describe(example)
 
 
-def _is_nestable_model(model):
-    """Whether clone_model can rebuild `model`: Sequential or functional, not subclassed."""
+def is_rebuildable(model):
+    """Whether clone_model can rebuild `model` layer by layer: Sequential or functional (a functional subclass
+    too), not subclassed, in either flavour."""
     return isinstance(model, keras.Sequential) or any(cls.__name__ == "Functional" for cls in type(model).__mro__)
 
 
@@ -254,7 +255,7 @@ def _check_model(model, path=""):
             hint = (f" It is a model of the other Keras: keras_gelu uses {KERAS_FLAVOUR}, chosen by "
                     "TF_USE_LEGACY_KERAS as tf.keras chooses; set it the same way for both.")
         raise SwapError(f"swap_activations takes a Keras model.{hint} Received: model={type(model).__name__}")
-    if not _is_nestable_model(model):
+    if not is_rebuildable(model):
         raise SwapError(
             f"swap_activations rebuilds Sequential and functional models; {path or 'the model'} is subclassed, "
             "and its call() is Python code that cannot be rebuilt with other layers. Give its constructor "

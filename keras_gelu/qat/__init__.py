@@ -1,0 +1,153 @@
+"""Quantization-aware training on Keras 3, without tfmot: the engine of `keras_gelu.quantization.quantize_model`.
+
+A copy of the model where each layer is wrapped with the rule of its kind
+(`keras_gelu.qat.rules`), the inputs pass a `QuantizeInput`, and every value
+the int8 .tflite will hold as int8 is fake-quantized on the grid it will have
+there. Train it with `fit`, save it as .keras (no custom_objects), then
+`model.export(path)` and `keras-gelu-convert path --int8 --mode <mode>`.
+"""
+
+from keras_gelu import activations
+from keras_gelu.flavour import keras
+from keras_gelu.layers import GELU
+from keras_gelu.layers import LearnableGELU
+from keras_gelu.qat import ranges
+from keras_gelu.qat.rules import UNCHANGED_VALUES
+from keras_gelu.qat.rules import QuantizeRule
+from keras_gelu.qat.rules import register_rule
+from keras_gelu.qat.rules import rule_for
+from keras_gelu.qat.wrapper import QuantizeInput
+from keras_gelu.qat.wrapper import QuantizeWrapper
+
+
+def _split_activation(layer):
+    """The GELU fused into `layer` as a layer of its own (a fresh copy), or None: int8 TFLite never fuses one."""
+    activation = getattr(layer, "activation", None)
+    if isinstance(layer, (GELU, LearnableGELU, keras.layers.Activation)) or activation is None:
+        return None
+    if activation is keras.activations.gelu:  # Keras's "gelu" is exact
+        return GELU("exact", name=f"{layer.name}_gelu")
+    if isinstance(activation, activations.GELUActivation):
+        return GELU(activation.approximate, name=f"{layer.name}_gelu")
+    if isinstance(activation, (GELU, LearnableGELU)):
+        return type(activation).from_config({**activation.get_config(), "name": f"{layer.name}_gelu"})
+    return None
+
+
+def _check_rules(model, mode, exact_as, keep_float):
+    for layer in model.layers:
+        if isinstance(layer, UNCHANGED_VALUES) or layer.name in keep_float:
+            continue
+        if isinstance(layer, keras.Model):
+            raise ValueError(f"quantize_model quantizes the layers of one model; {layer.name} is a nested model. "
+                             f"Flatten it into the outer one. Received: layer={layer.name}")
+        if rule_for(layer, mode, exact_as) is None:
+            raise ValueError(
+                f"quantize_model has no rule for layer {layer.name} ({type(layer).__name__}): register one with "
+                f"keras_gelu.quantization.register_rule({type(layer).__name__}, rule), or keep it float with "
+                f"keep_float=[{layer.name!r}]. Received: layer={layer.name}")
+
+
+def quantize(model, mode, exact_as, calibration_data, keep_float):
+    """The Keras 3 engine of `keras_gelu.quantization.quantize_model`, which checks the arguments first."""
+    if keras.mixed_precision.global_policy().name != "float32" or any(
+            layer.dtype_policy.name != "float32" for layer in model.layers):
+        raise ValueError("quantize_model needs a float32 model: int8 ranges are float32, and a float16 "
+                         "layer's rounding is not what the int8 model computes. Rebuild it under the float32 "
+                         "policy and copy the weights. Received: a mixed-precision model")
+    if isinstance(model, keras.Sequential):  # clone_model inserts layers (the split GELUs) in functional models only
+        single = lambda tensors: tensors[0] if len(tensors) == 1 else tensors  # noqa: E731
+        model = keras.Model(single(model.inputs), single(model.outputs), name=model.name)
+    _check_rules(model, mode, exact_as, keep_float)
+    pairs = []  # (float layer, its QAT copy, the split-out activation's float and QAT copies or None)
+    split_out = {}  # id(QAT copy) -> the QAT activation layer to call after it
+
+    def quantized(layer):
+        if layer.name in keep_float:
+            return layer
+        return QuantizeWrapper(layer, rule_for(layer, mode, exact_as))
+
+    def clone_function(layer):
+        config = layer.get_config()
+        activation = _split_activation(layer)
+        if activation is not None:
+            config["activation"] = "linear"
+        copy = type(layer).from_config(config)
+        new = copy if isinstance(layer, UNCHANGED_VALUES) else quantized(copy)
+        new_activation = None if activation is None else quantized(activation)
+        if new_activation is not None:
+            split_out[id(new)] = new_activation
+        pairs.append((layer, new, getattr(layer, "activation", None), new_activation))
+        return new
+
+    quantized_inputs = {}  # id(model input) -> it after QuantizeInput, made where a layer first reads it
+
+    def quantized_input(tensor):
+        history = getattr(tensor, "_keras_history", None)
+        if history is None or not isinstance(history[0], keras.layers.InputLayer) or not _is_float(tensor):
+            return tensor
+        if id(tensor) not in quantized_inputs:
+            quantized_inputs[id(tensor)] = QuantizeInput(name=f"quantize_{history[0].name}")(tensor)
+        return quantized_inputs[id(tensor)]
+
+    def call_function(layer, *args, **kwargs):
+        args, kwargs = keras.tree.map_structure(quantized_input, (args, kwargs))
+        outputs = layer(*args, **kwargs)
+        return split_out[id(layer)](outputs) if id(layer) in split_out else outputs
+
+    qat_model = keras.models.clone_model(model, clone_function=clone_function, call_function=call_function)
+    for layer, new, activation, new_activation in pairs:
+        _copy_float_weights(layer, new, activation, new_activation)
+    if calibration_data is not None:
+        initialize_ranges(qat_model, calibration_data)
+    return qat_model
+
+
+def _is_float(tensor):
+    return "float" in str(tensor.dtype)
+
+
+def _inner(layer):
+    return layer.layer if isinstance(layer, QuantizeWrapper) else layer
+
+
+def _copy_float_weights(layer, new, activation, new_activation):
+    """The float layer's weights into its QAT copy (and a split-out LearnableGELU's); weight ranges follow."""
+    moved = list(activation.weights) if new_activation is not None and hasattr(activation, "weights") else []
+    moved_ids = {id(weight) for weight in moved}
+    _inner(new).set_weights([weight.numpy() for weight in layer.weights if id(weight) not in moved_ids])
+    if moved:
+        _inner(new_activation).set_weights([weight.numpy() for weight in moved])
+    for wrapper in (new, new_activation):
+        if isinstance(wrapper, QuantizeWrapper):
+            for name, quantizer in wrapper.ranges.items():
+                if hasattr(quantizer, "update"):
+                    quantizer.update(getattr(wrapper.layer, name))
+
+
+def _range_variables(qat_model):
+    found = []
+    for layer in qat_model.layers:
+        if isinstance(layer, QuantizeWrapper):
+            found += [variable for quantizer in layer.ranges.values() for variable in (quantizer.low, quantizer.high)]
+        elif isinstance(layer, QuantizeInput):
+            found += [layer.input_range.low, layer.input_range.high]
+    return found
+
+
+def initialize_ranges(qat_model, samples):
+    """Set every int8 range of a QAT model to its range over `samples` (one batch); nothing else changes.
+
+    One training-mode pass in which each activation range takes that batch's
+    range instead of moving 0.1 % towards it; every other variable (batch-norm
+    statistics, weights) is restored afterwards.
+    """
+    range_ids = {id(variable) for variable in _range_variables(qat_model)}
+    snapshot = [(variable, variable.numpy()) for variable in qat_model.variables if id(variable) not in range_ids]
+    with ranges.calibrating():
+        qat_model(samples, training=True)
+    for variable, value in snapshot:
+        variable.assign(value)
+
+
+__all__ = ["QuantizeInput", "QuantizeRule", "QuantizeWrapper", "initialize_ranges", "quantize", "register_rule"]

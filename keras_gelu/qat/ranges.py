@@ -1,0 +1,120 @@
+"""int8 ranges for quantization-aware training on Keras 3: where values are fake-quantized, and on which grid.
+
+They mirror tfmot's quantizers, which the TFLite converter reads the same
+way: both emit `tf.quantization.fake_quant_with_min_max_vars*` (through
+`keras.quantizers.fake_quant_with_min_max_vars` here).
+
+* `ActivationRange`: 8-bit asymmetric, one range per tensor, the range an
+  exponential moving average (decay 0.999) of the batches' ranges widened to
+  hold 0: TFLite's int8 activations.
+* `WeightRange`: 8-bit symmetric narrow range ([-127, 127]), per tensor or
+  per output channel, the range the weights' current one: TFLite's int8
+  weights.
+* `ConstantRange`: 8-bit asymmetric per tensor from the current value: how
+  TFLite quantizes a MUL/ADD constant (LearnableGELU's alpha and beta).
+
+Each creates its variables on the layer that owns it (`build(layer)`), named
+after it, so they save and load with the model.
+"""
+
+import contextlib
+
+from keras_gelu.flavour import keras
+
+EMA_DECAY = 0.999  # tfmot's, so that the two QATs train alike
+_INITIAL_RANGE = 6.0  # tfmot's [-6, 6]: a start that calibration_data replaces
+
+_calibrating = [False]
+
+
+@contextlib.contextmanager
+def calibrating():
+    """Within the block, a training-mode call sets each activation range to that batch's range (no average)."""
+    _calibrating[0] = True
+    try:
+        yield
+    finally:
+        _calibrating[0] = False
+
+
+def _range_variables(layer, name, shape, initial_magnitude=_INITIAL_RANGE):
+    """(low, high) variables on `layer`, also set as its attributes: tf.saved_model.save saves what is an attribute."""
+    variables = []
+    for end, sign in (("min", -1.0), ("max", 1.0)):
+        variable = layer.add_weight(name=f"{name}_{end}", shape=shape, trainable=False,
+                                    initializer=keras.initializers.Constant(sign * initial_magnitude))
+        setattr(layer, f"range_{name}_{end}", variable)
+        variables.append(variable)
+    return variables
+
+
+def _fake_quant(x, low, high, narrow_range=False, axis=None):
+    return keras.quantizers.fake_quant_with_min_max_vars(x, low, high, num_bits=8, narrow_range=narrow_range,
+                                                         axis=axis)
+
+
+class ActivationRange:
+    """A tensor's moving-average int8 range; `range(x, training)` fake-quantizes x on it."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def build(self, layer):
+        self.low, self.high = _range_variables(layer, self.name, ())
+
+    def __call__(self, x, training=False):
+        if training:
+            batch_low = keras.ops.minimum(keras.ops.min(keras.ops.cast(x, "float32")), 0.0)
+            batch_high = keras.ops.maximum(keras.ops.max(keras.ops.cast(x, "float32")), 0.0)
+            keep = 0.0 if _calibrating[0] else EMA_DECAY
+            self.low.assign(keep * self.low + (1.0 - keep) * batch_low)
+            self.high.assign(keep * self.high + (1.0 - keep) * batch_high)
+        return _fake_quant(x, self.low, self.high)
+
+
+class WeightRange:
+    """A weight's symmetric int8 range ([-127, 127] steps), per tensor or along `axis` (the output channels)."""
+
+    def __init__(self, name, axis=None):
+        self.name, self.axis = name, axis
+
+    def build(self, layer, weight):
+        shape = () if self.axis is None else (weight.shape[self.axis],)
+        self.low, self.high = _range_variables(layer, self.name, shape)
+        self.update(weight)
+
+    def _magnitude(self, weight):
+        if self.axis is None:
+            return keras.ops.max(keras.ops.abs(weight))
+        others = [axis for axis in range(len(weight.shape)) if axis != self.axis % len(weight.shape)]
+        return keras.ops.max(keras.ops.abs(weight), axis=others)
+
+    def update(self, weight):
+        magnitude = keras.ops.maximum(self._magnitude(weight), 1e-8)  # an all-zero weight still needs a scale
+        self.low.assign(-magnitude)
+        self.high.assign(magnitude)
+
+    def __call__(self, weight, training=False):
+        if training:
+            self.update(weight)
+        return _fake_quant(weight, self.low, self.high, narrow_range=True, axis=self.axis)
+
+
+class ConstantRange:
+    """A constant's asymmetric int8 range from its current value, widened to hold 0."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def build(self, layer, weight):
+        self.low, self.high = _range_variables(layer, self.name, ())
+        self.update(weight)
+
+    def update(self, weight):
+        self.low.assign(keras.ops.minimum(keras.ops.min(weight), 0.0))
+        self.high.assign(keras.ops.maximum(keras.ops.max(weight), 0.0))
+
+    def __call__(self, weight, training=False):
+        if training:
+            self.update(weight)
+        return _fake_quant(weight, self.low, self.high)

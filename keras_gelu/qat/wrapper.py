@@ -1,0 +1,78 @@
+"""The layers a Keras 3 QAT model is made of: a layer with its rule and ranges, and the input quantizer."""
+
+from keras_gelu.flavour import keras
+from keras_gelu.flavour import register_serializable
+from keras_gelu.qat import ranges as ranges_module
+
+
+def _all_none(value):
+    return all(item is None for item in keras.tree.flatten(value)) if value is not None else True
+
+
+@register_serializable
+class QuantizeWrapper(keras.layers.Wrapper):
+    """`layer` computed by `rule` (a QuantizeRule), with the rule's int8 ranges as this wrapper's variables."""
+
+    def __init__(self, layer, rule, **kwargs):
+        kwargs.setdefault("name", f"quant_{layer.name}")
+        super().__init__(layer, **kwargs)
+        self.rule = rule
+        self.ranges = {}
+
+    def build(self, input_shape=None):
+        if not self.layer.built:
+            self.layer.build(input_shape)
+        self.layer_input_shape = input_shape
+        self.rule.build(self, self.layer)
+        self.built = True
+
+    def _add_range(self, name, quantizer, *weight):
+        if name in self.ranges:
+            raise ValueError(f"{type(self.rule).__name__} adds two ranges named {name!r}. Received: name={name!r}")
+        quantizer.build(self, *weight)
+        self.ranges[name] = quantizer
+
+    def add_activation_range(self, name):
+        self._add_range(name, ranges_module.ActivationRange(name))
+
+    def add_weight_range(self, name, weight, axis=None):
+        self._add_range(name, ranges_module.WeightRange(name, axis), weight)
+
+    def add_constant_range(self, name, weight):
+        self._add_range(name, ranges_module.ConstantRange(name), weight)
+
+    def call(self, inputs, training=False, **kwargs):
+        # Keras 3 passes the call's other arguments (a mask of None per input, an attention mask) as given.
+        kwargs = {key: value for key, value in kwargs.items() if not (key == "mask" and _all_none(value))}
+        return self.rule.call(self, self.layer, inputs, bool(training), **kwargs)
+
+    def compute_output_shape(self, input_shape):
+        return self.layer.compute_output_shape(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config["rule"] = keras.saving.serialize_keras_object(self.rule)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["layer"] = keras.layers.deserialize(config["layer"])
+        config["rule"] = keras.saving.deserialize_keras_object(config["rule"])
+        return cls(**config)
+
+
+@register_serializable
+class QuantizeInput(keras.layers.Layer):
+    """The model's float input on its int8 range: the QUANTIZE op at the start of the int8 model."""
+
+    def build(self, input_shape=None):
+        self.input_range = ranges_module.ActivationRange("input")
+        self.input_range.build(self)
+        self.built = True
+
+    def call(self, inputs, training=False):
+        return self.input_range(inputs, bool(training))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
