@@ -261,3 +261,29 @@ def test_the_ranges_calibrating_block_ends_even_on_error(rng):
     qat(rng.normal(size=(4, 12)).astype(np.float32) * 100, training=True)
     after = _range_of(qat.get_layer("quantize_features"), "input")
     assert abs(after[1] - before[1]) < 0.01 * 100  # a moving average, not the batch's range
+
+
+def test_a_saved_qat_model_loads_in_a_fresh_process_and_converts_from_keras_and_export(tmp_path, rng):
+    import subprocess
+    import sys
+
+    from keras_gelu.converters import cli
+
+    qat = quantization.quantize_model(_mlp(), calibration_data=rng.normal(size=(64, 12)).astype(np.float32))
+    x = rng.normal(size=(8, 12)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "expected.npy", qat(x).numpy())
+    qat.save(str(tmp_path / "qat.keras"))
+    check = ("import numpy as np, keras, keras_gelu; "  # nothing of keras_gelu.qat imported by hand
+             f"model = keras.models.load_model({str(tmp_path / 'qat.keras')!r}); "
+             f"np.testing.assert_array_equal(model(np.load({str(tmp_path / 'x.npy')!r})).numpy(), "
+             f"np.load({str(tmp_path / 'expected.npy')!r}))")
+    subprocess.run([sys.executable, "-c", check], check=True, env={**__import__("os").environ,
+                                                                    "TF_USE_LEGACY_KERAS": "0"})
+    qat.export(str(tmp_path / "exported"))
+    for source in ("qat.keras", "exported"):
+        _, report = converters.convert(str(tmp_path / source), int8=True)
+        assert report.quantization_aware and report.float_ops == {}, (source, report.op_types)
+    output = tmp_path / "qat.tflite"
+    assert cli.main([str(tmp_path / "qat.keras"), "--int8", "-o", str(output), "-q"]) == 0
+    assert output.read_bytes()[4:8] == b"TFL3"
