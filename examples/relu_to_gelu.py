@@ -142,7 +142,7 @@ def _copy(model):
 def dead_unit_share(model, task, x):
     """Share of hidden units whose pre-activation is <= 0 for every test input (every token, for the encoder)."""
     layers = [model.get_layer(name) for name in task.hidden_layers]
-    probe = keras.Model(model.input, [layer.input for layer in layers])
+    probe = keras.Model(model.inputs[0], [layer.input for layer in layers])
     inputs = probe(x, training=False)
     inputs = [np.asarray(value) for value in (inputs if isinstance(inputs, (list, tuple)) else [inputs])]
     never_on = []
@@ -357,7 +357,7 @@ def main(argv=None):
     parser.add_argument("--timing-repeats", type=int, default=8,
                         help="interleaved epochs per activation for the step time (default 8)")
     parser.add_argument("--short", action="store_true",
-                        help="a quick check: 2 seeds, 1 + 2 epochs, 400 training sequences, 1 timing repeat")
+                        help="a quick check: 2 seeds, 1 + 2 epochs, 256 training sequences, 1 timing repeat")
     parser.add_argument("--plots-dir", default="docs", help="where the three PNG plots go (default docs)")
     parser.add_argument("--force", action="store_true", help="overwrite existing plots")
     args = parser.parse_args(argv)
@@ -382,7 +382,7 @@ def main(argv=None):
     results, pretrain_steps, rows, revival, timing_rows = {}, {}, [], [], []
     for name in task_names:
         task = TASKS[name]
-        data = task.load(0) if name == "digits" else (load_sequences(0, 400, 200) if args.short else task.load(0))
+        data = task.load(0) if name == "digits" else (load_sequences(0, 256, 128) if args.short else task.load(0))
         steps_per_epoch = -(-len(data[0]) // task.batch_size)
         pretrain_steps[name] = args.pretrain_epochs * steps_per_epoch
         started = time.perf_counter()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import keras
+from conftest import keras3_only
 
 pytest.importorskip("sklearn")
 pytest.importorskip("matplotlib")
@@ -18,6 +19,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow
+@keras3_only  # one flavour: the script is the same code in both, and swapping and fine-tuning are tested in both
 def test_the_short_study_prints_its_tables_writes_its_plots_and_refuses_to_overwrite(tmp_path, capsys):
     argv = ["--short", "--plots-dir", str(tmp_path)]
     assert relu_to_gelu.main(argv) == 0
@@ -46,7 +48,7 @@ def test_dead_units_are_those_whose_relu_output_is_zero_on_every_input(rng):
     x = rng.uniform(0, 1, size=(200, 64)).astype(np.float32)
     task = relu_to_gelu.TASKS["digits"]
     dead = relu_to_gelu.dead_unit_share(model, task, x)
-    outputs = keras.Model(model.inputs, [model.get_layer(name).output for name in task.hidden_layers])(x)
+    outputs = keras.Model(model.inputs[0], [model.get_layer(name).output for name in task.hidden_layers])(x)
     expected = np.concatenate([np.all(np.asarray(output) == 0, axis=0) for output in outputs])
     np.testing.assert_array_equal(dead, expected)
     assert 0 < dead.mean() < 1
