@@ -232,7 +232,7 @@ def _moving_averages_without_memory():
 def initialize_ranges(qat_model, samples):
     """Set every moving-average int8 range of a QAT model to its range over `samples`.
 
-    Under Keras 3, `keras_gelu.qat.initialize_ranges` (the same meaning).
+    Under Keras 3 the work is done by `keras_gelu.qat.initialize_ranges` (the same meaning).
 
     tfmot starts each range at [-6, 6] and moves it with an exponential
     moving average of decay 0.999, so a few hundred training steps leave it
@@ -263,8 +263,9 @@ def initialize_ranges(qat_model, samples):
 def quantize_model(model, mode="builtin", exact_as=None, calibration_data=None, keep_float=()):
     """A quantization-aware copy of a Sequential or functional model.
 
-    Under Keras 3 this is `keras_gelu.qat.quantize_model`: the same arguments
-    and meaning, on Keras 3's own fake-quant ops, no tfmot. Under tf-keras:
+    Under Keras 3 the work is done by `keras_gelu.qat.quantize`: the same
+    arguments and meaning, on Keras 3's own fake-quant ops, no tfmot. Under
+    tf-keras:
 
     It splits `Dense/Conv(..., activation=<keras_gelu GELU or activation>)`
     into the layer plus a GELU layer (tfmot accepts only Keras's named
