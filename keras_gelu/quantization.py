@@ -43,12 +43,14 @@ from keras_gelu import vocabulary
 from keras_gelu.flavour import USE_LEGACY_KERAS
 from keras_gelu.flavour import keras
 from keras_gelu.layers import GELU
+from keras_gelu.layers import GELU_ACTIVATIONS
 from keras_gelu.layers import LearnableGELU
+from keras_gelu.layers import layer_computing
 from keras_gelu.tfmot_support import require_tfmot
 
 # Activations that quantize_model moves out of their layer into a layer of
 # their own, because tfmot accepts only Keras's named activations there.
-SPLIT_ACTIVATIONS = (activations.GELUActivation, GELU, LearnableGELU)
+SPLIT_ACTIVATIONS = GELU_ACTIVATIONS
 
 
 def _configs():
@@ -107,15 +109,6 @@ def quantize_scope():
         yield
 
 
-def _activation_layer_for(activation, name):
-    """A stand-alone layer computing `activation` (one of SPLIT_ACTIVATIONS), named `name`."""
-    if isinstance(activation, activations.GELUActivation):
-        return GELU(activation.approximate, name=name)
-    config = activation.get_config()
-    config["name"] = name
-    return type(activation).from_config(config)
-
-
 def _unique_name(base, taken):
     name, suffix = base, 1
     while name in taken:
@@ -136,7 +129,7 @@ def split_activations(model):
     if not splits:
         return model
     taken = {layer.name for layer in model.layers}
-    activation_layers = {layer.name: _activation_layer_for(layer.activation, _unique_name(f"{layer.name}_gelu", taken))
+    activation_layers = {layer.name: layer_computing(layer.activation, _unique_name(f"{layer.name}_gelu", taken))
                          for layer in splits}
     config = model.get_config()
     for layer_config in config["layers"]:

@@ -7,10 +7,11 @@ there. Train it with `fit`, save it as .keras (no custom_objects), then
 `model.export(path)` and `keras-gelu-convert path --int8 --mode <mode>`.
 """
 
-from keras_gelu import activations
 from keras_gelu.flavour import keras
 from keras_gelu.layers import GELU
+from keras_gelu.layers import GELU_ACTIVATIONS
 from keras_gelu.layers import LearnableGELU
+from keras_gelu.layers import layer_computing
 from keras_gelu.qat import ranges
 from keras_gelu.qat.rules import UNCHANGED_VALUES
 from keras_gelu.qat.rules import QuantizeRule
@@ -27,10 +28,8 @@ def _split_activation(layer):
         return None
     if activation is keras.activations.gelu:  # Keras's "gelu" is exact
         return GELU("exact", name=f"{layer.name}_gelu")
-    if isinstance(activation, activations.GELUActivation):
-        return GELU(activation.approximate, name=f"{layer.name}_gelu")
-    if isinstance(activation, (GELU, LearnableGELU)):
-        return type(activation).from_config({**activation.get_config(), "name": f"{layer.name}_gelu"})
+    if isinstance(activation, GELU_ACTIVATIONS):
+        return layer_computing(activation, f"{layer.name}_gelu")
     return None
 
 
