@@ -27,6 +27,7 @@ creates `Dense(64, activation="relu")` in `build`) has no argument to change;
 such leftovers are named in a warning.
 """
 
+import functools
 import json
 import logging
 import typing
@@ -110,8 +111,10 @@ _LIBRARY_SPELLINGS = {
 }
 
 
+@functools.lru_cache(maxsize=None)
 def _same_function_names():
-    """{id(function): name} for the functions Keras and TensorFlow spell several ways."""
+    """{id(function): name} for the functions Keras and TensorFlow spell several ways (made once: the
+    functions are module-level and live as long as the process, so their ids stay theirs)."""
     spellings = [
         (keras.activations.relu, "relu"),
         (tf.nn.relu, "relu"),
