@@ -7,11 +7,10 @@ way: both emit `tf.quantization.fake_quant_with_min_max_vars*` (through
 * `ActivationRange`: 8-bit asymmetric, one range per tensor, the range an
   exponential moving average (decay 0.999) of the batches' ranges widened to
   hold 0: TFLite's int8 activations.
-* `WeightRange`: 8-bit symmetric narrow range ([-127, 127]), per tensor or
-  per output channel, the range the weights' current one: TFLite's int8
-  weights.
-* `ConstantRange`: 8-bit asymmetric per tensor from the current value: how
-  TFLite quantizes a MUL/ADD constant (LearnableGELU's alpha and beta).
+* `WeightRange`: the range of a weight's current value. Symmetric narrow
+  range ([-127, 127]), per tensor or per output channel: TFLite's int8
+  weights; or asymmetric per tensor (`symmetric=False`): how TFLite quantizes
+  a MUL/ADD constant (LearnableGELU's alpha and beta, LayerNorm's gamma and beta).
 
 Each creates its variables on the layer that owns it (`build(layer)`), named
 after it, so they save and load with the model.
@@ -73,48 +72,36 @@ class ActivationRange:
 
 
 class WeightRange:
-    """A weight's symmetric int8 range ([-127, 127] steps), per tensor or along `axis` (the output channels)."""
+    """A weight's int8 range from its current value (tfmot's last-value quantizer), per tensor or along `axis`.
 
-    def __init__(self, name, axis=None):
-        self.name, self.axis = name, axis
+    Symmetric (the default): [-m, m] with m the largest magnitude, on the narrow grid of [-127, 127] steps:
+    TFLite's int8 weights. Otherwise [min, max] widened to hold 0, on the full grid: how TFLite quantizes a
+    MUL/ADD constant.
+    """
+
+    def __init__(self, name, axis=None, symmetric=True):
+        self.name, self.axis, self.symmetric = name, axis, symmetric
 
     def build(self, layer, weight):
         shape = () if self.axis is None else (weight.shape[self.axis],)
         self.low, self.high = _range_variables(layer, self.name, shape)
         self.update(weight)
 
-    def _magnitude(self, weight):
+    def _reduced(self, reduce, weight):
         if self.axis is None:
-            return keras.ops.max(keras.ops.abs(weight))
-        others = [axis for axis in range(len(weight.shape)) if axis != self.axis % len(weight.shape)]
-        return keras.ops.max(keras.ops.abs(weight), axis=others)
+            return reduce(weight)
+        return reduce(weight, axis=[axis for axis in range(len(weight.shape)) if axis != self.axis % len(weight.shape)])
 
     def update(self, weight):
-        magnitude = keras.ops.maximum(self._magnitude(weight), 1e-8)  # an all-zero weight still needs a scale
-        self.low.assign(-magnitude)
-        self.high.assign(magnitude)
+        if self.symmetric:
+            magnitude = keras.ops.maximum(self._reduced(keras.ops.max, keras.ops.abs(weight)), 1e-8)  # all-zero too
+            self.low.assign(-magnitude)
+            self.high.assign(magnitude)
+        else:
+            self.low.assign(keras.ops.minimum(self._reduced(keras.ops.min, weight), 0.0))
+            self.high.assign(keras.ops.maximum(self._reduced(keras.ops.max, weight), 0.0))
 
     def __call__(self, weight, training=False):
         if training:
             self.update(weight)
-        return _fake_quant(weight, self.low, self.high, narrow_range=True, axis=self.axis)
-
-
-class ConstantRange:
-    """A constant's asymmetric int8 range from its current value, widened to hold 0."""
-
-    def __init__(self, name):
-        self.name = name
-
-    def build(self, layer, weight):
-        self.low, self.high = _range_variables(layer, self.name, ())
-        self.update(weight)
-
-    def update(self, weight):
-        self.low.assign(keras.ops.minimum(keras.ops.min(weight), 0.0))
-        self.high.assign(keras.ops.maximum(keras.ops.max(weight), 0.0))
-
-    def __call__(self, weight, training=False):
-        if training:
-            self.update(weight)
-        return _fake_quant(weight, self.low, self.high)
+        return _fake_quant(weight, self.low, self.high, narrow_range=self.symmetric, axis=self.axis)

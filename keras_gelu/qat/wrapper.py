@@ -39,7 +39,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
         self._add_range(name, ranges_module.WeightRange(name, axis), weight)
 
     def add_constant_range(self, name, weight):
-        self._add_range(name, ranges_module.ConstantRange(name), weight)
+        self._add_range(name, ranges_module.WeightRange(name, symmetric=False), weight)
 
     def call(self, inputs, training=False, **kwargs):
         # Keras 3 passes the call's other arguments (a mask of None per input, an attention mask) as given.
