@@ -45,7 +45,7 @@ def _cnn(pooling):
     return keras.Sequential([
         keras.Input((8, 8, 1), name="image"),
         keras.layers.Conv2D(8, 3, padding="same", activation=keras_gelu.GELU("tanh")),
-        keras.layers.DepthwiseConv2D(3, padding="same", activation="relu"),
+        keras.layers.DepthwiseConv2D(3, padding="same", dilation_rate=2, activation="relu"),
         pooling,
         keras.layers.Conv2D(8, 3, activation=keras_gelu.LearnableGELU(shared_axes=[1, 2])),
         keras.layers.GlobalAveragePooling2D(),
@@ -53,19 +53,35 @@ def _cnn(pooling):
     ])
 
 
-def test_a_small_cnn_converts_to_a_fully_integer_tflite_within_qat_int8_steps(tmp_path, rng):
+@pytest.mark.parametrize("pooling", ["MaxPooling2D", "AveragePooling2D"])
+def test_a_small_cnn_converts_to_a_fully_integer_tflite_within_qat_int8_steps(pooling, tmp_path, rng):
     import tflite_helpers
 
     x = rng.uniform(0, 1, size=(128, 8, 8, 1)).astype(np.float32)
-    qat = quantization.quantize_model(_cnn(keras.layers.MaxPooling2D()), calibration_data=x)
+    qat = quantization.quantize_model(_cnn(getattr(keras.layers, pooling)(2)), calibration_data=x)
     qat.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     qat.fit(x, rng.integers(0, 10, size=128), epochs=1, verbose=0)
     tflite_model, report = _converted(qat, tmp_path)
     assert report.float_ops == {}, report.op_types
     assert set(report.op_types["CONV_2D"]) == set(report.op_types["DEPTHWISE_CONV_2D"]) == {"int8"}
+    # Average pooling runs as a second depthwise convolution (1/window kernel), which rescales as the rule does.
+    assert sum(report.op_types["DEPTHWISE_CONV_2D"].values()) == 1 + (pooling == "AveragePooling2D")
     (scale,) = converters.report.output_scales(tflite_model)
     steps = np.max(np.abs(tflite_helpers.run(tflite_model, x[:64])[0] - qat(x[:64]).numpy())) / scale
     assert steps <= QAT_INT8_STEPS
+
+
+def test_average_pooling_computes_the_average_and_refuses_same_padding_that_pads(rng):
+    x = rng.normal(size=(4, 6, 6, 3)).astype(np.float32)
+    inputs = keras.Input((6, 6, 3))
+    model = keras.Model(inputs, keras.layers.AveragePooling2D(3, strides=1, name="pool")(inputs))
+    qat = quantization.quantize_model(model, calibration_data=x)
+    # within the input's and the output's int8 steps of the float average
+    tolerance = sum(np.abs(x).max() / 127 for _ in range(2))
+    np.testing.assert_allclose(qat(x).numpy(), model(x).numpy(), atol=tolerance)
+    padded = keras.Model(inputs, keras.layers.AveragePooling2D(4, padding="same", name="edge_pool")(inputs))
+    with pytest.raises(ValueError, match=r"edge_pool: .*'same' padding pads.*Received: padding='same'"):
+        quantization.quantize_model(padded)
 
 
 @pytest.mark.parametrize("padding, dilation", [("same", 1), ("valid", 2), ("causal", 2)])
@@ -75,13 +91,18 @@ def test_conv1d_computes_the_float_function_and_converts_within_qat_int8_steps(p
     keras.utils.set_random_seed(8)
     model = keras.Sequential([keras.Input((16, 3)), keras.layers.Conv1D(8, 3, padding=padding, dilation_rate=dilation,
                                                                       activation=keras_gelu.GELU("sigmoid")),
+                              keras.layers.Conv1D(8, 1, activation="relu"), keras.layers.AveragePooling1D(2),
                               keras.layers.Flatten(), keras.layers.Dense(4)])
     x = rng.normal(size=(64, 16, 3)).astype(np.float32)
     qat = quantization.quantize_model(model, calibration_data=x)
+    low, high = _range_of(qat.layers[-1], "output")
+    # The QAT model is the float model up to int8 rounding: a few of each layer's steps, not a shifted convolution.
+    assert np.max(np.abs(qat(x).numpy() - model(x).numpy())) <= 10 * (high - low) / 255
+    # Trained, so that the biases are not zero: a bias ADD left after the squeeze back to 1-D stays float.
+    qat.compile(keras.optimizers.Adam(1e-2), "mse")
+    qat.fit(x, rng.normal(size=(64, 4)).astype(np.float32), epochs=1, verbose=0)
     tflite_model, report = _converted(qat, tmp_path)
     (scale,) = converters.report.output_scales(tflite_model)
-    # The QAT model is the float model up to int8 rounding: a few of each layer's steps, not a shifted convolution.
-    assert np.max(np.abs(qat(x).numpy() - model(x).numpy())) <= 10 * scale
     assert report.float_ops == {} and set(report.op_types["CONV_2D"]) == {"int8"}
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
@@ -115,11 +136,16 @@ def test_einsum_dense_layer_normalization_and_softmax_convert_to_integer(layer_n
     steps = np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy()) / scale
     if not layer_normalization:
         assert steps.max() <= QAT_INT8_STEPS
-    else:
-        # Not yet op for op: measured up to 7 steps on 0.4 % of the outputs, the rest within QAT_INT8_STEPS.
-        # LayerNormalization divides by the standard deviation, so a one-step rounding difference before the
-        # division (not yet traced to its op) is multiplied.
-        assert np.mean(steps > QAT_INT8_STEPS) <= 0.01 and steps.max() <= 8
+        return
+    # Op for op: each of LayerNormalization's int8 ops is its exact function on its own int8 inputs, rounded
+    # once (a kernel's fixed-point arithmetic may land one step off on a rounding boundary; RSQRT's does on
+    # about 1.5 % of values).
+    ops = tflite_helpers.op_rounding_steps(tflite_model, x, ("MEAN", "SQUARED_DIFFERENCE", "RSQRT", "MUL", "ADD"))
+    assert [name for name, _ in ops].count("RSQRT") == 1 and max(steps for _, steps in ops) <= 1, ops
+    # The normalization then multiplies a one-step difference of 1/std by (x - mean) * gamma, several output
+    # steps where x is far from the mean: measured up to 3 on 0.03 % of outputs with TF 2.21, 6 on 0.6 % with
+    # TF 2.18's converter and runtime; so the bound is on the share beyond QAT_INT8_STEPS, and the largest.
+    assert np.mean(steps > QAT_INT8_STEPS) <= 0.01 and steps.max() <= 8
 
 
 def test_layer_normalization_over_other_axes_or_rms_is_refused_by_name():
@@ -186,12 +212,6 @@ def test_a_training_step_moves_a_range_a_thousandth_of_the_way_to_the_batch(rng)
     expected = [ranges.EMA_DECAY * low + (1 - ranges.EMA_DECAY) * min(x.min(), 0.0),
                 ranges.EMA_DECAY * high + (1 - ranges.EMA_DECAY) * max(x.max(), 0.0)]
     np.testing.assert_allclose(_range_of(qat.get_layer("quantize_features"), "input"), expected, rtol=1e-6)
-
-
-def test_average_pooling_has_no_rule_yet_and_says_so():
-    # TFLite rounds the average onto its input's grid: a rule must share the producer's range (not done yet).
-    with pytest.raises(ValueError, match=r"no rule for layer .* \(AveragePooling2D\)"):
-        quantization.quantize_model(_cnn(keras.layers.AveragePooling2D(2)))
 
 
 def test_a_layer_without_a_rule_is_named_with_how_to_add_one():
@@ -287,3 +307,90 @@ def test_a_saved_qat_model_loads_in_a_fresh_process_and_converts_from_keras_and_
     output = tmp_path / "qat.tflite"
     assert cli.main([str(tmp_path / "qat.keras"), "--int8", "-o", str(output), "-q"]) == 0
     assert output.read_bytes()[4:8] == b"TFL3"
+
+
+def _attention_block(cross):
+    keras.utils.set_random_seed(5)
+    tokens = keras.Input((6, 16), name="tokens")
+    inputs, memory, extra = [tokens], tokens, {}
+    if cross:  # a second input, read as value and, through a Dense, as key; values of another width
+        memory = keras.Input((5, 12), name="memory")
+        inputs.append(memory)
+        extra = {"key": keras.layers.Dense(10, name="key_source")(memory)}
+    attention = keras.layers.MultiHeadAttention(2, 8, value_dim=4 if cross else None, dropout=0.1, name="attention")
+    hidden = keras.layers.Add()([tokens, attention(tokens, memory, **extra)])
+    return keras.Model(inputs, keras.layers.Dense(4)(keras.layers.GlobalAveragePooling1D()(hidden)))
+
+
+@pytest.mark.parametrize("cross", [False, True], ids=["self-attention", "cross-attention"])
+def test_multi_head_attention_trains_saves_and_converts_to_integer_within_qat_int8_steps(cross, tmp_path, rng):
+    import tflite_helpers
+
+    model = _attention_block(cross)
+    x = [rng.normal(size=(64,) + tuple(tensor.shape[1:])).astype(np.float32) for tensor in model.inputs]
+    qat = quantization.quantize_model(model, calibration_data=x)
+    low, high = _range_of(qat.layers[-1], "output")
+    # MHA's function (1/sqrt(key_dim) folded into the query projection), up to int8 rounding
+    assert np.max(np.abs(qat(x).numpy() - model(x).numpy())) <= 10 * (high - low) / 255
+    qat.compile(keras.optimizers.Adam(1e-2), "mse")
+    qat.fit(x, rng.normal(size=(64, 4)).astype(np.float32), epochs=1, verbose=0)  # biases no longer zero
+    qat.save(str(tmp_path / "attention.keras"))
+    np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "attention.keras"))(x).numpy(),
+                                  qat(x).numpy())
+    tflite_model, report = _converted(qat, tmp_path)
+    assert report.float_ops == {}, report.op_types
+    for op in ("FULLY_CONNECTED", "BATCH_MATMUL", "SOFTMAX"):
+        assert set(report.op_types[op]) == {"int8"}, op
+    (scale,) = converters.report.output_scales(tflite_model)
+    outputs = tflite_helpers.run_matched_by_shape(tflite_model, x)
+    assert np.max(np.abs(outputs[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
+
+
+@pytest.mark.parametrize("argument", ["attention_mask", "use_causal_mask", "return_attention_scores"])
+def test_multi_head_attention_with_a_mask_or_scores_is_refused_by_name(argument):
+    tokens = keras.Input((6, 16))
+    value = keras.ops.ones((6, 6), "bool") if argument == "attention_mask" else True
+    outputs = keras.layers.MultiHeadAttention(2, 8, name="masked")(tokens, tokens, **{argument: value})
+    model = keras.Model(tokens, outputs[0] if argument == "return_attention_scores" else outputs)
+    with pytest.raises(ValueError, match=rf"masked: the int8 rule covers attention without masks.*Received: "
+                                         rf"{argument}=(True|a tensor of shape \(6, 6\))$"):
+        quantization.quantize_model(model)
+
+
+@pytest.mark.parametrize("activation, op", [
+    (lambda: keras.layers.Activation("gelu", name="activation"), "GELU"),  # Keras's "gelu": exact, our GELU's rule
+    (lambda: keras.layers.Activation("tanh", name="activation"), "TANH"),
+    (lambda: keras.layers.Activation("sigmoid", name="activation"), "LOGISTIC"),
+    (lambda: keras.layers.ReLU(max_value=6.0, name="activation"), "FULLY_CONNECTED"),  # fused into the Dense
+], ids=["gelu", "tanh", "sigmoid", "relu6"])
+def test_an_activation_layer_takes_its_int8_grid_and_converts_within_qat_int8_steps(activation, op, tmp_path, rng):
+    import tensorflow as tf
+    import tflite_helpers
+
+    keras.utils.set_random_seed(6)
+    inputs = keras.Input((12,))
+    model = keras.Model(inputs, keras.layers.Dense(4)(activation()(keras.layers.Dense(16)(inputs))))
+    x = rng.normal(size=(256, 12)).astype(np.float32)
+    qat = quantization.quantize_model(model, mode="native", calibration_data=x)
+    if op == "GELU":
+        assert type(qat.get_layer("quant_activation").layer) is keras_gelu.GELU
+        assert qat.get_layer("quant_activation").layer.approximate == "exact"
+    qat.compile(keras.optimizers.Adam(1e-2), "mse")
+    qat.fit(x, rng.normal(size=(256, 4)).astype(np.float32), epochs=1, verbose=0)
+    tf.saved_model.save(qat, str(tmp_path / "activation"))
+    tflite_model, report = converters.convert(str(tmp_path / "activation"), int8=True, mode="native")
+    assert report.float_ops == {} and set(report.op_types[op]) == {"int8"}, report.op_types
+    (scale,) = converters.report.output_scales(tflite_model)
+    assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
+
+
+@pytest.mark.parametrize("layer, message", [
+    (keras.layers.Activation("softplus", name="soft"),
+     r"Activation soft: no int8 rule for its function.*keep_float=\['soft'\]\. Received: activation=softplus$"),
+    (keras.layers.ReLU(threshold=0.5, name="shifted"),
+     r"Activation shifted: no int8 rule .*Received: max_value=None, negative_slope=0.0, threshold=0.5$"),
+])
+def test_an_activation_without_an_int8_form_is_refused_by_name(layer, message):
+    inputs = keras.Input((12,))
+    with pytest.raises(ValueError, match=message):
+        quantization.quantize_model(keras.Model(inputs, layer(keras.layers.Dense(8)(inputs))))

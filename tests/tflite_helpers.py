@@ -1,5 +1,7 @@
 """Running a .tflite in tests with whichever interpreter the converter would use."""
 
+import numpy as np
+
 from keras_gelu.converters import report
 from keras_gelu.converters import verify
 
@@ -11,3 +13,55 @@ def run(tflite_model, *arrays):
 
 def ops(tflite_model):
     return report.op_histogram(tflite_model)
+
+
+def run_matched_by_shape(tflite_model, arrays):
+    """Outputs for `arrays` given in any order, each fed to the input of its (distinct) shape."""
+    interpreter_type, _ = verify.interpreter_class()
+    shapes = [tuple(detail["shape"][1:]) for detail in interpreter_type(model_content=tflite_model).get_input_details()]
+    by_shape = {array.shape[1:]: array for array in arrays}
+    assert len(by_shape) == len(arrays) == len(shapes), "inputs of distinct shapes"
+    return verify.invoke(tflite_model, [by_shape[shape] for shape in shapes])
+
+
+_EXACT_OPS = {  # the float function of each int8 op the rounding check knows, on dequantized inputs
+    "ADD": np.add, "MUL": np.multiply, "SQUARED_DIFFERENCE": lambda a, b: (a - b) ** 2,
+    "RSQRT": lambda a: 1 / np.sqrt(a),
+    "MEAN": lambda a, axes: np.mean(a, axis=tuple(np.atleast_1d(axes).astype(int)), keepdims=True),
+}
+
+
+def op_rounding_steps(tflite_model, array, op_names):
+    """For each int8 op named in `op_names` (of _EXACT_OPS), in graph order: (name, the largest difference in
+    output steps between its output and its exact function on its own int8 inputs, rounded to its output
+    grid). 0-1 for every op means the graph is the ops it should be, each rounding once. Reference kernels."""
+    try:
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    except ImportError:
+        import tensorflow as tf
+
+        Interpreter, OpResolverType = tf.lite.Interpreter, tf.lite.experimental.OpResolverType
+    interpreter = Interpreter(model_content=tflite_model, experimental_preserve_all_tensors=True,
+                              experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+    (detail,) = interpreter.get_input_details()
+    interpreter.resize_tensor_input(detail["index"], array.shape)
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(detail["index"], verify.input_value(detail, array))
+    interpreter.invoke()
+    tensors = {tensor["index"]: tensor for tensor in interpreter.get_tensor_details()}
+
+    def dequantized(index):
+        value = interpreter.get_tensor(index)
+        scale, zero_point = tensors[index]["quantization"]
+        return (value.astype(np.float64) - zero_point) * scale if scale else value
+
+    found = []
+    for op in interpreter._get_ops_details():
+        if op["op_name"] not in op_names:
+            continue
+        (output,) = op["outputs"]
+        scale, zero_point = tensors[output]["quantization"]
+        exact = _EXACT_OPS[op["op_name"]](*(dequantized(index) for index in op["inputs"] if index >= 0))
+        expected = np.clip(np.round(exact / scale + zero_point), -128, 127)
+        found.append((op["op_name"], float(np.max(np.abs(interpreter.get_tensor(output) - expected)))))
+    return found

@@ -21,16 +21,21 @@ from keras_gelu.qat.wrapper import QuantizeInput
 from keras_gelu.qat.wrapper import QuantizeWrapper
 
 
+def _gelu_layer(activation, name):
+    """The GELU `activation` computes, as a new layer of ours named `name`; None if it is no GELU."""
+    if activation is keras.activations.gelu:  # Keras's "gelu" is exact
+        return GELU("exact", name=name)
+    if isinstance(activation, GELU_ACTIVATIONS):
+        return layer_computing(activation, name)
+    return None
+
+
 def _split_activation(layer):
     """The GELU fused into `layer` as a layer of its own (a fresh copy), or None: int8 TFLite never fuses one."""
     activation = getattr(layer, "activation", None)
     if isinstance(layer, (GELU, LearnableGELU, keras.layers.Activation)) or activation is None:
         return None
-    if activation is keras.activations.gelu:  # Keras's "gelu" is exact
-        return GELU("exact", name=f"{layer.name}_gelu")
-    if isinstance(activation, GELU_ACTIVATIONS):
-        return layer_computing(activation, f"{layer.name}_gelu")
-    return None
+    return _gelu_layer(activation, f"{layer.name}_gelu")
 
 
 def _check_rules(model, mode, exact_as, keep_float):
@@ -67,6 +72,10 @@ def quantize(model, mode, exact_as, calibration_data, keep_float):
         return QuantizeWrapper(layer, rule_for(layer, mode, exact_as))
 
     def clone_function(layer):
+        if isinstance(layer, keras.layers.Activation) and _gelu_layer(layer.activation, layer.name) is not None:
+            gelu = _gelu_layer(layer.activation, layer.name)  # Activation("gelu") as our GELU layer, its rule
+            pairs.append((layer, quantized(gelu), None, None))
+            return pairs[-1][1]
         config = layer.get_config()
         activation = _split_activation(layer)
         if activation is not None:
@@ -91,7 +100,11 @@ def quantize(model, mode, exact_as, calibration_data, keep_float):
 
     def call_function(layer, *args, **kwargs):
         args, kwargs = keras.tree.map_structure(quantized_input, (args, kwargs))
-        outputs = layer(*args, **kwargs)
+        if isinstance(layer, QuantizeWrapper):
+            inputs, kwargs = layer.rule.call_arguments(layer.layer, args, kwargs)
+            outputs = layer(inputs, **kwargs)
+        else:
+            outputs = layer(*args, **kwargs)
         return split_out[id(layer)](outputs) if id(layer) in split_out else outputs
 
     qat_model = keras.models.clone_model(model, clone_function=clone_function, call_function=call_function)
@@ -119,9 +132,9 @@ def _copy_float_weights(layer, new, activation, new_activation):
         _inner(new_activation).set_weights([weight.numpy() for weight in moved])
     for wrapper in (new, new_activation):
         if isinstance(wrapper, QuantizeWrapper):
-            for name, quantizer in wrapper.ranges.items():
+            for quantizer in wrapper.ranges.values():
                 if hasattr(quantizer, "update"):
-                    quantizer.update(getattr(wrapper.layer, name))
+                    quantizer.update()
 
 
 def _range_variables(qat_model):

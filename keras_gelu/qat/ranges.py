@@ -83,16 +83,25 @@ class WeightRange:
         self.name, self.axis, self.symmetric = name, axis, symmetric
 
     def build(self, layer, weight):
-        shape = () if self.axis is None else (weight.shape[self.axis],)
+        """`weight`: the variable, or a function giving the tensor the rule quantizes (a kernel times a constant)."""
+        self.weight = weight
+        shape = () if self.axis is None else (self._current(None).shape[self.axis],)
         self.low, self.high = _range_variables(layer, self.name, shape)
-        self.update(weight)
+        self.update()
+
+    def _current(self, weight):
+        if weight is not None:
+            return weight
+        return self.weight() if callable(self.weight) else self.weight
 
     def _reduced(self, reduce, weight):
         if self.axis is None:
             return reduce(weight)
         return reduce(weight, axis=[axis for axis in range(len(weight.shape)) if axis != self.axis % len(weight.shape)])
 
-    def update(self, weight):
+    def update(self, weight=None):
+        """Set the range to `weight`'s (by default the weight it was built for, after set_weights, say)."""
+        weight = self._current(weight)
         if self.symmetric:
             magnitude = keras.ops.maximum(self._reduced(keras.ops.max, keras.ops.abs(weight)), 1e-8)  # all-zero too
             self.low.assign(-magnitude)

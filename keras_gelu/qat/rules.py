@@ -8,13 +8,22 @@ the ranges' variables. The rules here:
   (as tfmot, which TFLite's converter turns into per-tensor int8 weights),
   the bias left to the converter (int32 from the input and kernel scales),
   the fused ReLU/ReLU6/linear kept fused, the output on a moving-average range.
+  `EinsumDenseRule`: the same, computed as a 2-D matmul.
 * `ConvolutionRule`: CONV_2D and DEPTHWISE_CONV_2D (Conv1D is computed as
   the CONV_2D it becomes): the kernel per output channel, symmetric; the
-  output as Dense's.
+  output as Dense's. `AveragePoolingRule`: a depthwise convolution.
 * `GELURule`, `LearnableGELURule`: what `keras_gelu.replacements` says the
   GELU becomes in the conversion's mode, each intermediate on a range and
   sigmoid outputs on TFLite's fixed LOGISTIC grid (k/256).
+* `MultiHeadAttentionRule`, `LayerNormalizationRule`: the int8 ops they
+  become, every intermediate on a range. `SoftmaxRule`, `ActivationRule`:
+  fixed output grids where TFLite has them.
 * `OutputRule`: the layer as it is, its output on a range (Add, pooling...).
+
+Everything a rule computes must convert to int8 ops with a range right after
+each: an op the converter puts between an op and its range (a RESHAPE before
+a bias ADD, say) leaves that op float. So rules compute some layers in
+another, equal form (see `_einsum_dense`, `_spread_taps`).
 
 Add a rule for a layer of yours with `register_rule(YourLayer, YourRule())`.
 """
@@ -43,6 +52,11 @@ class QuantizeRule:
       (`wrapper.ranges[name](tensor, training)`); `kwargs` are the layer
       call's other arguments (a mask, say).
 
+    A layer called on more than one tensor (attention on a query and a
+    value) also says how its call's arguments become the wrapper's one
+    `inputs` (`call_arguments`) and how `inputs`, or their shapes, become the
+    layer's `build` arguments again (`layer_arguments`).
+
     A rule has no state of its own (one instance serves every layer of its
     kind) and is saved by its config: register its class with
     `keras.saving.register_keras_serializable`.
@@ -53,6 +67,17 @@ class QuantizeRule:
 
     def call(self, wrapper, layer, inputs, training, **kwargs):
         raise NotImplementedError
+
+    def call_arguments(self, layer, args, kwargs):
+        """A functional call `layer(*args, **kwargs)` as (inputs, kwargs): what the wrapper is called with."""
+        if len(args) != 1:
+            raise ValueError(f"{type(self).__name__} covers layers called on one input (a tensor or a list); "
+                             f"{layer.name} is called on {len(args)}. Received: args of {len(args)} tensors")
+        return args[0], kwargs
+
+    def layer_arguments(self, inputs):
+        """The wrapper's `inputs` (or their shapes) as the positional arguments of the layer's `build`."""
+        return (inputs,)
 
     def get_config(self):
         return {}
@@ -108,9 +133,54 @@ class DenseRule(QuantizeRule):
         return wrapper.ranges["output"](layer.activation(outputs), training)
 
 
+def _matmul_form(equation):
+    """(batch, contracted, free) axis letters when `equation` is batch+contracted, contracted+free ->
+    batch+free (a FULLY_CONNECTED on flattened axes), else None."""
+    if "..." in equation:
+        return None
+    inputs, output = equation.split("->")
+    source, kernel = inputs.split(",")
+    free = "".join(letter for letter in kernel if letter not in source)
+    contracted = kernel[:len(kernel) - len(free)]
+    batch = source[:len(source) - len(contracted)]
+    if not contracted or kernel != contracted + free or source != batch + contracted or output != batch + free:
+        return None
+    return batch, contracted, free
+
+
+def _einsum_dense(wrapper, layer, inputs, training, kernel_range="kernel", output_range="output", scale=1.0):
+    """An EinsumDense as FULLY_CONNECTED, its kernel and output on the named ranges; `scale` multiplies
+    kernel and bias (folded into the constants, not an int8 MUL).
+
+    Keras's einsum on more than one free axis converts to FULLY_CONNECTED, RESHAPE, then the bias ADD, which
+    then stays float: computed here on flattened axes instead, the bias fused, the output reshaped after."""
+    kernel = layer.kernel if scale == 1.0 else layer.kernel * scale
+    bias = None if layer.bias is None else (layer.bias if scale == 1.0 else layer.bias * scale)
+    activation = layer.activation or keras.activations.linear
+    form = _matmul_form(layer.equation)
+    free_shape = tuple(layer.kernel.shape[len(layer.kernel.shape) - len(form[2]):]) if form else None
+    if form is None or (bias is not None and len(bias.shape) > len(free_shape)):
+        outputs = keras.ops.einsum(layer.equation, inputs, wrapper.ranges[kernel_range](kernel, training))
+        return wrapper.ranges[output_range](activation(outputs if bias is None else outputs + bias), training)
+    contracted_size, free_size = 1, 1
+    for size in layer.kernel.shape[:len(form[1])]:
+        contracted_size *= size
+    for size in free_shape:
+        free_size *= size
+    # A 2-D matmul: one of higher rank becomes Tensordot's reshapes around it, and the bias ADD would follow one.
+    outputs = keras.ops.matmul(keras.ops.reshape(inputs, (-1, contracted_size)),
+                               wrapper.ranges[kernel_range](keras.ops.reshape(kernel, (contracted_size, free_size)),
+                                                            training))
+    if bias is not None:
+        outputs = outputs + keras.ops.reshape(keras.ops.broadcast_to(bias, free_shape), (free_size,))
+    outputs = wrapper.ranges[output_range](activation(outputs), training)
+    batch_shape = [keras.ops.shape(inputs)[axis] for axis in range(len(form[0]))]
+    return keras.ops.reshape(outputs, batch_shape + list(free_shape))
+
+
 @register_serializable
 class EinsumDenseRule(QuantizeRule):
-    """EinsumDense, which the converter turns into FULLY_CONNECTED or BATCH_MATMUL: as Dense."""
+    """EinsumDense as FULLY_CONNECTED (on flattened axes, so that the bias stays fused): as Dense."""
 
     def build(self, wrapper, layer):
         if layer.activation is not None:
@@ -119,12 +189,7 @@ class EinsumDenseRule(QuantizeRule):
         wrapper.add_activation_range("output")
 
     def call(self, wrapper, layer, inputs, training, **kwargs):
-        outputs = keras.ops.einsum(layer.equation, inputs, wrapper.ranges["kernel"](layer.kernel, training))
-        if layer.bias is not None:
-            outputs = outputs + layer.bias
-        if layer.activation is not None:
-            outputs = layer.activation(outputs)
-        return wrapper.ranges["output"](outputs, training)
+        return _einsum_dense(wrapper, layer, inputs, training)
 
 
 @register_serializable
@@ -176,6 +241,24 @@ class SoftmaxRule(QuantizeRule):
         return replacements.on_logistic_int8_grid(layer(inputs, **kwargs))
 
 
+def _spread_taps(kernel, dilation_rate):
+    """A dilated kernel as the undilated one it equals: rate - 1 zeros between taps along each spatial axis.
+
+    Keras's dilated convolution is SpaceToBatchND, the convolution, BatchToSpaceND, and the bias ADD after it
+    stays float in the int8 model; TensorFlow's own dilated ops train on CPU only with oneDNN. The int8
+    model then holds the spread kernel (its zeros are exact in int8): more multiply-adds, the same result."""
+    for axis, rate in enumerate(dilation_rate):
+        if rate == 1:
+            continue
+        taps = keras.ops.expand_dims(kernel, axis + 1)
+        spread = keras.ops.concatenate([taps] + [keras.ops.zeros_like(taps)] * (rate - 1), axis=axis + 1)
+        shape = list(kernel.shape)
+        size = shape[axis]
+        shape[axis] = size * rate
+        kernel = keras.ops.take(keras.ops.reshape(spread, shape), list(range((size - 1) * rate + 1)), axis=axis)
+    return kernel
+
+
 @register_serializable
 class ConvolutionRule(QuantizeRule):
     """CONV_2D, DEPTHWISE_CONV_2D: kernel per output channel, symmetric; output on a moving-average range."""
@@ -196,36 +279,124 @@ class ConvolutionRule(QuantizeRule):
         return 2 if self._depthwise(layer) else -1
 
     def call(self, wrapper, layer, inputs, training, **kwargs):
-        if isinstance(layer, keras.layers.Conv1D):
-            outputs = self._conv1d_as_conv2d(wrapper, layer, inputs, training)
+        # Conv1D runs as a CONV_2D over a height-1 image; the bias, activation and output range come before
+        # the squeeze back, or the converter leaves the bias ADD after a RESHAPE, in float.
+        one_dimensional = isinstance(layer, keras.layers.Conv1D)
+        height_axis = 1 if layer.data_format == "channels_last" else 2
+        if one_dimensional:
+            outputs = self._conv1d_as_conv2d(wrapper, layer, inputs, training, height_axis)
         else:
-            kernel = wrapper.ranges["kernel"](layer.kernel, training)
+            kernel = wrapper.ranges["kernel"](_spread_taps(layer.kernel, layer.dilation_rate), training)
             convolve = keras.ops.depthwise_conv if self._depthwise(layer) else keras.ops.conv
             outputs = convolve(inputs, kernel, strides=layer.strides, padding=layer.padding,
-                               data_format=layer.data_format, dilation_rate=layer.dilation_rate)
+                               data_format=layer.data_format)
         if layer.use_bias:
             channel_axis = -1 if layer.data_format == "channels_last" else 1
             bias_shape = [1] * len(outputs.shape)
             bias_shape[channel_axis] = -1
             outputs = outputs + keras.ops.reshape(layer.bias, bias_shape)
-        return wrapper.ranges["output"](layer.activation(outputs), training)
+        outputs = wrapper.ranges["output"](layer.activation(outputs), training)
+        return keras.ops.squeeze(outputs, height_axis) if one_dimensional else outputs
 
     @staticmethod
-    def _conv1d_as_conv2d(wrapper, layer, inputs, training):
-        """Conv1D as TFLite runs it, a CONV_2D over a height-1 image: its kernel quantized as that 4-D kernel
-        (per-channel ranges on the 3-D kernel sit on an axis the converter's reshape to 4-D would move)."""
+    def _conv1d_as_conv2d(wrapper, layer, inputs, training, height_axis):
+        """Conv1D's convolution as TFLite runs it, a CONV_2D over a height-1 image, its kernel quantized as that
+        4-D kernel (per-channel ranges on the 3-D kernel sit on an axis the converter's reshape would move)."""
         padding = layer.padding
         if padding == "causal":
             steps_axis = 1 if layer.data_format == "channels_last" else 2
             pad = [[0, 0], [0, 0], [0, 0]]
             pad[steps_axis] = [layer.dilation_rate[0] * (layer.kernel_size[0] - 1), 0]
             inputs, padding = keras.ops.pad(inputs, pad), "valid"
-        height_axis = 1 if layer.data_format == "channels_last" else 2
-        kernel = wrapper.ranges["kernel"](keras.ops.expand_dims(layer.kernel, 0), training)
-        outputs = keras.ops.conv(keras.ops.expand_dims(inputs, height_axis), kernel, strides=(1, layer.strides[0]),
-                                 padding=padding, data_format=layer.data_format,
-                                 dilation_rate=(1, layer.dilation_rate[0]))
-        return keras.ops.squeeze(outputs, height_axis)
+        kernel = _spread_taps(keras.ops.expand_dims(layer.kernel, 0), (1, layer.dilation_rate[0]))
+        return keras.ops.conv(keras.ops.expand_dims(inputs, height_axis), wrapper.ranges["kernel"](kernel, training),
+                              strides=(1, layer.strides[0]), padding=padding, data_format=layer.data_format)
+
+
+def on_tanh_int8_grid(values):
+    """A tanh's output rounded as TFLite's int8 TANH rounds it: the fixed grid of k/128 (zero point 0)."""
+    return keras.quantizers.fake_quant_with_min_max_vars(values, -1.0, 127.0 / 128.0, num_bits=8)
+
+
+@register_serializable
+class ActivationRule(QuantizeRule):
+    """Activation and ReLU layers. ReLU/ReLU6/linear: the output on a range (RELU rescales); sigmoid and tanh:
+    LOGISTIC's k/256 and TANH's k/128 fixed grids. (quantize_model makes a GELU one of our GELU layers.)"""
+
+    FIXED_GRIDS = {"sigmoid": replacements.on_logistic_int8_grid, "tanh": on_tanh_int8_grid}
+
+    @staticmethod
+    def _name(layer):
+        if isinstance(layer, keras.layers.ReLU):  # as RELU or RELU6; a threshold or slope is other ops
+            plain = not layer.threshold and not layer.negative_slope and layer.max_value in (None, 6.0)
+            return ("relu" if layer.max_value is None else "relu6") if plain else None
+        name = keras.activations.serialize(layer.activation)
+        return name if isinstance(name, str) else None
+
+    def build(self, wrapper, layer):
+        name = self._name(layer)
+        if name not in FUSABLE_ACTIVATIONS and name not in self.FIXED_GRIDS:
+            if isinstance(layer, keras.layers.ReLU):
+                received = f"max_value={layer.max_value}, negative_slope={layer.negative_slope}, " \
+                           f"threshold={layer.threshold}"
+            else:
+                received = f"activation={getattr(layer.activation, '__name__', layer.activation)}"
+            raise ValueError(f"Activation {layer.name}: no int8 rule for its function (covered: GELU, "
+                             f"{', '.join(FUSABLE_ACTIVATIONS + tuple(self.FIXED_GRIDS))}, ReLU up to 6); keep it "
+                             f"float with keep_float=[{layer.name!r}]. Received: {received}")
+        if name in FUSABLE_ACTIVATIONS:
+            wrapper.add_activation_range("output")
+
+    def call(self, wrapper, layer, inputs, training, **kwargs):
+        name = self._name(layer)
+        outputs = layer(inputs)
+        if name in self.FIXED_GRIDS:
+            return self.FIXED_GRIDS[name](outputs)
+        return wrapper.ranges["output"](outputs, training)
+
+
+@register_serializable
+class AveragePoolingRule(QuantizeRule):
+    """AveragePooling1D/2D as a DEPTHWISE_CONV_2D whose kernel is 1/window (exact on the int8 grid), output on a
+    range of its own. TFLite's int8 AVERAGE_POOL_2D keeps its input's scale and rounds the average onto it,
+    which a rule cannot mirror without the producing layer's range; the convolution rescales, once, as here.
+    Covered: windows that never cross the edge (valid padding, or same padding that pads nothing): a
+    window over padding averages fewer values, which the fixed kernel would not."""
+
+    def build(self, wrapper, layer):
+        spatial = wrapper.layer_input_shape[1:-1] if layer.data_format == "channels_last" \
+            else wrapper.layer_input_shape[2:]
+        if layer.padding == "same" and any(
+                size is None or max((-(-size // stride) - 1) * stride + window - size, 0)
+                for size, window, stride in zip(spatial, layer.pool_size, layer.strides)):
+            raise ValueError(f"{type(layer).__name__} {layer.name}: the int8 rule covers windows inside the input; "
+                             f"this 'same' padding pads, and an edge window averages fewer values. Use "
+                             f"padding='valid'. Received: padding={layer.padding!r}, input_shape="
+                             f"{tuple(wrapper.layer_input_shape)}")
+        if len(set(layer.strides)) > 1:
+            raise ValueError(f"{type(layer).__name__} {layer.name}: the int8 rule runs it as a depthwise "
+                             f"convolution, which TensorFlow's CPU kernel strides equally only. "
+                             f"Received: strides={layer.strides}")
+        wrapper.add_activation_range("output")
+
+    def call(self, wrapper, layer, inputs, training, **kwargs):
+        channels_axis = -1 if layer.data_format == "channels_last" else 1
+        pool_size, strides = tuple(layer.pool_size), tuple(layer.strides)
+        if len(pool_size) == 1:
+            # as a (steps, 1) image with equal strides (a stride over the size-1 axis changes nothing): the
+            # CPU kernel of TensorFlow's depthwise convolution takes no others
+            inputs = keras.ops.expand_dims(inputs, 2 if layer.data_format == "channels_last" else 3)
+            pool_size, strides = pool_size + (1,), strides * 2
+        weight = 1.0 / (pool_size[0] * pool_size[1])
+        kernel = keras.ops.full(pool_size + (inputs.shape[channels_axis], 1), weight)
+        kernel = keras.quantizers.fake_quant_with_min_max_vars(kernel, -weight, weight, num_bits=8,
+                                                               narrow_range=True)
+        outputs = keras.ops.depthwise_conv(inputs, kernel, strides=strides, padding="valid",
+                                           data_format=layer.data_format)
+        outputs = wrapper.ranges["output"](outputs, training)
+        if len(layer.pool_size) == 1:
+            outputs = keras.ops.squeeze(outputs, 2 if layer.data_format == "channels_last" else 3)
+        return outputs
 
 
 @register_serializable
@@ -283,6 +454,70 @@ class LearnableGELURule(QuantizeRule):
         return ranges["output"](inputs * gate, training)
 
 
+@register_serializable
+class MultiHeadAttentionRule(QuantizeRule):
+    """MultiHeadAttention as the int8 ops it becomes: the query, key, value and output projections as
+    EinsumDense (kernels symmetric per tensor), the scores and the attended values as BATCH_MATMULs on ranges,
+    SOFTMAX on its k/256 grid. 1/sqrt(key_dim) is folded into the query projection (one int8 MUL fewer).
+
+    Covered: attention over one axis without masks (an encoder's self-attention). A mask adds -1e9 where it
+    is off, which no int8 range holds; gated attention and multi-axis softmax are not TFLite ops."""
+
+    PROJECTIONS = ("query", "key", "value", "output")
+    UNCOVERED = ("attention_mask", "use_causal_mask", "return_attention_scores", "query_mask", "value_mask",
+                 "key_mask")
+
+    def call_arguments(self, layer, args, kwargs):
+        bound = dict(zip(("query", "value", "key"), args), **kwargs)
+        for name in self.UNCOVERED:
+            value = bound.get(name)
+            if value is not None and value is not False:
+                shown = value if isinstance(value, bool) else f"a tensor of shape {tuple(value.shape)}"
+                raise ValueError(f"MultiHeadAttention {layer.name}: the int8 rule covers attention without "
+                                 f"masks or returned scores. Received: {name}={shown}")
+        inputs = [bound.pop("query"), bound.pop("value")]
+        key = bound.pop("key", None)
+        others = {name: value for name, value in bound.items() if name not in self.UNCOVERED}
+        return inputs + ([key] if key is not None else []), others
+
+    def layer_arguments(self, inputs):
+        return tuple(inputs)
+
+    def build(self, wrapper, layer):
+        if layer._use_gate or len(layer._attention_axes) != 1:
+            raise ValueError(f"MultiHeadAttention {layer.name}: the int8 rule covers ungated attention over "
+                             f"one axis. Received: use_gate={layer._use_gate}, "
+                             f"attention_axes={layer._attention_axes}")
+        for name in self.PROJECTIONS:
+            dense, scale = getattr(layer, f"{name}_dense"), self._scale(layer, name)
+            wrapper.add_weight_range(f"{name}_kernel", lambda dense=dense, scale=scale: dense.kernel * scale)
+            wrapper.add_activation_range(name)
+        wrapper.add_activation_range("scores")
+        wrapper.add_activation_range("attended")
+
+    def call(self, wrapper, layer, inputs, training, mask=None, **kwargs):
+        if mask is not None:
+            raise ValueError(f"MultiHeadAttention {layer.name}: the int8 rule covers attention without masks. "
+                             f"Received: inputs with a Keras mask")
+        query, value, key = (list(inputs) + [inputs[1]])[:3]
+        query, key, value = (self._projected(wrapper, layer, name, tensor, training)
+                             for name, tensor in (("query", query), ("key", key), ("value", value)))
+        scores = wrapper.ranges["scores"](keras.ops.einsum(layer._dot_product_equation, key, query), training)
+        probabilities = replacements.on_logistic_int8_grid(keras.ops.softmax(scores, axis=-1))
+        probabilities = layer._dropout_layer(probabilities, training=training)
+        attended = wrapper.ranges["attended"](keras.ops.einsum(layer._combine_equation, probabilities, value),
+                                              training)
+        return self._projected(wrapper, layer, "output", attended, training)
+
+    @staticmethod
+    def _scale(layer, name):
+        return layer._inverse_sqrt_key_dim if name == "query" else 1.0
+
+    def _projected(self, wrapper, layer, name, inputs, training):
+        return _einsum_dense(wrapper, getattr(layer, f"{name}_dense"), inputs, training, f"{name}_kernel", name,
+                             self._scale(layer, name))
+
+
 _RULES = {}
 
 
@@ -296,8 +531,7 @@ def register_rule(layer_class, rule):
 
 
 # Layers whose int8 op outputs values of its input's grid (a max picks one; reshapes and dropout, gone at
-# inference, change none): not wrapped, no range of their own. Average pooling is not one of them: TFLite's
-# int8 AVERAGE_POOL_2D rounds the average onto its input's grid, which a rule would need the producer's range for.
+# inference, change none): not wrapped, no range of their own.
 UNCHANGED_VALUES = (keras.layers.InputLayer, keras.layers.Dropout, keras.layers.Flatten, keras.layers.Reshape,
                     keras.layers.MaxPooling1D, keras.layers.MaxPooling2D, keras.layers.GlobalMaxPooling1D,
                     keras.layers.GlobalMaxPooling2D)
@@ -319,5 +553,9 @@ for _layer_class, _rule in ((keras.layers.Dense, DenseRule()), (keras.layers.Con
                             (keras.layers.GlobalAveragePooling2D, OutputRule()),
                             (keras.layers.EinsumDense, EinsumDenseRule()), (keras.layers.Softmax, SoftmaxRule()),
                             (keras.layers.LayerNormalization, LayerNormalizationRule()),
+                            (keras.layers.MultiHeadAttention, MultiHeadAttentionRule()),
+                            (keras.layers.AveragePooling1D, AveragePoolingRule()),
+                            (keras.layers.AveragePooling2D, AveragePoolingRule()),
+                            (keras.layers.Activation, ActivationRule()), (keras.layers.ReLU, ActivationRule()),
                             (keras.layers.Add, OutputRule())):
     register_rule(_layer_class, _rule)

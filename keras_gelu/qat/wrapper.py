@@ -21,7 +21,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
 
     def build(self, input_shape=None):
         if not self.layer.built:
-            self.layer.build(input_shape)
+            self.layer.build(*self.rule.layer_arguments(input_shape))
         self.layer_input_shape = input_shape
         self.rule.build(self, self.layer)
         self.built = True
@@ -47,7 +47,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
         return self.rule.call(self, self.layer, inputs, bool(training), **kwargs)
 
     def compute_output_shape(self, input_shape):
-        return self.layer.compute_output_shape(input_shape)
+        return self.layer.compute_output_shape(*self.rule.layer_arguments(input_shape))
 
     def get_config(self):
         config = super().get_config()
