@@ -71,6 +71,8 @@ recipes: $(INSTALLED)
 	  TF_USE_LEGACY_KERAS=1 $(VENV_PYTHON) examples/$$recipe.py --force --output-dir $${recipe}_output/tf_keras && \
 	  TF_USE_LEGACY_KERAS=0 $(VENV_PYTHON) examples/$$recipe.py --force --output-dir $${recipe}_output/keras3 || exit 1; \
 	done
+	TF_USE_LEGACY_KERAS=0 $(VENV_PYTHON) examples/qat_transformer.py --attention multi_head --force \
+	  --output-dir qat_transformer_output/keras3_multi_head
 
 # The ReLU -> GELU study (swap_activations on trained models, 5 seeds, two tasks; ~5 minutes).
 study: $(INSTALLED)

@@ -124,9 +124,12 @@ def argument_parser(description, output_dir, epochs, qat_epochs, qat_learning_ra
     return parser
 
 
-def parse_arguments(parser, argv, file_prefix, positive=()):
-    """Parsed flags, with `functions` as a list; exits with a one-line error on bad flags or existing outputs."""
+def parse_arguments(parser, argv, file_prefix, positive=(), check=None):
+    """Parsed flags, with `functions` as a list; exits with a one-line error on bad flags (`check(parser, args)`
+    checks a recipe's own) or existing outputs, before anything is written."""
     args = parser.parse_args(argv)
+    if check is not None:
+        check(parser, args)
     args.functions = args.functions.split(",")
     unknown = [function for function in args.functions if function not in FUNCTIONS]
     if unknown:

@@ -22,7 +22,10 @@ residual-only, which a model this small trains well without.
 
 QAT runs on tf-keras with tfmot unless TF_USE_LEGACY_KERAS=0 is set, which
 runs it on Keras 3 with keras_gelu's own engine (no tfmot); the attention
-layer then has a QuantizeRule instead of a QuantizeConfig.
+layer then has a QuantizeRule instead of a QuantizeConfig. Keras 3's engine
+also has rules for Keras's own layers: `--attention multi_head` builds the
+usual post-LayerNormalization block on keras.layers.MultiHeadAttention
+(Keras 3 only).
 """
 
 import sys
@@ -121,15 +124,21 @@ def attention_rule():
     return AttentionRule()
 
 
-def build_encoder(function, width):
+def build_encoder(function, width, attention="dot_product"):
     inputs = keras.Input((SEQUENCE_LENGTH, VOCABULARY + SEQUENCE_LENGTH), name="tokens")
     hidden = keras.layers.Dense(width, name="embed")(inputs)
-    attended = DotProductAttention(name="attention")([keras.layers.Dense(width, name="query")(hidden),
-                                                      keras.layers.Dense(width, name="key")(hidden),
-                                                      keras.layers.Dense(width, name="value")(hidden)])
-    hidden = keras.layers.Add(name="residual_1")([hidden, keras.layers.Dense(width, name="attention_out")(attended)])
+    if attention == "multi_head":
+        attended = keras.layers.MultiHeadAttention(2, width // 2, name="attention")(hidden, hidden)
+    else:
+        attended = keras.layers.Dense(width, name="attention_out")(DotProductAttention(name="attention")(
+            [keras.layers.Dense(width, name=name)(hidden) for name in ("query", "key", "value")]))
+    hidden = keras.layers.Add(name="residual_1")([hidden, attended])
+    if attention == "multi_head":
+        hidden = keras.layers.LayerNormalization(name="norm_1")(hidden)
     expanded = keras.layers.Dense(4 * width, activation=keras_gelu.gelu_layer(function), name="ffn_in")(hidden)
     hidden = keras.layers.Add(name="residual_2")([hidden, keras.layers.Dense(width, name="ffn_out")(expanded)])
+    if attention == "multi_head":
+        hidden = keras.layers.LayerNormalization(name="norm_2")(hidden)
     pooled = keras.layers.GlobalAveragePooling1D(name="pool")(hidden)
     return keras.Model(inputs, keras.layers.Dense(CLASSES, name="logits")(pooled), name=f"encoder_{function}")
 
@@ -153,18 +162,31 @@ def quantize_encoder(model, mode, exact_as, calibration_data=None):
         return quantization.quantize_model(annotated, mode=mode, exact_as=exact_as, calibration_data=calibration_data)
 
 
+def _check_attention(parser, args):
+    if args.attention == "multi_head" and keras_gelu.KERAS_FLAVOUR != "keras3":
+        parser.error("--attention multi_head needs Keras 3's QAT engine (TF_USE_LEGACY_KERAS=0): tfmot has no "
+                     "config for MultiHeadAttention or LayerNormalization")
+    if args.attention == "multi_head" and args.width % 2:
+        parser.error(f"--attention multi_head splits --width over 2 heads; got --width {args.width}")
+
+
 def main(argv=None):
     parser = int8_recipe.argument_parser(__doc__, "qat_transformer_output", epochs=12, qat_epochs=3,
                                          qat_learning_rate=3e-5, width=32)
     parser.add_argument("--train-size", type=int, default=4000, help="training sequences (default 4000)")
     parser.add_argument("--test-size", type=int, default=1000, help="test sequences (default 1000)")
-    args = int8_recipe.parse_arguments(parser, argv, "encoder", positive=("train_size", "test_size"))
+    parser.add_argument("--attention", choices=("dot_product", "multi_head"), default="dot_product",
+                        help="dot_product: the attention layer defined here, in a residual-only block (default); "
+                             "multi_head: keras.layers.MultiHeadAttention, 2 heads, with LayerNormalization "
+                             "(Keras 3 only: tfmot has no config for either)")
+    args = int8_recipe.parse_arguments(parser, argv, "encoder", positive=("train_size", "test_size"),
+                                       check=_check_attention)
     x_train, y_train = make_sequence_task(args.train_size, args.seed)
     x_test, y_test = make_sequence_task(args.test_size, args.seed + 1)
     print(f"task: most frequent of tokens 0-{CLASSES - 1} in {SEQUENCE_LENGTH} tokens out of {VOCABULARY}; "
           f"{args.train_size} train / {args.test_size} test sequences; majority class "
-          f"{np.bincount(y_test).max() / len(y_test):.3f}; {int8_recipe.describe(args)}")
-    results = [int8_recipe.compare_float_ptq_qat(function, lambda f: build_encoder(f, args.width),
+          f"{np.bincount(y_test).max() / len(y_test):.3f}; attention {args.attention}; {int8_recipe.describe(args)}")
+    results = [int8_recipe.compare_float_ptq_qat(function, lambda f: build_encoder(f, args.width, args.attention),
                                                  (x_train, y_train, x_test, y_test), args, "tokens",
                                                  learning_rate=3e-3, batch_size=64, quantize=quantize_encoder)
                for function in args.functions]

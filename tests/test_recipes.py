@@ -24,6 +24,10 @@ SHORT = ["--epochs", "1", "--qat-epochs", "1", "--calibration-samples", "32"]
     ("qat_digits", ["--functions", "learnable"], "digits"),
     ("qat_cnn_digits", ["--functions", "tanh"], "digits_cnn"),
     ("qat_transformer", ["--functions", "exact", "--train-size", "256", "--test-size", "64"], "encoder"),
+    pytest.param("qat_transformer", ["--functions", "tanh", "--train-size", "256", "--test-size", "64",
+                                     "--attention", "multi_head"], "encoder",
+                 marks=pytest.mark.skipif(not IS_KERAS3, reason="Keras 3's engine has the MultiHeadAttention rule"),
+                 id="qat_transformer-multi_head"),
 ])
 def test_recipe_runs_and_refuses_to_overwrite(recipe, extra, prefix, tmp_path, capsys):
     module = importlib.import_module(recipe)
@@ -48,3 +52,14 @@ def test_recipe_flags_are_checked(capsys):
         qat_digits.main(["--functions", "quadratic"])
     assert exit_info.value.code == 2
     assert "unknown GELU function(s) quadratic" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(IS_KERAS3, reason="tfmot's refusal: under Keras 3 the engine quantizes MultiHeadAttention")
+def test_the_multi_head_encoder_is_refused_under_tfmot_before_anything_is_written(tmp_path, capsys):
+    import qat_transformer
+
+    with pytest.raises(SystemExit) as exit_info:
+        qat_transformer.main(["--attention", "multi_head", "--output-dir", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert "needs Keras 3's QAT engine (TF_USE_LEGACY_KERAS=0)" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
