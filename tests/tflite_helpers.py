@@ -25,7 +25,7 @@ def run_matched_by_shape(tflite_model, arrays):
 
 
 _EXACT_OPS = {  # the float function of each int8 op the rounding check knows, on dequantized inputs
-    "ADD": np.add, "MUL": np.multiply, "SQUARED_DIFFERENCE": lambda a, b: (a - b) ** 2,
+    "ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "SQUARED_DIFFERENCE": lambda a, b: (a - b) ** 2,
     "RSQRT": lambda a: 1 / np.sqrt(a),
     "MEAN": lambda a, axes: np.mean(a, axis=tuple(np.atleast_1d(axes).astype(int)), keepdims=True),
 }
