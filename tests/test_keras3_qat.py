@@ -312,8 +312,13 @@ def test_a_saved_qat_model_loads_in_a_fresh_process_and_converts_from_keras_and_
 
 def _attention_block(cross):
     keras.utils.set_random_seed(5)
-    tokens = keras.Input((6, 16), name="tokens")
-    inputs, memory, extra = [tokens], tokens, {}
+    if cross:
+        tokens = keras.Input((6, 16), name="tokens")
+        inputs = [tokens]
+    else:  # token ids through an Embedding (a GATHER from the int8 table)
+        inputs = [keras.Input((6,), dtype="int32", name="ids")]
+        tokens = keras.layers.Embedding(40, 16, name="embedding")(inputs[0])
+    memory, extra = tokens, {}
     if cross:  # a second input, read as value and, through a Dense, as key; values of another width
         memory = keras.Input((5, 12), name="memory")
         inputs.append(memory)
@@ -328,7 +333,8 @@ def test_multi_head_attention_trains_saves_and_converts_to_integer_within_qat_in
     import tflite_helpers
 
     model = _attention_block(cross)
-    x = [rng.normal(size=(64,) + tuple(tensor.shape[1:])).astype(np.float32) for tensor in model.inputs]
+    x = [rng.normal(size=(64,) + tuple(tensor.shape[1:])).astype(np.float32) if tensor.dtype == "float32"
+         else rng.integers(0, 40, size=(64,) + tuple(tensor.shape[1:])).astype(np.int32) for tensor in model.inputs]
     qat = quantization.quantize_model(model, calibration_data=x)
     low, high = _range_of(qat.layers[-1], "output")
     # MHA's function (1/sqrt(key_dim) folded into the query projection), up to int8 rounding
@@ -340,7 +346,7 @@ def test_multi_head_attention_trains_saves_and_converts_to_integer_within_qat_in
                                   qat(x).numpy())
     tflite_model, report = _converted(qat, tmp_path)
     assert report.float_ops == {}, report.op_types
-    for op in ("FULLY_CONNECTED", "BATCH_MATMUL", "SOFTMAX"):
+    for op in ("FULLY_CONNECTED", "BATCH_MATMUL", "SOFTMAX") + (() if cross else ("GATHER",)):
         assert set(report.op_types[op]) == {"int8"}, op
     (scale,) = converters.report.output_scales(tflite_model)
     outputs = tflite_helpers.run_matched_by_shape(tflite_model, x)
@@ -395,3 +401,10 @@ def test_an_activation_without_an_int8_form_is_refused_by_name(layer, message):
     inputs = keras.Input((12,))
     with pytest.raises(ValueError, match=message):
         quantization.quantize_model(keras.Model(inputs, layer(keras.layers.Dense(8)(inputs))))
+
+
+def test_an_embedding_with_mask_zero_is_refused_by_name():
+    ids = keras.Input((6,), dtype="int32")
+    hidden = keras.layers.Embedding(40, 8, mask_zero=True, name="padded")(ids)
+    with pytest.raises(ValueError, match=r"Embedding padded: .*without a mask.*Received: mask_zero=True$"):
+        quantization.quantize_model(keras.Model(ids, keras.layers.GlobalAveragePooling1D()(hidden)))

@@ -12,6 +12,7 @@ the ranges' variables. The rules here:
 * `ConvolutionRule`: CONV_2D and DEPTHWISE_CONV_2D (Conv1D is computed as
   the CONV_2D it becomes): the kernel per output channel, symmetric; the
   output as Dense's. `AveragePoolingRule`: a depthwise convolution.
+  `EmbeddingRule`: the table on a range, gathered.
 * `GELURule`, `LearnableGELURule`: what `keras_gelu.replacements` says the
   GELU becomes in the conversion's mode, each intermediate on a range and
   sigmoid outputs on TFLite's fixed LOGISTIC grid (k/256).
@@ -458,6 +459,23 @@ class LearnableGELURule(QuantizeRule):
 
 
 @register_serializable
+class EmbeddingRule(QuantizeRule):
+    """Embedding as GATHER from an int8 table: the table on an asymmetric per-tensor range, whose grid the
+    gathered rows keep (GATHER has no output range of its own). `mask_zero` is refused: the wrapper would drop
+    the mask that later layers read."""
+
+    def build(self, wrapper, layer):
+        if layer.mask_zero:
+            raise ValueError(f"Embedding {layer.name}: the int8 rule covers embeddings without a mask (a mask "
+                             f"would not reach the layers after it). Received: mask_zero=True")
+        wrapper.add_constant_range("embeddings", layer.embeddings)
+
+    def call(self, wrapper, layer, inputs, training, **kwargs):
+        table = wrapper.ranges["embeddings"](layer.embeddings, training)
+        return keras.ops.take(table, keras.ops.cast(inputs, "int32"), axis=0)
+
+
+@register_serializable
 class MultiHeadAttentionRule(QuantizeRule):
     """MultiHeadAttention as the int8 ops it becomes: the query, key, value and output projections as
     EinsumDense (kernels symmetric per tensor), the scores and the attended values as BATCH_MATMULs on ranges,
@@ -557,6 +575,7 @@ for _layer_class, _rule in ((keras.layers.Dense, DenseRule()), (keras.layers.Con
                             (keras.layers.EinsumDense, EinsumDenseRule()), (keras.layers.Softmax, SoftmaxRule()),
                             (keras.layers.LayerNormalization, LayerNormalizationRule()),
                             (keras.layers.MultiHeadAttention, MultiHeadAttentionRule()),
+                            (keras.layers.Embedding, EmbeddingRule()),
                             (keras.layers.AveragePooling1D, AveragePoolingRule()),
                             (keras.layers.AveragePooling2D, AveragePoolingRule()),
                             (keras.layers.Activation, ActivationRule()), (keras.layers.ReLU, ActivationRule()),
