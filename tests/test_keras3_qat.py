@@ -259,11 +259,24 @@ def test_register_rule_refuses_what_is_not_a_layer_class_and_a_rule(layer_class,
         quantization.register_rule(layer_class, rule)
 
 
-def test_mixed_precision_is_refused_with_what_to_do():
+def test_a_mixed_precision_model_is_quantized_in_float32_and_converts_to_integer(tmp_path, rng):
+    x = rng.normal(size=(64, 12)).astype(np.float32)
+    float32_twin = _mlp()
     keras.mixed_precision.set_global_policy("mixed_float16")
     model = _mlp()
-    with pytest.raises(ValueError, match="needs a float32 model.*Received: a mixed-precision model"):
-        quantization.quantize_model(model)
+    model.set_weights(float32_twin.get_weights())
+    with pytest.warns(UserWarning, match=r"computes in float32.*2 layer\(s\) of mlp had a mixed-precision policy"):
+        qat = quantization.quantize_model(model, mode="native", calibration_data=x)
+    assert keras.mixed_precision.global_policy().name == "mixed_float16"  # left as it was
+    assert {layer.dtype_policy.name for layer in qat.layers if not isinstance(layer, keras.layers.InputLayer)} \
+        == {"float32"}
+    assert qat(x).dtype == "float32"
+    keras.mixed_precision.set_global_policy("float32")
+    # the QAT model the float32 twin gives: the same computation, to the bit
+    twin_qat = quantization.quantize_model(float32_twin, mode="native", calibration_data=x)
+    np.testing.assert_array_equal(qat(x).numpy(), twin_qat(x).numpy())
+    _, report = _converted(qat, tmp_path)
+    assert report.float_ops == {}, report.op_types
 
 
 def test_nested_models_are_refused_by_name():

@@ -7,6 +7,8 @@ there. Train it with `fit`, save it as .keras (no custom_objects), then
 `model.export(path)` and `keras-gelu-convert path --int8 --mode <mode>`.
 """
 
+import warnings
+
 from keras_gelu.flavour import keras
 from keras_gelu.layers import GELU
 from keras_gelu.layers import GELU_ACTIVATIONS
@@ -26,7 +28,9 @@ def _gelu_layer(activation, name):
     if activation is keras.activations.gelu:  # Keras's "gelu" is exact
         return GELU("exact", name=name)
     if isinstance(activation, GELU_ACTIVATIONS):
-        return layer_computing(activation, name)
+        layer = layer_computing(activation, name)
+        layer.dtype_policy = "float32"  # a copy of a mixed-precision activation's config (see `quantize`)
+        return layer
     return None
 
 
@@ -53,12 +57,27 @@ def _check_rules(model, mode, exact_as, keep_float):
 
 
 def quantize(model, mode, exact_as, calibration_data, keep_float):
-    """The Keras 3 engine of `keras_gelu.quantization.quantize_model`, which checks the arguments first."""
-    if keras.mixed_precision.global_policy().name != "float32" or any(
-            layer.dtype_policy.name != "float32" for layer in model.layers):
-        raise ValueError("quantize_model needs a float32 model: int8 ranges are float32, and a float16 "
-                         "layer's rounding is not what the int8 model computes. Rebuild it under the float32 "
-                         "policy and copy the weights. Received: a mixed-precision model")
+    """The Keras 3 engine of `keras_gelu.quantization.quantize_model`, which checks the arguments first.
+
+    The QAT model computes in float32 whatever the model's and the global dtype policies: int8 ranges are
+    float32, and float16 would round the values on each int8 grid (11-bit significands) where the int8 model
+    does not. A mixed-precision model's weights are float32 already; its layers are rebuilt float32.
+    """
+    mixed = [layer.name for layer in model.layers
+             if layer.dtype_policy.name != "float32" and not isinstance(layer, keras.layers.InputLayer)]
+    if mixed:
+        warnings.warn(f"quantize_model: the QAT model computes in float32, as the int8 model's ranges are; "
+                      f"{len(mixed)} layer(s) of {model.name} had a mixed-precision policy ({mixed[0]}: "
+                      f"{model.get_layer(mixed[0]).dtype_policy.name}). The weights are the model's.", stacklevel=3)
+    global_policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("float32")  # for the layers made here: wrappers, input quantizers, GELUs
+    try:
+        return _quantize(model, mode, exact_as, calibration_data, keep_float)
+    finally:
+        keras.config.set_dtype_policy(global_policy)
+
+
+def _quantize(model, mode, exact_as, calibration_data, keep_float):
     if isinstance(model, keras.Sequential):  # clone_model inserts layers (the split GELUs) in functional models only
         single = lambda tensors: tensors[0] if len(tensors) == 1 else tensors  # noqa: E731
         model = keras.Model(single(model.inputs), single(model.outputs), name=model.name)
@@ -76,7 +95,7 @@ def quantize(model, mode, exact_as, calibration_data, keep_float):
             gelu = _gelu_layer(layer.activation, layer.name)  # Activation("gelu") as our GELU layer, its rule
             pairs.append((layer, quantized(gelu), None, None))
             return pairs[-1][1]
-        config = layer.get_config()
+        config = {**layer.get_config(), "dtype": "float32"}
         activation = _split_activation(layer)
         if activation is not None:
             config["activation"] = "linear"
