@@ -3,7 +3,9 @@
 tfmot under tf-keras, keras_gelu.qat under Keras 3, on the same models:
 
 * MLP: 64 -> 256 -> 256 -> 10, the GELU as each Dense's activation;
-* CNN: 8x8x1 -> Conv2D 16 -> MaxPooling -> Conv2D 32 -> GlobalAveragePooling -> Dense 10.
+* CNN: 8x8x1 -> Conv2D 16 -> MaxPooling -> Conv2D 32 -> GlobalAveragePooling -> Dense 10;
+* Encoder (Keras 3 only: tfmot has no config for its layers): 16 tokens of 32, MultiHeadAttention (2 heads),
+  Add, LayerNormalization, Dense 128 with the GELU, Dense 32, Add, LayerNormalization, pooled, Dense 10.
 
 For each GELU function the float model and its QAT copy (`quantize_model`,
 builtin mode) train one epoch each in turn after a warm-up epoch; the table
@@ -33,6 +35,13 @@ def build(kind, function):
         inputs = keras.Input((64,))
         hidden = keras.layers.Dense(256, activation=keras_gelu.gelu_layer(function))(inputs)
         hidden = keras.layers.Dense(256, activation=keras_gelu.gelu_layer(function))(hidden)
+    elif kind == "Encoder":
+        inputs = keras.Input((16, 32))
+        hidden = keras.layers.Add()([inputs, keras.layers.MultiHeadAttention(2, 16)(inputs, inputs)])
+        hidden = keras.layers.LayerNormalization()(hidden)
+        expanded = keras.layers.Dense(128, activation=keras_gelu.gelu_layer(function))(hidden)
+        hidden = keras.layers.LayerNormalization()(keras.layers.Add()([hidden, keras.layers.Dense(32)(expanded)]))
+        hidden = keras.layers.GlobalAveragePooling1D()(hidden)
     else:
         inputs = keras.Input((8, 8, 1))
         hidden = keras.layers.Conv2D(16, 3, padding="same", activation=keras_gelu.gelu_layer(function))(inputs)
@@ -59,7 +68,8 @@ def table(rounds, steps):
     print("| model | GELU | float s / epoch | QAT s / epoch | QAT / float |")
     print("|---|---|---:|---:|---:|")
     rng = np.random.default_rng(0)
-    for kind, shape in (("MLP", (64,)), ("CNN", (8, 8, 1))):
+    kinds = [("MLP", (64,)), ("CNN", (8, 8, 1))] + [("Encoder", (16, 32))] * (keras_gelu.KERAS_FLAVOUR == "keras3")
+    for kind, shape in kinds:
         x = rng.uniform(0, 1, size=(BATCH * steps, *shape)).astype(np.float32)
         y = rng.integers(0, 10, size=BATCH * steps)
         for function in FUNCTIONS:

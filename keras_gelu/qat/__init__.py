@@ -91,8 +91,8 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
         return QuantizeWrapper(layer, rule_for(layer, mode, exact_as))
 
     def clone_function(layer):
-        if isinstance(layer, keras.layers.Activation) and _gelu_layer(layer.activation, layer.name) is not None:
-            gelu = _gelu_layer(layer.activation, layer.name)  # Activation("gelu") as our GELU layer, its rule
+        gelu = _gelu_layer(layer.activation, layer.name) if isinstance(layer, keras.layers.Activation) else None
+        if gelu is not None:  # Activation("gelu") as our GELU layer, with its rule
             pairs.append((layer, quantized(gelu), None, None))
             return pairs[-1][1]
         config = {**layer.get_config(), "dtype": "float32"}

@@ -85,11 +85,11 @@ class WeightRange:
     def build(self, layer, weight):
         """`weight`: the variable, or a function giving the tensor the rule quantizes (a kernel times a constant)."""
         self.weight = weight
-        shape = () if self.axis is None else (self._current(None).shape[self.axis],)
+        shape = () if self.axis is None else (self._current().shape[self.axis],)
         self.low, self.high = _range_variables(layer, self.name, shape)
         self.update()
 
-    def _current(self, weight):
+    def _current(self, weight=None):
         if weight is not None:
             return weight
         return self.weight() if callable(self.weight) else self.weight
