@@ -107,6 +107,41 @@ def test_conv1d_computes_the_float_function_and_converts_within_qat_int8_steps(p
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
 
+def _separable_cnn(one_dimensional):
+    keras.utils.set_random_seed(3)
+    if one_dimensional:
+        return keras.Sequential([
+            keras.Input((20, 4)), keras.layers.DepthwiseConv1D(3, strides=2, padding="same", activation="relu"),
+            keras.layers.DepthwiseConv1D(3, dilation_rate=2, padding="same"),
+            keras.layers.SeparableConv1D(6, 3, activation="relu6"), keras.layers.Flatten(), keras.layers.Dense(4)])
+    return keras.Sequential([
+        keras.Input((12, 12, 3)), keras.layers.SeparableConv2D(8, 3, strides=2, padding="same", activation="relu"),
+        keras.layers.SeparableConv2D(8, 3, dilation_rate=2, activation=keras_gelu.GELU("tanh")),
+        keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+
+
+@pytest.mark.parametrize("one_dimensional", [False, True], ids=["separable-2d", "depthwise-separable-1d"])
+def test_depthwise_and_separable_convolutions_train_and_convert_within_qat_int8_steps(one_dimensional, tmp_path,
+                                                                                        rng):
+    import tflite_helpers
+
+    model = _separable_cnn(one_dimensional)
+    x = rng.normal(size=(64,) + tuple(model.input_shape[1:])).astype(np.float32)
+    qat = quantization.quantize_model(model, calibration_data=x)
+    low, high = _range_of(qat.layers[-1], "output")
+    # strides, dilation and the separable pair computed as the float layers do, up to int8 rounding
+    assert np.max(np.abs(qat(x).numpy() - model(x).numpy())) <= 10 * (high - low) / 255
+    qat.compile(keras.optimizers.Adam(1e-2), "mse")
+    qat.fit(x, rng.normal(size=(64, 4)).astype(np.float32), epochs=1, verbose=0)
+    tflite_model, report = _converted(qat, tmp_path)
+    assert report.float_ops == {}, report.op_types
+    # a separable convolution is a DEPTHWISE_CONV_2D and a 1x1 CONV_2D
+    assert sum(report.op_types["DEPTHWISE_CONV_2D"].values()) == (3 if one_dimensional else 2)
+    assert sum(report.op_types["CONV_2D"].values()) == (1 if one_dimensional else 2)
+    (scale,) = converters.report.output_scales(tflite_model)
+    assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
+
+
 def _encoder_block(layer_normalization):
     keras.utils.set_random_seed(9)
     inputs = keras.Input((6, 8), name="tokens")

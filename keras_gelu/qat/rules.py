@@ -9,9 +9,9 @@ the ranges' variables. The rules here:
   the bias left to the converter (int32 from the input and kernel scales),
   the fused ReLU/ReLU6/linear kept fused, the output on a moving-average range.
   `EinsumDenseRule`: the same, computed as a 2-D matmul.
-* `ConvolutionRule`: CONV_2D and DEPTHWISE_CONV_2D (Conv1D is computed as
-  the CONV_2D it becomes): the kernel per output channel, symmetric; the
-  output as Dense's. `AveragePoolingRule`: a depthwise convolution.
+* `ConvolutionRule`: CONV_2D and DEPTHWISE_CONV_2D, 1-D ones computed as
+  the 2-D ones they become, separable ones as both: kernels per output
+  channel, symmetric; the output as Dense's. `AveragePoolingRule`: a depthwise convolution.
   `EmbeddingRule`: the table on a range, gathered.
 * `GELURule`, `LearnableGELURule`: what `keras_gelu.replacements` says the
   GELU becomes in the conversion's mode, each intermediate on a range and
@@ -265,56 +265,69 @@ def _spread_taps(kernel, dilation_rate):
 
 @register_serializable
 class ConvolutionRule(QuantizeRule):
-    """CONV_2D, DEPTHWISE_CONV_2D: kernel per output channel, symmetric; output on a moving-average range."""
+    """Convolutions, 1-D and 2-D, as CONV_2D and DEPTHWISE_CONV_2D (a separable one is both): kernels per
+    output channel, symmetric; a separable convolution's depthwise output on a range of its own; the output
+    on a moving-average range.
+
+    A 1-D convolution is computed as the 2-D one over a (steps, 1) image it becomes, kernel included:
+    per-channel ranges on the 3-D kernel would sit on an axis the converter's reshape moves, and a bias ADD
+    after the squeeze back stays float. Strides are equal on both axes (the size-1 axis has one position
+    either way): TensorFlow's CPU depthwise kernel takes no others."""
 
     def build(self, wrapper, layer):
         _check_fused_activation(layer)
-        wrapper.add_weight_range("kernel", layer.kernel, axis=self._channel_axis(layer))
+        if self._separable(layer):
+            wrapper.add_weight_range("depthwise_kernel", layer.depthwise_kernel, axis=-2)
+            wrapper.add_activation_range("depthwise")
+            wrapper.add_weight_range("pointwise_kernel", layer.pointwise_kernel, axis=-1)
+        else:
+            # A conv kernel is (..., in, out); a depthwise one (..., in, multiplier), and TFLite's
+            # DEPTHWISE_CONV_2D has one output channel per (in, multiplier): per channel along `in` is exact
+            # for multiplier 1, the only depthwise TFLite quantizes per channel.
+            wrapper.add_weight_range("kernel", layer.kernel, axis=-2 if self._depthwise(layer) else -1)
         wrapper.add_activation_range("output")
 
     @staticmethod
     def _depthwise(layer):
-        return isinstance(layer, keras.layers.DepthwiseConv2D)
-
-    def _channel_axis(self, layer):
-        # Conv kernels are (..., in, out): out is the last axis. A depthwise kernel is (h, w, in, multiplier),
-        # and TFLite's DEPTHWISE_CONV_2D has one output channel per (in, multiplier): per-channel along `in`
-        # is exact for multiplier 1, the only depthwise TFLite quantizes per channel.
-        return 2 if self._depthwise(layer) else -1
-
-    def call(self, wrapper, layer, inputs, training, **kwargs):
-        # Conv1D runs as a CONV_2D over a height-1 image; the bias, activation and output range come before
-        # the squeeze back, or the converter leaves the bias ADD after a RESHAPE, in float.
-        one_dimensional = isinstance(layer, keras.layers.Conv1D)
-        height_axis = 1 if layer.data_format == "channels_last" else 2
-        if one_dimensional:
-            outputs = self._conv1d_as_conv2d(wrapper, layer, inputs, training, height_axis)
-        else:
-            kernel = wrapper.ranges["kernel"](_spread_taps(layer.kernel, layer.dilation_rate), training)
-            convolve = keras.ops.depthwise_conv if self._depthwise(layer) else keras.ops.conv
-            outputs = convolve(inputs, kernel, strides=layer.strides, padding=layer.padding,
-                               data_format=layer.data_format)
-        if layer.use_bias:
-            channel_axis = -1 if layer.data_format == "channels_last" else 1
-            bias_shape = [1] * len(outputs.shape)
-            bias_shape[channel_axis] = -1
-            outputs = outputs + keras.ops.reshape(layer.bias, bias_shape)
-        outputs = wrapper.ranges["output"](layer.activation(outputs), training)
-        return keras.ops.squeeze(outputs, height_axis) if one_dimensional else outputs
+        return isinstance(layer, (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D))
 
     @staticmethod
-    def _conv1d_as_conv2d(wrapper, layer, inputs, training, height_axis):
-        """Conv1D's convolution as TFLite runs it, a CONV_2D over a height-1 image, its kernel quantized as that
-        4-D kernel (per-channel ranges on the 3-D kernel sit on an axis the converter's reshape would move)."""
-        padding = layer.padding
-        if padding == "causal":
-            steps_axis = 1 if layer.data_format == "channels_last" else 2
-            pad = [[0, 0], [0, 0], [0, 0]]
-            pad[steps_axis] = [layer.dilation_rate[0] * (layer.kernel_size[0] - 1), 0]
-            inputs, padding = keras.ops.pad(inputs, pad), "valid"
-        kernel = _spread_taps(keras.ops.expand_dims(layer.kernel, 0), (1, layer.dilation_rate[0]))
-        return keras.ops.conv(keras.ops.expand_dims(inputs, height_axis), wrapper.ranges["kernel"](kernel, training),
-                              strides=(1, layer.strides[0]), padding=padding, data_format=layer.data_format)
+    def _separable(layer):
+        return isinstance(layer, (keras.layers.SeparableConv1D, keras.layers.SeparableConv2D))
+
+    def call(self, wrapper, layer, inputs, training, **kwargs):
+        one_dimensional = len(layer.kernel_size) == 1
+        channels_last = layer.data_format == "channels_last"
+        padding, strides, dilation_rate = layer.padding, tuple(layer.strides), tuple(layer.dilation_rate)
+        if one_dimensional:
+            if padding == "causal":
+                pad = [[0, 0], [0, 0], [0, 0]]
+                pad[1 if channels_last else 2] = [dilation_rate[0] * (layer.kernel_size[0] - 1), 0]
+                inputs, padding = keras.ops.pad(inputs, pad), "valid"
+            inputs = keras.ops.expand_dims(inputs, 2 if channels_last else 3)
+            strides, dilation_rate = strides * 2, dilation_rate + (1,)
+
+        def kernel(name, weight):
+            weight = keras.ops.expand_dims(weight, 1) if one_dimensional else weight
+            return wrapper.ranges[name](_spread_taps(weight, dilation_rate), training)
+
+        convolve = dict(strides=strides, padding=padding, data_format=layer.data_format)
+        if self._separable(layer):
+            outputs = keras.ops.depthwise_conv(inputs, kernel("depthwise_kernel", layer.depthwise_kernel),
+                                               **convolve)
+            outputs = keras.ops.conv(wrapper.ranges["depthwise"](outputs, training),
+                                     kernel("pointwise_kernel", layer.pointwise_kernel), strides=1,
+                                     padding="valid", data_format=layer.data_format)
+        elif self._depthwise(layer):
+            outputs = keras.ops.depthwise_conv(inputs, kernel("kernel", layer.kernel), **convolve)
+        else:
+            outputs = keras.ops.conv(inputs, kernel("kernel", layer.kernel), **convolve)
+        if layer.use_bias:
+            bias_shape = [1] * len(outputs.shape)
+            bias_shape[-1 if channels_last else 1] = -1
+            outputs = outputs + keras.ops.reshape(layer.bias, bias_shape)
+        outputs = wrapper.ranges["output"](layer.activation(outputs), training)
+        return keras.ops.squeeze(outputs, 2 if channels_last else 3) if one_dimensional else outputs
 
 
 def on_tanh_int8_grid(values):
@@ -567,8 +580,10 @@ def rule_for(layer, mode, exact_as):
     return _RULES.get(type(layer))
 
 
-for _layer_class, _rule in ((keras.layers.Dense, DenseRule()), (keras.layers.Conv1D, ConvolutionRule()),
-                            (keras.layers.Conv2D, ConvolutionRule()), (keras.layers.DepthwiseConv2D, ConvolutionRule()),
+_CONVOLUTIONS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D,
+                 keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)
+for _layer_class, _rule in ((keras.layers.Dense, DenseRule()),
+                            *((convolution, ConvolutionRule()) for convolution in _CONVOLUTIONS),
                             # MEAN rescales to an output range of its own.
                             (keras.layers.GlobalAveragePooling1D, OutputRule()),
                             (keras.layers.GlobalAveragePooling2D, OutputRule()),
