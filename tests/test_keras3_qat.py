@@ -252,8 +252,8 @@ def test_a_training_step_moves_a_range_a_thousandth_of_the_way_to_the_batch(rng)
 
 def test_a_layer_without_a_rule_is_named_with_how_to_add_one():
     inputs = keras.Input((12,))
-    model = keras.Model(inputs, keras.layers.BatchNormalization(name="norm")(keras.layers.Dense(8)(inputs)))
-    with pytest.raises(ValueError, match=r"no rule for layer norm \(BatchNormalization\): register one with "
+    model = keras.Model(inputs, keras.layers.GroupNormalization(2, name="norm")(keras.layers.Dense(8)(inputs)))
+    with pytest.raises(ValueError, match=r"no rule for layer norm \(GroupNormalization\): register one with "
                                          r"keras_gelu\.quantization\.register_rule.*keep_float=\['norm'\]"):
         quantization.quantize_model(model)
 
@@ -456,3 +456,94 @@ def test_an_embedding_with_mask_zero_is_refused_by_name():
     hidden = keras.layers.Embedding(40, 8, mask_zero=True, name="padded")(ids)
     with pytest.raises(ValueError, match=r"Embedding padded: .*without a mask.*Received: mask_zero=True$"):
         quantization.quantize_model(keras.Model(ids, keras.layers.GlobalAveragePooling1D()(hidden)))
+
+
+@pytest.mark.parametrize("make_layer, shape", [
+    (lambda: keras.layers.Conv2D(6, 3, use_bias=False), (9, 9, 3)),
+    (lambda: keras.layers.DepthwiseConv2D(3, depth_multiplier=2), (9, 9, 3)),
+    (lambda: keras.layers.SeparableConv1D(5, 3), (12, 3)),
+    (lambda: keras.layers.Dense(7), (4,)),
+], ids=["conv2d-no-bias", "depthwise-multiplier-2", "separable-1d", "dense"])
+def test_folded_weights_compute_the_layer_then_its_batch_normalization(make_layer, shape, rng):
+    from keras_gelu.qat import folding
+
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input(shape)
+    layer, batch_norm = make_layer(), keras.layers.BatchNormalization(epsilon=1e-3)
+    model = keras.Model(inputs, batch_norm(layer(inputs)))
+    channels = batch_norm.gamma.shape[0]
+    for weight in (batch_norm.gamma, batch_norm.beta, batch_norm.moving_mean):
+        weight.assign(rng.normal(size=channels))
+    batch_norm.moving_variance.assign(rng.uniform(0.2, 3.0, size=channels))
+    assert folding.batch_norms_to_fold(model) == {layer.name: batch_norm}
+    folded = type(layer).from_config({**layer.get_config(), "use_bias": True})
+    folded.build((None, *shape))
+    folded.set_weights(folding.folded_weights(layer, batch_norm))
+    x = rng.normal(size=(8, *shape)).astype(np.float32)
+    # Keras's own batch normalization (inference) is the reference; float32 rounding of two computations
+    np.testing.assert_allclose(folded(x).numpy(), model(x, training=False).numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("build, reason", [
+    (lambda x: keras.layers.BatchNormalization(name="norm")(keras.layers.Dense(8, activation="relu")(x)),
+     "relu between"),
+    (lambda x: (lambda h: keras.layers.Add()([h, keras.layers.BatchNormalization(name="norm")(h)]))(
+        keras.layers.Dense(8)(x)), "a second reader"),
+    (lambda x: keras.layers.BatchNormalization(name="norm")(x), "no layer before it"),
+])
+def test_a_batch_normalization_that_cannot_fold_is_refused_by_name(build, reason):
+    inputs = keras.Input((12,))
+    with pytest.raises(ValueError, match=r"folds a BatchNormalization into the Conv/Dense right before it.*norm "
+                                         r"has none such.*keep_float=\['norm'\]"):
+        quantization.quantize_model(keras.Model(inputs, build(inputs)))
+
+
+def test_mobilenet_v2_folds_its_batch_norms_and_converts_to_integer_within_qat_int8_steps(tmp_path, rng):
+    import tflite_helpers
+
+    # keras.applications' MobileNetV2, no weights (nothing downloaded): Conv/Depthwise + BatchNormalization +
+    # ReLU(6), ZeroPadding2D, residual Adds; the smallest width and input it takes.
+    keras.utils.set_random_seed(0)
+    model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10,
+                                           classifier_activation=None)
+    x = rng.uniform(-1, 1, size=(64, 32, 32, 3)).astype(np.float32)
+    batch_norms = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    for batch_norm in batch_norms:  # statistics and affine terms away from 0 and 1, as training leaves them
+        channels = batch_norm.gamma.shape[0]
+        batch_norm.gamma.assign(rng.uniform(0.5, 1.5, size=channels))
+        batch_norm.beta.assign(rng.normal(0, 0.2, size=channels))
+        batch_norm.moving_mean.assign(rng.normal(0, 0.2, size=channels))
+        batch_norm.moving_variance.assign(rng.uniform(0.5, 2.0, size=channels))
+    qat = quantization.quantize_model(model, calibration_data=x)
+    assert len(batch_norms) == 52 and not any("BatchNormalization" in type(getattr(layer, "layer", layer)).__name__
+                                               for layer in qat.layers)
+    low, high = _range_of(qat.layers[-1], "output")
+    assert np.max(np.abs(qat(x).numpy() - model(x, training=False).numpy())) <= 10 * (high - low) / 255
+    tflite_model, report = _converted(qat, tmp_path)  # the folded biases are not zero: no training needed
+    assert report.float_ops == {}, report.op_types
+    assert sum(report.op_types["CONV_2D"].values()) == 35 and sum(report.op_types["DEPTHWISE_CONV_2D"].values()) == 17
+    (scale,) = converters.report.output_scales(tflite_model)
+    assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
+
+
+def test_fused_softmax_sigmoid_and_tanh_are_split_out_onto_their_grids(tmp_path, rng):
+    import tflite_helpers
+
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((12,))
+    hidden = keras.layers.Dense(16, activation="tanh", name="squash")(inputs)
+    hidden = keras.layers.Dense(16, activation="sigmoid", name="gate")(hidden)
+    model = keras.Model(inputs, keras.layers.Dense(4, activation="softmax", name="probabilities")(hidden))
+    x = rng.normal(size=(256, 12)).astype(np.float32)
+    qat = quantization.quantize_model(model, calibration_data=x)
+    split = {layer.name: type(layer.layer).__name__ for layer in qat.layers
+             if isinstance(getattr(layer, "layer", None), (keras.layers.Activation, keras.layers.Softmax))}
+    assert split == {"quant_squash_tanh": "Activation", "quant_gate_sigmoid": "Activation",
+                     "quant_probabilities_softmax": "Softmax"}
+    tflite_model, report = _converted(qat, tmp_path)
+    assert report.float_ops == {}, report.op_types
+    for op in ("TANH", "LOGISTIC", "SOFTMAX"):
+        assert set(report.op_types[op]) == {"int8"}, op
+    (scale,) = converters.report.output_scales(tflite_model)
+    assert scale == pytest.approx(1 / 256)
+    assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS

@@ -14,8 +14,10 @@ from keras_gelu.layers import GELU
 from keras_gelu.layers import GELU_ACTIVATIONS
 from keras_gelu.layers import LearnableGELU
 from keras_gelu.layers import layer_computing
+from keras_gelu.qat import folding
 from keras_gelu.qat import ranges
 from keras_gelu.qat.rules import UNCHANGED_VALUES
+from keras_gelu.qat.rules import ActivationRule
 from keras_gelu.qat.rules import QuantizeRule
 from keras_gelu.qat.rules import register_rule
 from keras_gelu.qat.rules import rule_for
@@ -35,20 +37,34 @@ def _gelu_layer(activation, name):
 
 
 def _split_activation(layer):
-    """The GELU fused into `layer` as a layer of its own (a fresh copy), or None: int8 TFLite never fuses one."""
+    """The activation fused into `layer` as a layer of its own (a fresh copy) where int8 TFLite does not fuse
+    it: a GELU as our GELU layer, softmax as Softmax, sigmoid and tanh as Activation; else None."""
     activation = getattr(layer, "activation", None)
     if isinstance(layer, (GELU, LearnableGELU, keras.layers.Activation)) or activation is None:
         return None
-    return _gelu_layer(activation, f"{layer.name}_gelu")
+    gelu = _gelu_layer(activation, f"{layer.name}_gelu")
+    name = keras.activations.serialize(activation)
+    if gelu is not None or not isinstance(name, str):
+        return gelu
+    if name == "softmax":
+        return keras.layers.Softmax(name=f"{layer.name}_softmax")
+    if name in ActivationRule.FIXED_GRIDS:
+        return keras.layers.Activation(name, name=f"{layer.name}_{name}")
+    return None
 
 
-def _check_rules(model, mode, exact_as, keep_float):
+def _check_rules(model, mode, exact_as, skipped):
     for layer in model.layers:
-        if isinstance(layer, UNCHANGED_VALUES) or layer.name in keep_float:
+        if isinstance(layer, UNCHANGED_VALUES) or layer.name in skipped:
             continue
         if isinstance(layer, keras.Model):
             raise ValueError(f"quantize_model quantizes the layers of one model; {layer.name} is a nested model. "
                              f"Flatten it into the outer one. Received: layer={layer.name}")
+        if isinstance(layer, keras.layers.BatchNormalization):
+            raise ValueError(
+                f"quantize_model folds a BatchNormalization into the Conv/Dense right before it, with a linear "
+                f"activation and no other reader; {layer.name} has none such. Keep it float with "
+                f"keep_float=[{layer.name!r}], or register a rule. Received: layer={layer.name}")
         if rule_for(layer, mode, exact_as) is None:
             raise ValueError(
                 f"quantize_model has no rule for layer {layer.name} ({type(layer).__name__}): register one with "
@@ -81,7 +97,9 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
     if isinstance(model, keras.Sequential):  # clone_model inserts layers (the split GELUs) in functional models only
         single = lambda tensors: tensors[0] if len(tensors) == 1 else tensors  # noqa: E731
         model = keras.Model(single(model.inputs), single(model.outputs), name=model.name)
-    _check_rules(model, mode, exact_as, keep_float)
+    folds = folding.batch_norms_to_fold(model, keep_float)  # {Conv/Dense name: the BatchNormalization after it}
+    folded_away = {batch_norm.name for batch_norm in folds.values()}
+    _check_rules(model, mode, exact_as, set(keep_float) | folded_away)
     pairs = []  # (float layer, its QAT copy, the split-out activation's float and QAT copies or None)
     split_out = {}  # id(QAT copy) -> the QAT activation layer to call after it
 
@@ -91,11 +109,15 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
         return QuantizeWrapper(layer, rule_for(layer, mode, exact_as))
 
     def clone_function(layer):
+        if layer.name in folded_away:
+            return keras.layers.Identity(name=layer.name)  # a stand-in call_function never calls
         gelu = _gelu_layer(layer.activation, layer.name) if isinstance(layer, keras.layers.Activation) else None
         if gelu is not None:  # Activation("gelu") as our GELU layer, with its rule
             pairs.append((layer, quantized(gelu), None, None))
             return pairs[-1][1]
         config = {**layer.get_config(), "dtype": "float32"}
+        if layer.name in folds:
+            config["use_bias"] = True  # the folded BatchNormalization's shift
         activation = _split_activation(layer)
         if activation is not None:
             config["activation"] = "linear"
@@ -118,6 +140,8 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
         return quantized_inputs[id(tensor)]
 
     def call_function(layer, *args, **kwargs):
+        if layer.name in folded_away:
+            return args[0]  # in the weights of the layer before it
         args, kwargs = keras.tree.map_structure(quantized_input, (args, kwargs))
         if isinstance(layer, QuantizeWrapper):
             inputs, kwargs = layer.rule.call_arguments(layer.layer, args, kwargs)
@@ -128,7 +152,8 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
 
     qat_model = keras.models.clone_model(model, clone_function=clone_function, call_function=call_function)
     for layer, new, activation, new_activation in pairs:
-        _copy_float_weights(layer, new, activation, new_activation)
+        weights = folding.folded_weights(layer, folds[layer.name]) if layer.name in folds else None
+        _copy_float_weights(layer, new, activation, new_activation, weights)
     if calibration_data is not None:
         initialize_ranges(qat_model, calibration_data)
     return qat_model
@@ -142,11 +167,14 @@ def _inner(layer):
     return layer.layer if isinstance(layer, QuantizeWrapper) else layer
 
 
-def _copy_float_weights(layer, new, activation, new_activation):
-    """The float layer's weights into its QAT copy (and a split-out LearnableGELU's); weight ranges follow."""
+def _copy_float_weights(layer, new, activation, new_activation, weights=None):
+    """The float layer's weights (or `weights`) into its QAT copy, and a split-out LearnableGELU's into
+    its own; weight ranges follow."""
     moved = list(activation.weights) if new_activation is not None and hasattr(activation, "weights") else []
     moved_ids = {id(weight) for weight in moved}
-    _inner(new).set_weights([weight.numpy() for weight in layer.weights if id(weight) not in moved_ids])
+    if weights is None:
+        weights = [weight.numpy() for weight in layer.weights if id(weight) not in moved_ids]
+    _inner(new).set_weights(weights)
     if moved:
         _inner(new_activation).set_weights([weight.numpy() for weight in moved])
     for wrapper in (new, new_activation):

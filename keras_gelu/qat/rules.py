@@ -102,8 +102,8 @@ def _check_fused_activation(layer):
     name = name if isinstance(name, str) else None
     if name not in FUSABLE_ACTIVATIONS:
         raise ValueError(f"Layer {layer.name} has a fused activation TFLite does not fuse in int8; quantize_model "
-                         f"splits GELUs out, other activations need their own layer. Received: "
-                         f"activation={layer.activation!r}")
+                         f"splits GELU, softmax, sigmoid and tanh out, others need a layer of their own. Received: "
+                         f"activation={getattr(layer.activation, '__name__', layer.activation)}")
 
 
 @register_serializable
@@ -568,7 +568,10 @@ def register_rule(layer_class, rule):
 # inference, change none): not wrapped, no range of their own.
 UNCHANGED_VALUES = (keras.layers.InputLayer, keras.layers.Dropout, keras.layers.Flatten, keras.layers.Reshape,
                     keras.layers.MaxPooling1D, keras.layers.MaxPooling2D, keras.layers.GlobalMaxPooling1D,
-                    keras.layers.GlobalMaxPooling2D)
+                    keras.layers.GlobalMaxPooling2D,
+                    # PAD's zeros are the zero point (every range holds 0); a crop drops values
+                    keras.layers.ZeroPadding1D, keras.layers.ZeroPadding2D, keras.layers.Cropping1D,
+                    keras.layers.Cropping2D)
 
 
 def rule_for(layer, mode, exact_as):
