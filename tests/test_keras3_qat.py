@@ -10,6 +10,7 @@ import pytest
 import keras_gelu
 from conftest import IS_KERAS3
 from conftest import keras
+from conversions import DEPTHWISE_INT8_STEPS
 from conversions import QAT_INT8_STEPS
 
 if not IS_KERAS3:
@@ -139,7 +140,7 @@ def test_depthwise_and_separable_convolutions_train_and_convert_within_qat_int8_
     assert sum(report.op_types["DEPTHWISE_CONV_2D"].values()) == (3 if one_dimensional else 2)
     assert sum(report.op_types["CONV_2D"].values()) == (1 if one_dimensional else 2)
     (scale,) = converters.report.output_scales(tflite_model)
-    assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
+    assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= DEPTHWISE_INT8_STEPS
 
 
 def _encoder_block(layer_normalization):
