@@ -41,6 +41,18 @@ def _converted(model, tmp_path):
     return converters.convert(path, int8=True)
 
 
+def _quantized_and_trained(model, x, rng):
+    """The QAT copy of `model` (ranges from `x`), checked to compute the float model's function up to int8
+    rounding (10 output steps: a few per layer, not a shifted convolution or a lost scale), then trained one
+    epoch: a zero bias, as initialized, hides a bias ADD the conversion leaves in float."""
+    qat = quantization.quantize_model(model, calibration_data=x)
+    low, high = _range_of(qat.layers[-1], "output")
+    assert np.max(np.abs(qat(x).numpy() - model(x).numpy())) <= 10 * (high - low) / 255
+    qat.compile(keras.optimizers.Adam(1e-2), "mse")
+    qat.fit(x, rng.normal(size=(64,) + tuple(model.output_shape[1:])).astype(np.float32), epochs=1, verbose=0)
+    return qat
+
+
 def _cnn(pooling):
     keras.utils.set_random_seed(4)
     return keras.Sequential([
@@ -95,13 +107,7 @@ def test_conv1d_computes_the_float_function_and_converts_within_qat_int8_steps(p
                               keras.layers.Conv1D(8, 1, activation="relu"), keras.layers.AveragePooling1D(2),
                               keras.layers.Flatten(), keras.layers.Dense(4)])
     x = rng.normal(size=(64, 16, 3)).astype(np.float32)
-    qat = quantization.quantize_model(model, calibration_data=x)
-    low, high = _range_of(qat.layers[-1], "output")
-    # The QAT model is the float model up to int8 rounding: a few of each layer's steps, not a shifted convolution.
-    assert np.max(np.abs(qat(x).numpy() - model(x).numpy())) <= 10 * (high - low) / 255
-    # Trained, so that the biases are not zero: a bias ADD left after the squeeze back to 1-D stays float.
-    qat.compile(keras.optimizers.Adam(1e-2), "mse")
-    qat.fit(x, rng.normal(size=(64, 4)).astype(np.float32), epochs=1, verbose=0)
+    qat = _quantized_and_trained(model, x, rng)
     tflite_model, report = _converted(qat, tmp_path)
     (scale,) = converters.report.output_scales(tflite_model)
     assert report.float_ops == {} and set(report.op_types["CONV_2D"]) == {"int8"}
@@ -128,12 +134,7 @@ def test_depthwise_and_separable_convolutions_train_and_convert_within_qat_int8_
 
     model = _separable_cnn(one_dimensional)
     x = rng.normal(size=(64,) + tuple(model.input_shape[1:])).astype(np.float32)
-    qat = quantization.quantize_model(model, calibration_data=x)
-    low, high = _range_of(qat.layers[-1], "output")
-    # strides, dilation and the separable pair computed as the float layers do, up to int8 rounding
-    assert np.max(np.abs(qat(x).numpy() - model(x).numpy())) <= 10 * (high - low) / 255
-    qat.compile(keras.optimizers.Adam(1e-2), "mse")
-    qat.fit(x, rng.normal(size=(64, 4)).astype(np.float32), epochs=1, verbose=0)
+    qat = _quantized_and_trained(model, x, rng)  # strides, dilation and the separable pair as the float layers
     tflite_model, report = _converted(qat, tmp_path)
     assert report.float_ops == {}, report.op_types
     # a separable convolution is a DEPTHWISE_CONV_2D and a 1x1 CONV_2D
@@ -384,12 +385,7 @@ def test_multi_head_attention_trains_saves_and_converts_to_integer_within_qat_in
     model = _attention_block(cross)
     x = [rng.normal(size=(64,) + tuple(tensor.shape[1:])).astype(np.float32) if tensor.dtype == "float32"
          else rng.integers(0, 40, size=(64,) + tuple(tensor.shape[1:])).astype(np.int32) for tensor in model.inputs]
-    qat = quantization.quantize_model(model, calibration_data=x)
-    low, high = _range_of(qat.layers[-1], "output")
-    # MHA's function (1/sqrt(key_dim) folded into the query projection), up to int8 rounding
-    assert np.max(np.abs(qat(x).numpy() - model(x).numpy())) <= 10 * (high - low) / 255
-    qat.compile(keras.optimizers.Adam(1e-2), "mse")
-    qat.fit(x, rng.normal(size=(64, 4)).astype(np.float32), epochs=1, verbose=0)  # biases no longer zero
+    qat = _quantized_and_trained(model, x, rng)  # MHA's function, 1/sqrt(key_dim) folded into the query kernel
     qat.save(str(tmp_path / "attention.keras"))
     np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "attention.keras"))(x).numpy(),
                                   qat(x).numpy())

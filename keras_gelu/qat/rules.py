@@ -11,8 +11,8 @@ the ranges' variables. The rules here:
   `EinsumDenseRule`: the same, computed as a 2-D matmul.
 * `ConvolutionRule`: CONV_2D and DEPTHWISE_CONV_2D, 1-D ones computed as
   the 2-D ones they become, separable ones as both: kernels per output
-  channel, symmetric; the output as Dense's. `AveragePoolingRule`: a depthwise convolution.
-  `EmbeddingRule`: the table on a range, gathered.
+  channel, symmetric; the output as Dense's. `AveragePoolingRule`: a
+  depthwise convolution. `EmbeddingRule`: the table on a range, gathered.
 * `GELURule`, `LearnableGELURule`: what `keras_gelu.replacements` says the
   GELU becomes in the conversion's mode, each intermediate on a range and
   sigmoid outputs on TFLite's fixed LOGISTIC grid (k/256).
@@ -28,6 +28,8 @@ another, equal form (see `_einsum_dense`, `_spread_taps`).
 
 Add a rule for a layer of yours with `register_rule(YourLayer, YourRule())`.
 """
+
+import math
 
 from keras_gelu import replacements
 from keras_gelu.flavour import keras
@@ -163,11 +165,7 @@ def _einsum_dense(wrapper, layer, inputs, training, kernel_range="kernel", outpu
     if form is None or (bias is not None and len(bias.shape) > len(free_shape)):
         outputs = keras.ops.einsum(layer.equation, inputs, wrapper.ranges[kernel_range](kernel, training))
         return wrapper.ranges[output_range](activation(outputs if bias is None else outputs + bias), training)
-    contracted_size, free_size = 1, 1
-    for size in layer.kernel.shape[:len(form[1])]:
-        contracted_size *= size
-    for size in free_shape:
-        free_size *= size
+    contracted_size, free_size = math.prod(layer.kernel.shape[:len(form[1])]), math.prod(free_shape)
     # A 2-D matmul: one of higher rank becomes Tensordot's reshapes around it, and the bias ADD would follow one.
     outputs = keras.ops.matmul(keras.ops.reshape(inputs, (-1, contracted_size)),
                                wrapper.ranges[kernel_range](keras.ops.reshape(kernel, (contracted_size, free_size)),
