@@ -27,6 +27,7 @@ class Operator:
     output_type: str  # "int8", "float32", ...
     reads_model_input: bool
     writes_model_output: bool
+    input_type: str = "none"  # of the first input
 
 
 def op_name(model, operator):
@@ -49,8 +50,10 @@ def operators(tflite_model):
             name = op_name(model, operator)
             outputs = list(operator.outputs)
             output_type = _TYPE_NAMES.get(subgraph.tensors[outputs[0]].type, "?") if outputs else "none"
+            inputs = [index for index in operator.inputs if index >= 0]
+            input_type = _TYPE_NAMES.get(subgraph.tensors[inputs[0]].type, "?") if inputs else "none"
             result.append(Operator(name, output_type, bool(graph_inputs & set(operator.inputs)),
-                                   bool(graph_outputs & set(outputs))))
+                                   bool(graph_outputs & set(outputs)), input_type))
     return result
 
 
@@ -94,11 +97,12 @@ def float_islands(tflite_model):
 
     Float-output ops other than QUANTIZE/DEQUANTIZE, plus QUANTIZE/DEQUANTIZE
     that are not the model's float interface (a QUANTIZE of a model input, a
-    DEQUANTIZE into a model output).
+    DEQUANTIZE into a model output). A QUANTIZE of an integer tensor is a
+    requantization onto another int8 grid (before a SELECT_V2, say), integer.
     """
     counts = collections.Counter()
     for operator in operators(tflite_model):
-        if operator.name == "QUANTIZE" and operator.reads_model_input:
+        if operator.name == "QUANTIZE" and (operator.reads_model_input or operator.input_type.startswith("int")):
             continue
         if operator.name == "DEQUANTIZE" and operator.writes_model_output:
             continue

@@ -398,15 +398,40 @@ def test_multi_head_attention_trains_saves_and_converts_to_integer_within_qat_in
     assert np.max(np.abs(outputs[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
 
-@pytest.mark.parametrize("argument", ["attention_mask", "use_causal_mask", "return_attention_scores"])
-def test_multi_head_attention_with_a_mask_or_scores_is_refused_by_name(argument):
+@pytest.mark.parametrize("masking", ["padding", "causal"])
+def test_masked_attention_converts_to_a_select_and_stays_within_qat_int8_steps(masking, tmp_path, rng):
+    import tflite_helpers
+
+    keras.utils.set_random_seed(2)
+    steps = 8
+    ids = keras.Input((steps,), dtype="int32", name="ids")
+    padding = keras.Input((steps, steps), dtype="bool", name="padding")
+    hidden = keras.layers.Embedding(30, 16)(ids)
+    attended = keras.layers.MultiHeadAttention(2, 8)(hidden, hidden, attention_mask=padding if masking == "padding"
+                                                     else None, use_causal_mask=masking == "causal")
+    outputs = keras.layers.Dense(3)(keras.layers.Flatten()(keras.layers.Add()([hidden, attended])))
+    model = keras.Model([ids, padding] if masking == "padding" else ids, outputs)
+    lengths = rng.integers(2, steps + 1, size=64)
+    x = [rng.integers(0, 30, size=(64, steps)).astype(np.int32),
+         np.repeat((np.arange(steps) < lengths[:, None])[:, None, :], steps, axis=1)]
+    x = x if masking == "padding" else x[0]
+    # Keras masks with -1e9; the rule with a SELECT 16 below the scores' range (e^-16 of a weight): the same
+    # attention up to int8 rounding, checked against the float model inside
+    qat = _quantized_and_trained(model, x, rng)
+    tflite_model, report = _converted(qat, tmp_path)
+    assert report.float_ops == {} and set(report.op_types["SELECT_V2"]) >= {"int8"}, report.op_types
+    (scale,) = converters.report.output_scales(tflite_model)
+    outputs = tflite_helpers.run_matched_by_shape(tflite_model, x if masking == "padding" else [x])[0]
+    assert np.max(np.abs(outputs - qat(x).numpy())) / scale <= QAT_INT8_STEPS
+
+
+def test_multi_head_attention_returning_its_scores_is_refused_by_name():
     tokens = keras.Input((6, 16))
-    value = keras.ops.ones((6, 6), "bool") if argument == "attention_mask" else True
-    outputs = keras.layers.MultiHeadAttention(2, 8, name="masked")(tokens, tokens, **{argument: value})
-    model = keras.Model(tokens, outputs[0] if argument == "return_attention_scores" else outputs)
-    with pytest.raises(ValueError, match=rf"masked: the int8 rule covers attention without masks.*Received: "
-                                         rf"{argument}=(True|a tensor of shape \(6, 6\))$"):
-        quantization.quantize_model(model)
+    outputs, _ = keras.layers.MultiHeadAttention(2, 8, name="scored")(tokens, tokens, return_attention_scores=True)
+    with pytest.raises(ValueError, match=r"scored: the int8 rule covers attention masks passed as attention_mask or "
+                                         r"use_causal_mask, not .*returned scores\. "
+                                         r"Received: return_attention_scores=True$"):
+        quantization.quantize_model(keras.Model(tokens, outputs))
 
 
 @pytest.mark.parametrize("activation, op", [

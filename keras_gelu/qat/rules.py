@@ -492,12 +492,18 @@ class MultiHeadAttentionRule(QuantizeRule):
     EinsumDense (kernels symmetric per tensor), the scores and the attended values as BATCH_MATMULs on ranges,
     SOFTMAX on its k/256 grid. 1/sqrt(key_dim) is folded into the query projection (one int8 MUL fewer).
 
-    Covered: attention over one axis without masks (an encoder's self-attention). A mask adds -1e9 where it
-    is off, which no int8 range holds; gated attention and multi-axis softmax are not TFLite ops."""
+    Covered: attention over one axis, with an `attention_mask` or `use_causal_mask` (Keras adds -1e9 where
+    a mask is off, which no int8 range holds: here a SELECT_V2 sets those scores MASKED_MARGIN below the
+    scores' range, onto a range of its own). Not covered: Keras masks on the inputs (Embedding's
+    mask_zero), returned scores, gated attention and multi-axis softmax, which are not TFLite ops."""
 
     PROJECTIONS = ("query", "key", "value", "output")
-    UNCOVERED = ("attention_mask", "use_causal_mask", "return_attention_scores", "query_mask", "value_mask",
-                 "key_mask")
+    TENSORS = ("query", "value", "key", "attention_mask")
+    UNCOVERED = ("return_attention_scores", "query_mask", "value_mask", "key_mask")
+    # A masked-off score is set this far below the scores' range, so that its softmax weight, e^-16 of the
+    # row's largest at most, is 0 on SOFTMAX's k/256 grid and next to nothing in its sum. (Keras adds -1e9,
+    # which no int8 range holds.)
+    MASKED_MARGIN = 16.0
 
     def call_arguments(self, layer, args, kwargs):
         bound = dict(zip(("query", "value", "key"), args), **kwargs)
@@ -505,15 +511,15 @@ class MultiHeadAttentionRule(QuantizeRule):
             value = bound.get(name)
             if value is not None and value is not False:
                 shown = value if isinstance(value, bool) else f"a tensor of shape {tuple(value.shape)}"
-                raise ValueError(f"MultiHeadAttention {layer.name}: the int8 rule covers attention without "
-                                 f"masks or returned scores. Received: {name}={shown}")
-        inputs = [bound.pop("query"), bound.pop("value")]
-        key = bound.pop("key", None)
-        others = {name: value for name, value in bound.items() if name not in self.UNCOVERED}
-        return inputs + ([key] if key is not None else []), others
+                raise ValueError(f"MultiHeadAttention {layer.name}: the int8 rule covers attention masks passed "
+                                 f"as attention_mask or use_causal_mask, not Keras masks on the inputs or "
+                                 f"returned scores. Received: {name}={shown}")
+        # the tensors (an attention mask too) as one dict: Keras refuses tensors and flags mixed in **kwargs
+        inputs = {name: bound.pop(name) for name in self.TENSORS if bound.get(name) is not None}
+        return inputs, {name: value for name, value in bound.items() if name not in self.UNCOVERED}
 
     def layer_arguments(self, inputs):
-        return tuple(inputs)
+        return inputs["query"], inputs["value"], inputs.get("key")
 
     def build(self, wrapper, layer):
         if layer._use_gate or len(layer._attention_axes) != 1:
@@ -525,21 +531,37 @@ class MultiHeadAttentionRule(QuantizeRule):
             wrapper.add_weight_range(f"{name}_kernel", lambda dense=dense, scale=scale: dense.kernel * scale)
             wrapper.add_activation_range(name)
         wrapper.add_activation_range("scores")
+        wrapper.add_activation_range("masked_scores")  # used when the layer is called with a mask
         wrapper.add_activation_range("attended")
 
-    def call(self, wrapper, layer, inputs, training, mask=None, **kwargs):
+    def call(self, wrapper, layer, inputs, training, mask=None, use_causal_mask=False, **kwargs):
         if mask is not None:
-            raise ValueError(f"MultiHeadAttention {layer.name}: the int8 rule covers attention without masks. "
-                             f"Received: inputs with a Keras mask")
-        query, value, key = (list(inputs) + [inputs[1]])[:3]
+            raise ValueError(f"MultiHeadAttention {layer.name}: the int8 rule covers attention masks passed as "
+                             f"attention_mask or use_causal_mask. Received: inputs with a Keras mask")
+        query, value = inputs["query"], inputs["value"]
+        key = inputs.get("key", value)
+        keep = self._kept(layer, query, value, inputs.get("attention_mask"), use_causal_mask)
         query, key, value = (self._projected(wrapper, layer, name, tensor, training)
                              for name, tensor in (("query", query), ("key", key), ("value", value)))
         scores = wrapper.ranges["scores"](keras.ops.einsum(layer._dot_product_equation, key, query), training)
+        if keep is not None:  # SELECT_V2 onto a range wide enough for the masked-off value
+            masked_off = wrapper.ranges["scores"].low - self.MASKED_MARGIN
+            scores = wrapper.ranges["masked_scores"](keras.ops.where(keep, scores, masked_off), training)
         probabilities = replacements.on_logistic_int8_grid(keras.ops.softmax(scores, axis=-1))
         probabilities = layer._dropout_layer(probabilities, training=training)
         attended = wrapper.ranges["attended"](keras.ops.einsum(layer._combine_equation, probabilities, value),
                                               training)
         return self._projected(wrapper, layer, "output", attended, training)
+
+    @staticmethod
+    def _kept(layer, query, value, attention_mask, use_causal_mask):
+        """Which scores count, (batch, 1 for the heads, query steps, value steps), as Keras combines them; None
+        for all."""
+        keep = None if attention_mask is None else keras.ops.cast(attention_mask, "bool")
+        if use_causal_mask:
+            causal = layer._compute_causal_mask(query, value)
+            keep = causal if keep is None else keras.ops.logical_and(keep, causal)
+        return None if keep is None else keras.ops.expand_dims(keep, -3)
 
     @staticmethod
     def _scale(layer, name):
