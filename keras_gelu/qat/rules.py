@@ -492,17 +492,18 @@ class MultiHeadAttentionRule(QuantizeRule):
     EinsumDense (kernels symmetric per tensor), the scores and the attended values as BATCH_MATMULs on ranges,
     SOFTMAX on its k/256 grid. 1/sqrt(key_dim) is folded into the query projection (one int8 MUL fewer).
 
-    Covered: attention over one axis, with an `attention_mask` or `use_causal_mask` (Keras adds -1e9 where
-    a mask is off, which no int8 range holds: here a SELECT_V2 sets those scores MASKED_MARGIN below the
-    scores' range, onto a range of its own). Not covered: Keras masks on the inputs (Embedding's
-    mask_zero), returned scores, gated attention and multi-axis softmax, which are not TFLite ops."""
+    Covered: attention over one axis, with an `attention_mask` or `use_causal_mask`. Keras adds -1e9 where
+    a mask is off, which no int8 range holds; here a SELECT_V2 sets those scores MASKED_MARGIN below the
+    scores' range, onto a range of its own. (A row masked off entirely then averages its values evenly,
+    where Keras weights them by the raw scores: such a row is padding either way.) Not covered: Keras masks
+    on the inputs (Embedding's mask_zero), returned scores; gated attention and multi-axis softmax, which
+    are not TFLite ops."""
 
     PROJECTIONS = ("query", "key", "value", "output")
     TENSORS = ("query", "value", "key", "attention_mask")
     UNCOVERED = ("return_attention_scores", "query_mask", "value_mask", "key_mask")
     # A masked-off score is set this far below the scores' range, so that its softmax weight, e^-16 of the
-    # row's largest at most, is 0 on SOFTMAX's k/256 grid and next to nothing in its sum. (Keras adds -1e9,
-    # which no int8 range holds.)
+    # row's largest at most, is 0 on SOFTMAX's k/256 grid and next to nothing in its sum.
     MASKED_MARGIN = 16.0
 
     def call_arguments(self, layer, args, kwargs):
