@@ -357,7 +357,7 @@ def main(argv=None):
     parser.add_argument("--timing-repeats", type=int, default=8,
                         help="interleaved epochs per activation for the step time (default 8)")
     parser.add_argument("--short", action="store_true",
-                        help="a quick check: 2 seeds, 1 + 2 epochs, 256 training sequences, 1 timing repeat")
+                        help="a quick check: 1 seed, 1 + 2 epochs, 256 training sequences, 1 timing repeat")
     parser.add_argument("--plots-dir", default="docs", help="where the three PNG plots go (default docs)")
     parser.add_argument("--force", action="store_true", help="overwrite existing plots")
     args = parser.parse_args(argv)
@@ -366,7 +366,7 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown task(s) {', '.join(unknown)}; choose from {', '.join(TASKS)}")
     if args.short:
-        args.seeds, args.pretrain_epochs, args.epochs, args.timing_repeats = 2, 1, 2, 1
+        args.seeds, args.pretrain_epochs, args.epochs, args.timing_repeats = 1, 1, 2, 1
     for name in ("seeds", "pretrain_epochs", "epochs", "timing_repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
