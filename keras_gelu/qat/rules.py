@@ -261,6 +261,13 @@ def _spread_taps(kernel, dilation_rate):
     return kernel
 
 
+def _width_axis(data_format):
+    """Where a 1-D layer's (steps, 1) image has its size-1 axis: TFLite runs 1-D convolutions and pooling as
+    2-D ones, and TensorFlow's CPU depthwise kernel takes equal strides only, which a stride over this axis
+    (one position either way) allows."""
+    return 2 if data_format == "channels_last" else 3
+
+
 @register_serializable
 class ConvolutionRule(QuantizeRule):
     """Convolutions, 1-D and 2-D, as CONV_2D and DEPTHWISE_CONV_2D (a separable one is both): kernels per
@@ -302,7 +309,7 @@ class ConvolutionRule(QuantizeRule):
                 pad = [[0, 0], [0, 0], [0, 0]]
                 pad[1 if channels_last else 2] = [dilation_rate[0] * (layer.kernel_size[0] - 1), 0]
                 inputs, padding = keras.ops.pad(inputs, pad), "valid"
-            inputs = keras.ops.expand_dims(inputs, 2 if channels_last else 3)
+            inputs = keras.ops.expand_dims(inputs, _width_axis(layer.data_format))
             strides, dilation_rate = strides * 2, dilation_rate + (1,)
 
         def kernel(name, weight):
@@ -325,7 +332,7 @@ class ConvolutionRule(QuantizeRule):
             bias_shape[-1 if channels_last else 1] = -1
             outputs = outputs + keras.ops.reshape(layer.bias, bias_shape)
         outputs = wrapper.ranges["output"](layer.activation(outputs), training)
-        return keras.ops.squeeze(outputs, 2 if channels_last else 3) if one_dimensional else outputs
+        return keras.ops.squeeze(outputs, _width_axis(layer.data_format)) if one_dimensional else outputs
 
 
 def on_tanh_int8_grid(values):
@@ -398,9 +405,7 @@ class AveragePoolingRule(QuantizeRule):
         channels_axis = -1 if layer.data_format == "channels_last" else 1
         pool_size, strides = tuple(layer.pool_size), tuple(layer.strides)
         if len(pool_size) == 1:
-            # as a (steps, 1) image with equal strides (a stride over the size-1 axis changes nothing): the
-            # CPU kernel of TensorFlow's depthwise convolution takes no others
-            inputs = keras.ops.expand_dims(inputs, 2 if layer.data_format == "channels_last" else 3)
+            inputs = keras.ops.expand_dims(inputs, _width_axis(layer.data_format))
             pool_size, strides = pool_size + (1,), strides * 2
         weight = 1.0 / (pool_size[0] * pool_size[1])
         kernel = keras.ops.full(pool_size + (inputs.shape[channels_axis], 1), weight)
@@ -410,7 +415,7 @@ class AveragePoolingRule(QuantizeRule):
                                            data_format=layer.data_format)
         outputs = wrapper.ranges["output"](outputs, training)
         if len(layer.pool_size) == 1:
-            outputs = keras.ops.squeeze(outputs, 2 if layer.data_format == "channels_last" else 3)
+            outputs = keras.ops.squeeze(outputs, _width_axis(layer.data_format))
         return outputs
 
 
