@@ -26,6 +26,7 @@ from . import rewrite
 from . import signatures
 from . import target_checks
 from . import targets
+from . import trust
 from . import verify as parity
 
 # A full garbage collection takes about 0.2 s with TensorFlow loaded, as long as converting a small
@@ -229,6 +230,8 @@ def _handed_to_converter(source, result, reference, keep_source):
 def _converted(serialized, source, requested, options, int8_setup, target, report):
     """The .tflite with its signature and the target's op names; fills in the report's op figures."""
     tflite_model = to_tflite(serialized, source, requested, options.float16_weights, int8_setup)
+    if not options.trust_model:  # a select-mode .tflite carries TensorFlow ops to the device: the same rules
+        trust.check_flex_ops(source.path, tflite_model)
     tflite_model = signatures.with_signature(tflite_model, source.signature, [info.name for info in source.inputs],
                                              [info.name for info in source.outputs])
     if target is not None:

@@ -58,6 +58,11 @@ class UntrustedModel(ConversionError):
 
     exit_code = 12
 
+    @classmethod
+    def refused(cls, path, what):
+        return cls(f"{path}: refused: {what}; if you made this model or trust its source, pass --trust-model "
+                   "(convert(..., trust_model=True))")
+
 
 class DoesNotFitTarget(ConversionError):
     """The .tflite has ops or tensor types the --target's runtime lacks (found from its op table)."""

@@ -62,11 +62,9 @@ def _choose_signature(path, available, requested):
 
 
 def _saved_model_signature(path, directory, signature, trust_model):
-    """(the loaded SavedModel, the chosen signature's key); an untrusted model is inspected before loading."""
+    """(the loaded SavedModel, the chosen signature's key); an untrusted model is inspected whole before loading."""
     if not trust_model:
-        declared, _ = trust.saved_model_signatures(directory)
-        chosen = _choose_signature(path, [key for key in declared if not key.startswith("__")], signature)
-        trust.check_saved_model(path, directory, chosen)
+        trust.check_saved_model(path, directory)
     try:
         loaded = tf.saved_model.load(directory)
     except Exception as error:  # TF raises many types for a bad file
@@ -97,8 +95,8 @@ def _keras_to_saved_model(path, directory, trust_model):
     from keras_gelu.flavour import KERAS_FLAVOUR
     from keras_gelu.flavour import keras
 
-    if not trust_model and paths.model_kind(path) == ".h5":
-        trust.check_h5(path)  # tf-keras's .h5 loader has no safe mode: it would run a Lambda's bytecode
+    if not trust_model:
+        trust.check_keras_file(path)  # before Keras rebuilds anything; tf-keras's .h5 loader has no safe mode
 
     scope = _quantize_scope_if_needed(path)  # its own error (tfmot missing) is already a one-line one
     try:
@@ -153,7 +151,7 @@ def describe(model):
 def load(model, signature=None, trust_model=False):
     """Load a path or a live Keras model and freeze its signature; raises errors.ConversionError subclasses.
 
-    Unless `trust_model`, the model is first inspected (see trust.py) and
+    Unless `trust_model`, the model is first inspected whole (see trust/) and
     refused if it carries code or reaches outside the process.
     """
     description = describe(model)

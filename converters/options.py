@@ -49,7 +49,7 @@ class Options:
     calibration: str = None  # "random:N" or an .npz of samples, for float models
     int8_io: bool = False
     max_steps: float = None  # int8 fidelity tolerance in output steps
-    trust_model: bool = False  # skip trust.py's refusals: the user made the model or trusts its source
+    trust_model: bool = False  # skip trust/'s refusals: the user made the model or trusts its source
     target: str = None  # targets.TARGETS: the runtime to convert for, which completes mode, exact_as and int8
     allow_cpu_fallback: bool = False  # a target's ops may run on the CPU beside its accelerator
     input_shapes: dict = None  # {input name: static shape} (--input-shape), for dimensions the model leaves open
