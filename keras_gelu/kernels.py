@@ -24,6 +24,8 @@ end, so results are within an ulp of the true value:
 float32 and float64 are computed in their own dtype.
 """
 
+import functools
+
 import tensorflow as tf
 
 from keras_gelu import formulas
@@ -38,6 +40,12 @@ def _xla(fn):
     shapes: a single tf.function called with float32, then float16, then
     bfloat16 arguments of changing shapes retraced on every new combination
     and warned about it. XLA still compiles one kernel per concrete shape.
+
+    Each is traced once, but TensorFlow counts traces per Python code object
+    (`__code__`), and every form's backward pass is the same lambda: twelve
+    first calls of exact, tanh and sigmoid in four dtypes looked like one
+    function retraced twelve times. A functools.partial has no code of its
+    own, so each tf.function is counted by itself.
     """
     traced = {}
 
@@ -45,7 +53,8 @@ def _xla(fn):
         dtype = args[0].dtype
         if dtype not in traced:
             signature = [tf.TensorSpec(None, dtype)] * len(args)
-            traced[dtype] = tf.function(fn, input_signature=signature, jit_compile=True, autograph=False)
+            traced[dtype] = tf.function(functools.partial(fn), input_signature=signature, jit_compile=True,
+                                        autograph=False)
         return traced[dtype](*args)
 
     return call

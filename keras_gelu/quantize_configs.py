@@ -186,8 +186,11 @@ class LearnableGELUQuantizeConfig(_OutputQuantizingConfig):
         quantized_product, quantized_sigmoid = quantize_activations
 
         def quantized_call(x):
-            # alpha and beta are read at call time: the fake-quantized values set above.
-            gate = quantized_sigmoid(quantized_product(layer.alpha * x) + layer.beta)
+            # alpha and beta are the fake-quantized values set_quantize_weights put on the layer for this call,
+            # read both before the first quantizer runs: under a distribution strategy, a quantizer's range
+            # update is a merge point where the next replica runs its wrapper, which puts its own values there.
+            alpha, beta = layer.alpha, layer.beta
+            gate = quantized_sigmoid(quantized_product(alpha * x) + beta)
             return x * replacements.on_logistic_int8_grid(gate)
 
         _computing(layer, quantized_call)

@@ -1,4 +1,4 @@
-"""Training paths: fit, whole-model XLA, MirroredStrategy, and TFLite conversion."""
+"""Training paths: fit, whole-model XLA, and TFLite conversion (tf.distribute: test_distribute.py)."""
 
 import numpy as np
 import pytest
@@ -53,28 +53,6 @@ def test_whole_model_xla_matches_graph_mode():
     compiled = tf.function(model, jit_compile=True)(x).numpy()
     # XLA may fuse across layers and reassociate; float32 rounding only.
     np.testing.assert_allclose(compiled, graph, rtol=1e-5, atol=1e-6)
-
-
-def test_mirrored_strategy_training_matches_single_device():
-    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-    assert len(devices) == 2, "conftest should provide two logical CPUs"
-    x, y = _regression_data(128)
-
-    def train(strategy):
-        with strategy.scope():
-            model = _model(seed=1)
-            model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-        model.fit(x, y, epochs=3, batch_size=32, shuffle=False, verbose=0)
-        return model
-
-    mirrored = train(tf.distribute.MirroredStrategy(devices))
-    single = train(tf.distribute.OneDeviceStrategy(devices[0]))
-    learn_mirrored, learn_single = _learnable(mirrored), _learnable(single)
-    assert not np.allclose(learn_single.alpha.numpy(), 1.702)  # it did train
-    # Same updates up to the order of the cross-replica sum: float32 rounding.
-    np.testing.assert_allclose(learn_mirrored.alpha.numpy(), learn_single.alpha.numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(learn_mirrored.beta.numpy(), learn_single.beta.numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(mirrored.predict(x, verbose=0), single.predict(x, verbose=0), rtol=1e-4, atol=1e-5)
 
 
 def _saved_model(model, path):

@@ -1,0 +1,95 @@
+"""tf.distribute: MirroredStrategy over the two logical CPUs conftest makes, in both Keras flavours.
+
+A replica sees half the global batch; the cross-replica sum of its gradients
+is the single-device gradient of the whole batch, up to the order of float32
+additions. QAT ranges are per replica by design (each replica's moving
+averages see its own half), so QAT is checked to train and convert, not to
+match a single-device run.
+"""
+
+import importlib.util
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_gelu
+from conftest import IS_KERAS3
+from conftest import keras
+from keras_gelu import converters
+from keras_gelu import quantization
+
+LAYERS = {
+    "GELU exact": lambda: keras_gelu.GELU("exact"),
+    "GELU tanh": lambda: keras_gelu.GELU("tanh"),
+    "GELU sigmoid": lambda: keras_gelu.GELU("sigmoid"),
+    "LearnableGELU": lambda: keras_gelu.LearnableGELU(),
+    "activation function": lambda: keras.layers.Activation(keras_gelu.gelu_exact),
+}
+HAS_QAT = IS_KERAS3 or importlib.util.find_spec("tensorflow_model_optimization") is not None
+
+
+@pytest.fixture(scope="module")
+def devices():
+    names = [device.name for device in tf.config.list_logical_devices("CPU")]
+    assert len(names) == 2, "conftest gives TensorFlow two logical CPUs"
+    return names
+
+
+@pytest.fixture(scope="module")
+def mirrored(devices):
+    """One strategy for the module: strategies made one after another in a process reuse collective instance
+    keys, and a later model's all-reduce then meets an earlier model's (TensorFlow aborts on the shapes)."""
+    return tf.distribute.MirroredStrategy(devices)
+
+
+def _batch(n=32, seed=7):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(scale=2.0, size=(n, 6)).astype(np.float32)
+    return x, np.tanh(x[:, :2] * x[:, 2:4]).astype(np.float32)
+
+
+def _model(layer):
+    keras.utils.set_random_seed(3)
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8), layer, keras.layers.Dense(2)])
+
+
+def _one_step(strategy, layer):
+    x, y = _batch()
+    with strategy.scope():
+        model = _model(LAYERS[layer]())
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    before = [weight.numpy().copy() for weight in model.weights]
+    model.train_on_batch(x, y)  # one step on the global batch of 32: 16 per replica
+    return before, [weight.numpy() for weight in model.weights]
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_one_mirrored_step_equals_the_single_device_step(mirrored, devices, layer):
+    before, distributed = _one_step(mirrored, layer)
+    _, single = _one_step(tf.distribute.OneDeviceStrategy(devices[0]), layer)
+    assert all(not np.array_equal(old, new) for old, new in zip(before, single))  # every weight trained
+    for got, want in zip(distributed, single):
+        # The same update up to the order of the cross-replica sum: float32 rounding of values below 10.
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.skipif(not HAS_QAT, reason="QAT under tf-keras needs tensorflow-model-optimization")
+@pytest.mark.parametrize("layer", ["GELU exact", "GELU tanh", "LearnableGELU"])
+def test_qat_trains_under_mirrored_strategy_and_converts_to_integer(mirrored, layer, tmp_path):
+    """Both engines (tfmot under tf-keras, keras_gelu.qat under Keras 3), quantized inside the strategy."""
+    x, y = _batch(128)
+    with mirrored.scope():
+        model = quantization.quantize_model(_model(LAYERS[layer]()), calibration_data=x)
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    before = model.evaluate(x, y, verbose=0)
+    model.fit(x, y, epochs=3, batch_size=32, verbose=0)
+    assert model.evaluate(x, y, verbose=0) < before
+    path = str(tmp_path / "qat")
+    if IS_KERAS3:
+        model.export(path, verbose=False)
+    else:
+        tf.saved_model.save(model, path)
+    _, report = converters.convert(path, int8=True)
+    assert report.quantization_aware and report.float_ops == {}, report.op_types
+    assert report.verified and all(comparison["passed"] for comparison in report.fidelity), report.fidelity
