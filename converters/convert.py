@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import re
 import time
 import types
 import warnings
@@ -26,6 +27,7 @@ from . import rewrite
 from . import signatures
 from . import target_checks
 from . import targets
+from . import tf_ops_as_builtins
 from . import trust
 from . import verify as parity
 
@@ -127,13 +129,29 @@ def to_tflite(graph_def, source, mode, float16_weights, int8=None):
             return converter.convert()
         except Exception as error:  # the converter raises ConverterError and friends
             failure = error
-    lines = [line.strip() for line in str(failure).splitlines()]
+    raise errors.ConverterFailed(f"{source.path}: {_converter_failure(failure, mode)}") from failure
+
+
+# The converter's words for a TensorFlow op that the op sets allowed have no kernel for.
+_NO_KERNEL = re.compile(r"'tf\.(\w+)' op is neither a custom op nor a flex op")
+
+
+def _converter_failure(failure, mode):
+    """The TFLite converter's error as one line: the ops it has no builtin for, by name, or its first error."""
+    text = str(failure)
+    missing = sorted(set(_NO_KERNEL.findall(text)))
+    if missing:
+        named = ", ".join(missing)
+        if "SELECT_TF_OPS" in mode.op_sets:
+            hint = "; Erfc has no Flex kernel, use --mode builtin or native, which rewrite it" if "Erfc" in missing \
+                else ""
+            return f"TensorFlow op(s) {named} have neither a TFLite builtin nor a Flex kernel{hint}"
+        return (f"TFLite has no builtin op for TensorFlow op(s) {named}; --mode select keeps them as TensorFlow "
+                "ops (Flex), which the runtime must then link")
+    lines = [line.strip() for line in text.splitlines()]
     summary = next((line for line in lines if line.startswith(("Custom ops:", "Flex ops:"))), None)
     summary = summary or next((line for line in lines if "error:" in line), lines[0] if lines else "")
-    hint = ""
-    if not mode.rewrites and "Erfc" in str(failure):
-        hint = "; Erfc has no Flex kernel, use --mode builtin or native, which rewrite it"
-    raise errors.ConverterFailed(f"{source.path}: the TFLite converter failed: {summary[:300]}{hint}") from failure
+    return f"the TFLite converter failed: {summary[:300]}"
 
 
 def _summarise(findings):
@@ -266,9 +284,11 @@ def _rewritten(source, options, target):
         passes, marker = integer.GRAPH_PASSES, integer.marker
     elif target is not None and not target.keeps_non_finite_guards:
         passes, marker = (integer.drop_non_finite_guards,), _without_clamp
+    mode = vocabulary.conversion_mode(options.mode, options.int8)
+    if mode.rewrites:  # builtin op sets only: TensorFlow ops TFLite lacks are spelled in builtins first
+        passes = tf_ops_as_builtins.TO_BUILTINS + passes
     keep = [info.tensor for info in source.inputs + source.outputs]
-    result = rewrite.rewrite(graph.with_passes(source.graph_def, passes), keep,
-                             vocabulary.conversion_mode(options.mode, options.int8), options.exact_as,
+    result = rewrite.rewrite(graph.with_passes(source.graph_def, passes), keep, mode, options.exact_as,
                              int8=options.int8, marker=marker)
     if not options.float16_weights:
         return result, result.graph_def

@@ -34,6 +34,8 @@ CHATTER = re.compile("|".join((
     r"^To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\.$",
     # No GPU here, which is fine.
     r"^([EW]\d{4} |" + _TF_PREFIX + "[EW] ).*\\b(cuda|cuInit|cuDNN|cuFFT|cuBLAS|computation_placer)",
+    # oneDNN's kernels for a dtype it leaves to Eigen (int32 shape arithmetic, as in Swin's window masks).
+    r"^([EW]\d{4} |" + _TF_PREFIX + "[EW] ).*oneDNN supports \\w+ only on platforms with",
 )))
 
 

@@ -1,6 +1,6 @@
 """Real model families, from tiny random configs (nothing downloaded), through every conversion.
 
-keras-hub's BERT, GPT-2 and ViT backbones (Keras 3: exported SavedModel and
+keras-hub's BERT, GPT-2, ViT and Swin backbones (Keras 3: exported SavedModel and
 .keras file) and Hugging Face's TFBertModel and TFGPT2Model (transformers 4.x,
 built on tf-keras whichever Keras is active; see BOTH_LEGS). Each is fed
 realistic inputs: token ids inside the vocabulary, padding masks that are ones
@@ -51,6 +51,10 @@ def _token_inputs(rng, names, batch, segments=2):
     return {name: values[name] for name in names}
 
 
+# The keras-hub image backbones' one input, by its name in each.
+IMAGE_INPUTS = {"images", "input_layer"}
+
+
 def _keras_hub_models():
     keras_hub = pytest.importorskip("keras_hub")
     common = dict(num_layers=2, num_heads=2, hidden_dim=32)
@@ -63,6 +67,10 @@ def _keras_hub_models():
             ("padding_mask", "token_ids")),
         "keras_hub_vit": (lambda: keras_hub.models.ViTBackbone(
             image_shape=(32, 32, 3), patch_size=8, mlp_dim=64, **common), ("images",)),
+        # One stage of two blocks: the second shifts its windows with tf.roll, which TFLite has no builtin for.
+        "keras_hub_swin": (lambda: keras_hub.models.SwinTransformerBackbone(
+            image_shape=(32, 32, 3), patch_size=4, embed_dim=16, depths=[2], num_heads=[2], window_size=4,
+            mlp_ratio=2.0), ("input_layer",)),
     }
 
 
@@ -94,9 +102,11 @@ class Case:
         self.inputs_npz, self.calibration_npz, self.gelu_function = inputs_npz, calibration_npz, gelu_function
 
 
-def _write_inputs(directory, arrays, calibration):
-    np.savez(directory / "inputs.npz", **arrays)
-    np.savez(directory / "calibration.npz", **calibration)
+def _write_inputs(directory, arrays, calibration, by_name=True):
+    """The .npz files of inputs and calibration samples; by position where the model's one input has no
+    stable name (Keras's export calls a bare input tensor keras_tensor_<n>)."""
+    for file_name, values in (("inputs.npz", arrays), ("calibration.npz", calibration)):
+        np.savez(directory / file_name, **values) if by_name else np.savez(directory / file_name, *values.values())
     return str(directory / "inputs.npz"), str(directory / "calibration.npz")
 
 
@@ -112,19 +122,22 @@ def keras_hub_cases(tmp_path_factory):
         model = build()
         directory = tmp_path_factory.mktemp(name)
         rng = np.random.default_rng(12)
-        if input_names == ("images",):
-            arrays = {"images": rng.normal(size=(1, 32, 32, 3)).astype(np.float32)}
-            calibration = {"images": rng.normal(size=(SAMPLES, 32, 32, 3)).astype(np.float32)}
+        if set(input_names) <= IMAGE_INPUTS:
+            (image,) = input_names
+            arrays = {image: rng.normal(size=(1, 32, 32, 3)).astype(np.float32)}
+            calibration = {image: rng.normal(size=(SAMPLES, 32, 32, 3)).astype(np.float32)}
         else:
             arrays, calibration = _token_inputs(rng, input_names, 1), _token_inputs(rng, input_names, SAMPLES)
-        outputs = model(arrays)
+        by_name = isinstance(model.input, dict)
+        outputs = model(arrays if by_name else next(iter(arrays.values())))
         if not isinstance(outputs, dict):  # Keras's export names a single output output_0
             outputs = {"output_0": outputs}
         expected = {key: np.asarray(value) for key, value in outputs.items()}
-        inputs_npz, calibration_npz = _write_inputs(directory, arrays, calibration)
+        inputs_npz, calibration_npz = _write_inputs(directory, arrays, calibration, by_name)
         model.export(str(directory / "exported"), verbose=False)
         model.save(str(directory / "model.keras"))
-        function = "exact" if name == "keras_hub_vit" else "tanh"  # keras-hub's text backbones use the tanh form
+        # keras-hub's text backbones use the tanh form, its image backbones the exact one.
+        function = "exact" if set(input_names) <= IMAGE_INPUTS else "tanh"
         for kind, path in (("exported", str(directory / "exported")), ("keras", str(directory / "model.keras"))):
             cases[f"{name}-{kind}"] = Case(path, expected, inputs_npz, calibration_npz, arrays, function)
     return cases
@@ -174,7 +187,11 @@ def _assert_converts_faithfully(case, mode, exact_as):
     assert not any(op.startswith("Flex") for op in ops), ops
     assert ("GELU" in ops) == (mode == "native" and case.gelu_function != "sigmoid"), ops
     assert report.verified and all(c["passed"] for c in report.fidelity), report.fidelity
-    actual = verify.run_signature(tflite_model, "serving_default", case.arrays)
+    arrays = case.arrays
+    if len(arrays) == 1:  # by the name the .tflite's signature gives its one input
+        (name,) = tf.lite.Interpreter(model_content=tflite_model).get_signature_list()["serving_default"]["inputs"]
+        arrays = {name: next(iter(arrays.values()))}
+    actual = verify.run_signature(tflite_model, "serving_default", arrays)
     assert sorted(actual) == sorted(case.reference)
     if int8:
         if report.float_ops:
@@ -192,14 +209,14 @@ def _assert_converts_faithfully(case, mode, exact_as):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, exact_as", FLOAT_CONVERSIONS + [INT8], ids=conversions.ids(FLOAT_CONVERSIONS + [INT8]))
-@pytest.mark.parametrize("name", ["keras_hub_bert", "keras_hub_gpt2", "keras_hub_vit"])
+@pytest.mark.parametrize("name", ["keras_hub_bert", "keras_hub_gpt2", "keras_hub_vit", "keras_hub_swin"])
 def test_keras_hub_exported(keras_hub_cases, name, mode, exact_as):
     _assert_converts_faithfully(keras_hub_cases[f"{name}-exported"], mode, exact_as)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, exact_as", [("native", None), ("builtin", "erf"), INT8])
-@pytest.mark.parametrize("name", ["keras_hub_bert", "keras_hub_gpt2", "keras_hub_vit"])
+@pytest.mark.parametrize("name", ["keras_hub_bert", "keras_hub_gpt2", "keras_hub_vit", "keras_hub_swin"])
 def test_keras_hub_keras_file(keras_hub_cases, name, mode, exact_as):
     _assert_converts_faithfully(keras_hub_cases[f"{name}-keras"], mode, exact_as)
 

@@ -1,0 +1,78 @@
+"""TensorFlow ops TFLite has no builtin for: Roll spelled in builtins, any other named in one line."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from keras_gelu import converters
+from keras_gelu.converters import cli
+from keras_gelu.converters import errors
+from keras_gelu.converters import graph
+from keras_gelu.converters import tf_ops_as_builtins
+
+
+@st.composite
+def rolls(draw):
+    """A shape, and shifts and axes as tf.roll takes them: any sign, shifts beyond the size, repeated axes."""
+    shape = draw(st.lists(st.integers(1, 5), min_size=1, max_size=4))
+    count = draw(st.integers(1, 3))
+    axes = draw(st.lists(st.integers(-len(shape), len(shape) - 1), min_size=count, max_size=count))
+    shifts = draw(st.lists(st.integers(-7, 7), min_size=count, max_size=count))
+    return shape, shifts, axes
+
+
+@settings(max_examples=40)
+@given(case=rolls())
+def test_the_slices_compute_numpys_roll(case):
+    shape, shifts, axes = case
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    function = tf.function(lambda v: tf.roll(v, shift=shifts, axis=axes)).get_concrete_function(
+        tf.TensorSpec(shape, tf.float32))
+    graph_def = function.graph.as_graph_def()
+    assert tf_ops_as_builtins.rolls_as_slices(graph_def) == 1
+    output = function.outputs[0].name
+    graph.prune(graph_def, [function.inputs[0].name, output])
+    assert "Roll" not in {node.op for node in graph_def.node}
+    (rolled,) = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
+        graph_def, input_map={function.inputs[0].name: tf.constant(x)}, return_elements=[output]), [])()
+    np.testing.assert_array_equal(rolled.numpy(), np.roll(x, shifts, axes))
+
+
+def _saved(tmp_path, body, name):
+    module = tf.Module()
+    module.f = tf.function(lambda x: {"y": body(x)}, input_signature=[tf.TensorSpec([None, 6, 4], tf.float32)])
+    path = str(tmp_path / name)
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    return path
+
+
+@pytest.mark.parametrize("mode, extra", [("builtin", {}), ("native", {}), ("builtin", {"target": "tflm"})])
+def test_a_shifted_window_model_converts_without_roll(tmp_path, mode, extra):
+    def shifted_window(x):
+        return tf.roll(tf.nn.gelu(tf.roll(x, shift=[-2, 1], axis=[1, 2])), shift=[2, -1], axis=[1, 2])
+
+    tflite_model, report = converters.convert(_saved(tmp_path, shifted_window, "shifted"), mode=mode, **extra)
+    assert "ROLL" not in report.ops and not report.flex_ops, report.ops
+    assert report.ops.get("CONCATENATION", 0) >= 4 and report.verified
+    assert all(comparison["passed"] for comparison in report.fidelity + report.drift), report.drift
+
+
+def test_a_roll_along_an_axis_of_unknown_size_is_left_and_named(tmp_path, capsys):
+    path = _saved(tmp_path, lambda x: tf.roll(x, shift=1, axis=0), "batch_roll")  # the batch axis: size unknown
+    code = cli.main([path, "-o", str(tmp_path / "m.tflite")])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert code == errors.ConverterFailed.exit_code
+    assert line.endswith("TFLite has no builtin op for TensorFlow op(s) Roll; --mode select keeps them as "
+                         "TensorFlow ops (Flex), which the runtime must then link"), line
+
+
+def test_any_other_op_tflite_lacks_is_named_in_one_line(tmp_path, capsys):
+    path = _saved(tmp_path, lambda x: tf.math.bessel_i1(x) + tf.math.bessel_i0(x), "special")
+    code = cli.main([path, "-o", str(tmp_path / "m.tflite")])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert code == errors.ConverterFailed.exit_code
+    assert "TFLite has no builtin op for TensorFlow op(s) BesselI0, BesselI1; --mode select keeps them" in line
+    assert "loc(" not in line and "MLIR" not in line
