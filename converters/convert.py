@@ -257,6 +257,11 @@ def _converted(serialized, source, requested, options, int8_setup, target, repor
         if target.ops is not None:
             tflite_model, report.target["renamed_ops"] = equivalent_ops.for_target(tflite_model, target.ops)
     report.ops = reporting.op_histogram(tflite_model)
+    if "GELU" in report.ops and vocabulary.conversion_mode(options.mode, options.int8).exact_as:
+        # A mode that spells exact GELU in builtins promises no GELU op: the converter fused one we did not find.
+        raise errors.ConverterFailed(f"{source.path}: {report.ops['GELU']} GELU op(s) the rewrite missed would "
+                                     "remain in builtin mode (a keras-gelu bug: please report the model); "
+                                     "nothing written")
     if options.int8:
         report.op_types = reporting.typed_op_histogram(tflite_model)
         report.float_ops = reporting.float_islands(tflite_model)
@@ -288,8 +293,10 @@ def _rewritten(source, options, target):
     if mode.rewrites:  # builtin op sets only: TensorFlow ops TFLite lacks are spelled in builtins first
         passes = tf_ops_as_builtins.TO_BUILTINS + passes
     keep = [info.tensor for info in source.inputs + source.outputs]
-    result = rewrite.rewrite(graph.with_passes(source.graph_def, passes), keep, mode, options.exact_as,
-                             int8=options.int8, marker=marker)
+    graph_def = graph.with_passes(source.graph_def, passes)  # a copy where there are passes, as for int8
+    if options.int8 and options.calibration:  # TFLite's calibrator would crash on a loop handing a tensor on
+        graph.loop_invariants_recomputed(graph_def)
+    result = rewrite.rewrite(graph_def, keep, mode, options.exact_as, int8=options.int8, marker=marker)
     if not options.float16_weights:
         return result, result.graph_def
     return result, graph.round_float_constants_to_float16(result.graph_def, except_scope=rewrite.FUSED_SCOPE)

@@ -3,6 +3,7 @@
 Everything here is generic TensorFlow graph plumbing; nothing knows about GELU.
 """
 
+import contextlib
 import itertools
 
 import numpy as np
@@ -98,6 +99,17 @@ def _copy_under_prefix(target, nodes, prefix, outer_tensors, control_inputs=(), 
     return copies, outer
 
 
+@contextlib.contextmanager
+def _functions_known(library):
+    """A default graph that holds `library`: function_def_to_graph looks up there the functions a body's
+    control flow names, and the freezer's renamed copies (..._frozen_...) are known nowhere else."""
+    library_only = graph_pb2.GraphDef()
+    library_only.library.CopyFrom(library)
+    with tf.Graph().as_default():
+        tf.compat.v1.import_graph_def(library_only, name="")
+        yield
+
+
 def inline_function_calls(graph_def):
     """Inline, in place, every call to a function of the graph's own library; returns graph_def.
 
@@ -117,7 +129,8 @@ def inline_function_calls(graph_def):
             node = graph_def.node[index]
             call_names.add(node.name)
             function = library[node.attr["f"].func.name]
-            body, flat_names = function_def_to_graph.function_def_to_graph_def(function)
+            with _functions_known(graph_def.library):
+                body, flat_names = function_def_to_graph.function_def_to_graph_def(function)
             operands = data_inputs(node)
             arguments = {arg.name: operands[i] for i, arg in enumerate(function.signature.input_arg)}
             _, outer = _copy_under_prefix(
@@ -166,7 +179,8 @@ def control_flow_functions(graph_def):
 
 def _function_as_graph(function, library):
     """(GraphDef of the body with `library`, its output tensors, its control outputs' node names)."""
-    body, flat_names = function_def_to_graph.function_def_to_graph_def(function)
+    with _functions_known(library):
+        body, flat_names = function_def_to_graph.function_def_to_graph_def(function)
     body.library.CopyFrom(library)
     outputs = []
     taken = {node.name for node in body.node}
@@ -201,6 +215,156 @@ def _graph_as_function(body, function, outputs, control_outputs):
             rebuilt.signature.control_output.append(output)
             rebuilt.control_ret[output] = control_outputs[output]
     return rebuilt
+
+
+# The ops that run library functions on their inputs: (function attributes, how many leading inputs are not
+# the functions' arguments). A While's loop variables are its body's and condition's arguments.
+_CONTROL_FLOW_CALLS = {
+    "If": (("then_branch", "else_branch"), 1), "StatelessIf": (("then_branch", "else_branch"), 1),
+    "Case": (("branches",), 1), "StatelessCase": (("branches",), 1),
+    "While": (("cond", "body"), 0), "StatelessWhile": (("cond", "body"), 0),
+}
+
+
+def _function_tensor_source(name, body_nodes):
+    """In a FunctionDef body: through Identity nodes, the argument or node output a tensor name comes from."""
+    while True:
+        node_name = name.split(":")[0]
+        node = body_nodes.get(node_name)
+        if node is None or node.op != "Identity":
+            return name if node is not None else node_name
+        name = node.input[0]
+
+
+def constant_arguments_inlined(graph_def):
+    """Make each control-flow function argument that is the same constant at every call a Const in the body.
+
+    tf.cond and tf.while_loop pass the tensors a branch or body captures as
+    arguments: a GELU whose constants are captured (or computed outside the
+    loop) reaches the body with arguments where its constants should be, and
+    neither our matcher nor the TFLite converter's GELU fusion can read them.
+    Where every call of the function passes the same Const for an argument,
+    and, for a loop, the body hands the argument on unchanged, the body now
+    reads a Const node of that value instead (the argument stays, unused).
+    Repeated until nothing changes, so constants reach nested control flow.
+    In place; returns how many arguments were inlined.
+    """
+    library = {function.signature.name: function for function in graph_def.library.function}
+    inlined = 0
+    while True:
+        bindings = {}  # (function, argument position) -> serialized constant, or None where any call differs
+        for holder, scope_nodes, nodes in _scopes(graph_def, library):
+            for node in nodes:
+                called = [node.op] + [value.func.name for value in node.attr.values() if value.HasField("func")]
+                called += [f.name for value in node.attr.values() if value.HasField("list") for f in value.list.func]
+                attributes, skipped = _CONTROL_FLOW_CALLS.get(node.op, ((), 0))
+                analysable = {node.attr[key].func.name for key in attributes if node.attr[key].HasField("func")}
+                analysable |= {f.name for key in attributes for f in node.attr[key].list.func}
+                operands = data_inputs(node)[skipped:]
+                for name in called:
+                    if name not in library:
+                        continue
+                    function = library[name]
+                    for position in range(len(function.signature.input_arg)):
+                        value = None
+                        if name in analysable and position < len(operands):
+                            value = _constant_operand(operands[position], holder, scope_nodes)
+                        if node.op in ("While", "StatelessWhile") and value is not None:
+                            body = library.get(node.attr["body"].func.name)
+                            if body is None or not _passes_on(body, position):
+                                value = None
+                        key = (name, position)
+                        bindings[key] = value if bindings.get(key, value) == value else None
+        changed = 0
+        for (name, position), value in bindings.items():
+            if value is not None:
+                changed += _inline_argument(library[name], position, value)
+        if not changed:
+            return inlined
+        inlined += changed
+
+
+def _scopes(graph_def, library):
+    """(the function holding them or None for the graph, {name: node}, the nodes) of the graph and each function."""
+    yield None, {node.name: node for node in graph_def.node}, graph_def.node
+    for function in library.values():
+        yield function, {node.name: node for node in function.node_def}, function.node_def
+
+
+def _constant_operand(operand, holder, scope_nodes):
+    """The serialized TensorProto of a Const operand (through Identity nodes), else None."""
+    if holder is None:
+        node = scope_nodes.get(split_tensor_name(resolve(operand, scope_nodes))[0])
+    else:
+        source = _function_tensor_source(operand, scope_nodes)
+        node = scope_nodes.get(source.split(":")[0])
+    if node is None or node.op != "Const":
+        return None
+    return node.attr["value"].SerializeToString()
+
+
+def _passes_on(body, position):
+    """Whether a loop body returns its argument `position` unchanged as its output `position`."""
+    argument = body.signature.input_arg[position].name
+    output = body.signature.output_arg[position].name
+    nodes = {node.name: node for node in body.node_def}
+    return _function_tensor_source(body.ret[output], nodes) == argument
+
+
+def _inline_argument(function, position, serialized_value):
+    """Point every reader of the function's argument `position` at a new Const of the value; 1 if any did."""
+    argument = function.signature.input_arg[position]
+    name = f"{argument.name}/keras_gelu_constant"
+    if any(node.name == name for node in function.node_def):
+        return 0
+    readers = [node for node in function.node_def for operand in node.input if operand == argument.name]
+    if not readers:
+        return 0
+    constant = function.node_def.add(name=name, op="Const")
+    constant.attr["value"].ParseFromString(serialized_value)
+    constant.attr["dtype"].type = argument.type
+    replacement = f"{name}:output:0"
+    for node in readers:
+        for index, operand in enumerate(node.input):
+            if operand == argument.name:
+                node.input[index] = replacement
+    return 1
+
+
+def loop_invariants_recomputed(graph_def):
+    """Make each While body compute its computed loop invariants as max(v, v) rather than hand them on unchanged.
+
+    TFLite's WHILE frees an output its body hands on unchanged, and the int8
+    calibrator then reads the freed tensor and crashes the process
+    (tensorflow#75140, TF 2.14 and later): every tf.while_loop that captures a
+    computed tensor does that. max(v, v) is v, costs one elementwise op per
+    iteration, and the converter keeps it (it folds v * 1, v + 0 and a Reshape
+    to v). Constant invariants need nothing: the converter hoists them out.
+    In place; returns how many were rewritten.
+    """
+    library = {function.signature.name: function for function in graph_def.library.function}
+    rewritten = 0
+    for holder, scope_nodes, nodes in _scopes(graph_def, library):
+        for node in nodes:
+            body = library.get(node.attr["body"].func.name) if node.op in ("While", "StatelessWhile") else None
+            if body is None:
+                continue
+            for position, operand in enumerate(data_inputs(node)):
+                if _passes_on(body, position) and _constant_operand(operand, holder, scope_nodes) is None:
+                    rewritten += _recomputed(body, position)
+    return rewritten
+
+
+def _recomputed(body, position):
+    argument = body.signature.input_arg[position]
+    output = body.signature.output_arg[position].name
+    name = f"{argument.name}/keras_gelu_recomputed"
+    if any(node.name == name for node in body.node_def):
+        return 0
+    maximum = body.node_def.add(name=name, op="Maximum", input=[argument.name, argument.name])
+    maximum.attr["T"].type = argument.type
+    body.ret[output] = f"{name}:z:0"
+    return 1
 
 
 def transform_control_flow_functions(graph_def, transform):
@@ -353,7 +517,26 @@ def prune(graph_def, keep_tensors):
         pending.extend(split_tensor_name(operand)[0] for operand in nodes[name].input)
     for index in reversed([index for index, node in enumerate(graph_def.node) if node.name not in needed]):
         del graph_def.node[index]
+    _without_dangling_colocations(graph_def)
     return graph_def
+
+
+def _without_dangling_colocations(graph_def):
+    """Drop each colocation constraint ('_class': loc:@node) that names a node no longer in the graph.
+
+    TensorFlow's function inliner colocates the identities it makes with one
+    another; once one is gone (inlined again, or pruned as dead), importing
+    the graph fails on the constraint, which placement on one CPU never needed.
+    """
+    names = {node.name for node in graph_def.node}
+    for node in graph_def.node:
+        if "_class" not in node.attr:
+            continue
+        kept = [entry for entry in node.attr["_class"].list.s if entry.decode().removeprefix("loc:@") in names]
+        del node.attr["_class"].list.s[:]
+        node.attr["_class"].list.s.extend(kept)
+        if not kept:
+            del node.attr["_class"]
 
 
 def with_passes(graph_def, passes):

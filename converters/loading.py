@@ -232,5 +232,7 @@ def _inlined_in_float32(graph_def):
         retyped.append(changed)
         return body
 
-    graph_def = graph.transform_control_flow_functions(prepare(graph_def), prepare)
+    graph_def = prepare(graph_def)
+    graph.constant_arguments_inlined(graph_def)  # captured constants, visible in the bodies they reach
+    graph_def = graph.transform_control_flow_functions(graph_def, prepare)
     return graph_def, any(retyped)

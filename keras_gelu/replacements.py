@@ -194,10 +194,27 @@ def sigmoid_from_builtins(x, alpha, mark=None):
     return x * mark(tf.math.sigmoid(mark(constant_like(formulas.SIGMOID_SLOPE * alpha, x) * u)), logistic=True)
 
 
+def _tanh_gelu_the_converter_fuses(x):
+    """x (0.5 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))), which the TFLite converter fuses into its GELU op.
+
+    tf.nn.gelu(approximate=True) spells it 0.5 x (1 + tanh(...)), which fuses
+    too, but its 0.5 x is also the first product of the exact GELU's
+    spelling: where an exact and a tanh GELU read one tensor, the converter's
+    common-subexpression pass merges the two products, and the exact one then
+    no longer fuses (it needs its product to itself), so the conversion fails
+    on an Erfc (TF 2.21, and the stock converter on tf.nn.gelu alike).
+    """
+    cube = tf.pow(x, constant_like(3.0, x))
+    gate = tf.math.tanh(constant_like(formulas.TANH_SCALE, x) * (x + constant_like(formulas.TANH_CUBIC, x) * cube))
+    return x * (constant_like(0.5, x) * (constant_like(1.0, x) + gate))
+
+
 def _gelu_op(approximate):
+    spelled = _tanh_gelu_the_converter_fuses if approximate else functools.partial(tf.nn.gelu, approximate=False)
+
     def gelu_op(x, alpha, mark=None):
         x, mark = (without_minus_inf(x), unmarked) if mark is None else (x, mark)
-        y = tf.nn.gelu(x if alpha == 1.0 else mark(x * constant_like(alpha, x)), approximate=approximate)
+        y = spelled(x if alpha == 1.0 else mark(x * constant_like(alpha, x)))
         return y if alpha == 1.0 else mark(y) * constant_like(1.0 / alpha, x)
 
     return gelu_op

@@ -92,3 +92,72 @@ def test_select_mode_keeps_control_flow_and_converts(saved):
     tflite_model, report = converters.convert(saved["cond"], mode="select")
     assert reporting.op_histogram(tflite_model).get("IF") == 1
     assert {g["became"] for g in report.gelus} == {"unchanged"}
+
+
+# --- found by the graph fuzzer (test_converter_fuzz.py), pinned ------------------------------------------
+
+CAPTURED_HALF, CAPTURED_SQRT_HALF = tf.constant(0.5), tf.constant(0.70710677)  # eager: captured, not inlined
+
+
+def exact_gelu_of_captured_constants(h):
+    return CAPTURED_HALF * h * (1.0 + tf.math.erf(h * CAPTURED_SQRT_HALF))
+
+
+def _saved_block(tmp_path, body, name="block"):
+    block = Block(body)
+    path = str(tmp_path / name)
+    tf.saved_model.save(block, path, signatures={"serving_default": block.__call__})
+    return path
+
+
+@pytest.mark.parametrize("placement", ["cond", "while"])
+def test_a_gelu_whose_constants_are_captured_is_found_in_branches_and_loop_bodies(tmp_path, placement):
+    """tf.cond and tf.while_loop pass captured tensors as arguments: the constants reached the branch or body as
+    arguments, so the GELU was not found (native mode computed it without the GELU op)."""
+    if placement == "cond":
+        def body(h):
+            return tf.cond(tf.reduce_sum(h) > 0.0, lambda: exact_gelu_of_captured_constants(h), lambda: h)
+    else:
+        def body(h):
+            return tf.while_loop(lambda i, v: i < 2, lambda i, v: (i + 1, exact_gelu_of_captured_constants(v)),
+                                 (tf.constant(0), h))[1]
+    path = _saved_block(tmp_path, body)
+    for mode in ("native", "builtin"):
+        _, report = converters.convert(path, mode=mode)
+        assert sum(g["count"] for g in report.gelus) == 1, report.gelus
+        assert report.ops.get("GELU", 0) == (mode == "native"), report.ops
+        assert report.verified and all(c["passed"] for c in report.fidelity)
+
+
+def test_a_cond_inside_a_branch_that_captures_a_constant_loads(tmp_path):
+    """The freezer renames the functions of a cond nested in a branch (..._frozen_...); reading the outer branch
+    looked them up where only the originals were known (here: when the inner cond captures a constant)."""
+    captured_slope = tf.constant(1.702)
+
+    def body(h):
+        inner = lambda: tf.cond(tf.reduce_max(h) > 1.0, lambda: exact_gelu(h),  # noqa: E731
+                                lambda: h * tf.math.sigmoid(captured_slope * h))
+        return tf.cond(tf.reduce_mean(h) > 0.0, inner, lambda: h)
+
+    _, report = converters.convert(_saved_block(tmp_path, body), mode="native")
+    assert report.ops.get("GELU") == 1 and report.ops.get("IF") == 2 and report.verified
+
+
+def test_post_training_int8_of_a_loop_that_captures_a_computed_tensor_converts(tmp_path):
+    """TFLite's calibrator crashed the process (tensorflow#75140) on a WHILE whose body hands a loop variable
+    on unchanged, as every captured tensor is; the body now recomputes it as max(v, v)."""
+    def body(h):
+        scale = tf.reduce_mean(h, axis=-1, keepdims=True)
+        return tf.while_loop(lambda i, v: i < 2, lambda i, v: (i + 1, exact_gelu(v + scale) * 0.5),
+                             (tf.constant(0), h))[1]
+
+    _, report = converters.convert(_saved_block(tmp_path, body), int8=True, calibration="random:4")
+    assert report.ops.get("WHILE") == 1 and report.ops.get("MAXIMUM", 0) >= 1 and report.verified
+
+
+def test_an_exact_and_a_tanh_gelu_of_one_tensor_both_become_the_gelu_op(tmp_path):
+    """tf.nn.gelu's two spellings share their first product, 0.5 x; the converter merged the two products and
+    then fused only the tanh one, failing on an Erfc. The tanh replacement is now spelled x (0.5 (1 + tanh))."""
+    path = _saved_block(tmp_path, lambda h: tf.nn.gelu(h, approximate=False) + tf.nn.gelu(h, approximate=True))
+    _, report = converters.convert(path, mode="native")
+    assert report.ops.get("GELU") == 2 and report.verified

@@ -65,3 +65,41 @@ def op_rounding_steps(tflite_model, array, op_names):
         expected = np.clip(np.round(exact / scale + zero_point), -128, 127)
         found.append((op["op_name"], float(np.max(np.abs(interpreter.get_tensor(output) - expected)))))
     return found
+
+
+def analyzer_op_counts(tflite_model):
+    """{op name: count} over every subgraph, as TFLite's own model analyzer (C++) lists them: a second reading
+    of the flatbuffer, independent of the converter's report."""
+    import collections
+    import contextlib
+    import io
+    import re
+
+    import tensorflow as tf
+
+    listing = io.StringIO()
+    with contextlib.redirect_stdout(listing):
+        tf.lite.experimental.Analyzer.analyze(model_content=tflite_model)
+    return dict(collections.Counter(re.findall(r"^\s+Op#\d+ (\w+)\(", listing.getvalue(), re.MULTILINE)))
+
+
+def ops_behind_outputs(tflite_model, signature="serving_default"):
+    """{signature output name: {op name: count} of the ops its value is computed by}, in the main subgraph."""
+    import collections
+
+    interpreter_type, _ = verify.interpreter_class()
+    interpreter = interpreter_type(model_content=tflite_model)
+    runner = interpreter.get_signature_runner(signature)
+    ops = interpreter._get_ops_details()
+    writer = {output: op for op in ops for output in op["outputs"]}
+    cones = {}
+    for name, detail in runner.get_output_details().items():
+        seen, pending, counts = set(), [detail["index"]], collections.Counter()
+        while pending:
+            op = writer.get(pending.pop())
+            if op is not None and op["index"] not in seen:
+                seen.add(op["index"])
+                counts[op["op_name"]] += 1
+                pending.extend(index for index in op["inputs"] if index >= 0)
+        cones[name] = dict(counts)
+    return cones
