@@ -7,7 +7,7 @@
    output's range.
 2. Digits MLP (64 -> 64 -> 64 -> 10): float32 .tflite of the trained model vs
    the int8 .tflite of its quantization-aware fine-tune
-   (keras_gelu.quantization.quantize_model, ranges started from 256
+   (keras_gelu.qat.quantize_model, ranges started from 256
    training samples), latency on one sample and on the 360-sample test
    split, size, and test accuracy.
 
@@ -36,7 +36,7 @@ import timing  # noqa: E402
 
 import keras_gelu  # noqa: E402
 from keras_gelu import converters  # noqa: E402
-from keras_gelu import quantization  # noqa: E402
+import keras_gelu.qat  # noqa: E402
 from keras_gelu.converters import verify  # noqa: E402
 from keras_gelu.flavour import keras  # noqa: E402
 
@@ -99,7 +99,7 @@ def digits_table(functions, rounds):
             model = keras.Model(pixels, keras.layers.Dense(10)(hidden))
             model.compile(keras.optimizers.Adam(1e-3), loss)
             model.fit(x_train, y_train, epochs=30, batch_size=32, verbose=0)
-            qat = quantization.quantize_model(model, mode="native", calibration_data=x_train[:256])
+            qat = keras_gelu.qat.quantize_model(model, mode="native", calibration_data=x_train[:256])
             qat.compile(keras.optimizers.Adam(1e-4), loss)
             qat.fit(x_train, y_train, epochs=5, batch_size=32, verbose=0)
             float_model = _convert(model, directory, f"digits_{function}")

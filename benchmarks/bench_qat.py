@@ -58,7 +58,7 @@ def table(rounds, steps):
     import keras_gelu
     import machine
     import timing
-    from keras_gelu import quantization
+    import keras_gelu.qat
     from keras_gelu.flavour import keras
 
     engine = "tfmot" if keras_gelu.KERAS_FLAVOUR == "tf_keras" else "keras_gelu.qat"
@@ -76,7 +76,7 @@ def table(rounds, steps):
             keras.utils.set_random_seed(0)
             float_model = build(kind, function)
             models = {"float": float_model,
-                      "QAT": quantization.quantize_model(float_model, mode="builtin", calibration_data=x[:256])}
+                      "QAT": keras_gelu.qat.quantize_model(float_model, mode="builtin", calibration_data=x[:256])}
             for model in models.values():
                 model.compile(keras.optimizers.Adam(1e-4),
                               keras.losses.SparseCategoricalCrossentropy(from_logits=True))

@@ -26,7 +26,7 @@ EPILOG = """examples:
   keras-gelu-convert saved_model_dir --mode native         # every GELU spelling -> TFLite's GELU op
   keras-gelu-convert saved_model_dir --mode select -o m.tflite --force
   keras-gelu-convert model.h5 --inputs batch.npz --max-drift 0.05 --report-json report.json
-  keras-gelu-convert qat_saved_model --int8 --mode native  # a keras_gelu.quantization QAT model -> int8
+  keras-gelu-convert qat_saved_model --int8 --mode native  # a keras_gelu.qat QAT model -> int8
   keras-gelu-convert saved_model_dir --int8 --calibration samples.npz --int8-io   # post-training int8
   keras-gelu-convert model.keras --target tflm --int8 --calibration samples.npz   # run and sized in TFLite Micro
   keras-gelu-convert qat_saved_model --target ethos-u55                           # compiled by Vela, 100% NPU

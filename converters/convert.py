@@ -319,7 +319,7 @@ def _int8_setup(source, options, report):
     if not options.calibration:
         implied = f" (implied by --target {options.target})" if options.target else ""
         raise errors.BadInputs(f"{source.path}: a float model needs --calibration file.npz or random:N for "
-                               f"--int8{implied} (or train it with keras_gelu.quantization.quantize_model)")
+                               f"--int8{implied} (or train it with keras_gelu.qat.quantize_model)")
     samples = integer.calibration_samples(options.calibration, source.inputs, options.seed)
     report.int8_ranges = f"post-training, calibrated on {len(samples)} samples ({options.calibration})"
     return samples, options.int8_io

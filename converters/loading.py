@@ -78,7 +78,7 @@ def _quantize_scope_if_needed(path):
 
     if USE_LEGACY_KERAS and _mentions(path, "QuantizeWrapper"):
         try:
-            from keras_gelu.quantization import quantize_scope
+            from keras_gelu.qat import quantize_scope
 
             return quantize_scope()
         except ImportError as error:

@@ -21,7 +21,7 @@ tf.get_logger().setLevel("ERROR")
 
 import keras_gelu  # noqa: E402
 from keras_gelu import converters  # noqa: E402
-from keras_gelu import quantization  # noqa: E402
+import keras_gelu.qat  # noqa: E402
 from keras_gelu import vocabulary  # noqa: E402
 from keras_gelu.converters.paths import write_atomically  # noqa: E402
 from keras_gelu.converters import verify  # noqa: E402
@@ -155,7 +155,7 @@ def _output_path(args, function):
 
 
 def compare_float_ptq_qat(function, build_model, data, args, input_name, learning_rate, batch_size=32,
-                          quantize=quantization.quantize_model):
+                          quantize=keras_gelu.qat.quantize_model):
     """Train the float model of one GELU function; PTQ it; QAT it; convert; evaluate all four on the test split.
 
     `data` is (x_train, y_train, x_test, y_test); `quantize(model, mode=, exact_as=, calibration_data=)`

@@ -5,7 +5,7 @@ with the GELU as `Dense(..., activation=...)`, then
 
 1. post-training quantization (PTQ): keras-gelu-convert --int8 --calibration
    on training samples;
-2. quantization-aware training (QAT): keras_gelu.quantization.quantize_model
+2. quantization-aware training (QAT): keras_gelu.qat.quantize_model
    with its int8 ranges started from the same calibration samples, a few
    more epochs, then keras-gelu-convert --int8;
 

@@ -7,7 +7,7 @@ smaller token). Counting across the sequence is what attention is for.
 For each GELU function (exact, tanh, sigmoid, learnable) the script trains the float
 encoder, quantizes it after training (PTQ, calibrated on training
 sequences), then runs quantization-aware training with
-keras_gelu.quantization.quantize_model (its int8 ranges started from the
+keras_gelu.qat.quantize_model (its int8 ranges started from the
 same calibration samples) and converts that with keras-gelu-convert --int8.
 It prints a table of the four accuracies, and writes one int8 .tflite per
 function.
@@ -38,7 +38,7 @@ import keras_gelu
 import numpy as np
 
 from keras_gelu import replacements
-from keras_gelu import quantization
+import keras_gelu.qat
 from tasks import CLASSES
 from tasks import SEQUENCE_LENGTH
 from tasks import VOCABULARY
@@ -72,10 +72,10 @@ def attention_quantize_config():
     BATCH_MATMUL (scores: a moving-average range), SOFTMAX (TFLite's fixed
     grid of k/256, the same as LOGISTIC's), BATCH_MATMUL (the output range).
     """
-    from keras_gelu.quantize_configs import IntermediateQuantizer
-    from keras_gelu.quantize_configs import activation_quantizer
+    from keras_gelu.qat.tfmot.configs import IntermediateQuantizer
+    from keras_gelu.qat.tfmot.configs import activation_quantizer
 
-    tfmot_keras = quantization.require_tfmot()
+    tfmot_keras = keras_gelu.qat.require_tfmot()
 
     class AttentionQuantizeConfig(tfmot_keras.QuantizeConfig):
         def get_weights_and_quantizers(self, layer):
@@ -107,7 +107,7 @@ def attention_quantize_config():
 
 
 def attention_rule():
-    """The same for Keras 3's QAT engine: a QuantizeRule (keras_gelu.quantization.register_rule)."""
+    """The same for Keras 3's QAT engine: a QuantizeRule (keras_gelu.qat.register_rule)."""
     from keras_gelu.qat import QuantizeRule
 
     class AttentionRule(QuantizeRule):
@@ -146,9 +146,9 @@ def build_encoder(function, width, attention="dot_product"):
 def quantize_encoder(model, mode, exact_as, calibration_data=None):
     """quantize_model with the attention layer quantized by its own config (tfmot) or rule (Keras 3)."""
     if keras_gelu.KERAS_FLAVOUR == "keras3":
-        quantization.register_rule(DotProductAttention, attention_rule())
-        return quantization.quantize_model(model, mode=mode, exact_as=exact_as, calibration_data=calibration_data)
-    tfmot_keras = quantization.require_tfmot()
+        keras_gelu.qat.register_rule(DotProductAttention, attention_rule())
+        return keras_gelu.qat.quantize_model(model, mode=mode, exact_as=exact_as, calibration_data=calibration_data)
+    tfmot_keras = keras_gelu.qat.require_tfmot()
     config = attention_quantize_config()
 
     def annotate(layer):
@@ -159,7 +159,7 @@ def quantize_encoder(model, mode, exact_as, calibration_data=None):
     annotated = keras.models.clone_model(model, clone_function=annotate)
     with tfmot_keras.quantize_scope({"AttentionQuantizeConfig": type(config),
                                      "DotProductAttention": DotProductAttention}):
-        return quantization.quantize_model(annotated, mode=mode, exact_as=exact_as, calibration_data=calibration_data)
+        return keras_gelu.qat.quantize_model(annotated, mode=mode, exact_as=exact_as, calibration_data=calibration_data)
 
 
 def _check_attention(parser, args):

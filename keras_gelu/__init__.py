@@ -21,7 +21,7 @@ from keras_gelu.swapping import when
 
 if KERAS_FLAVOUR == "keras3":
     # Registers the Keras 3 QAT layers, so a saved QAT model loads after `import keras_gelu` alone. (Under
-    # tf-keras QAT models are tfmot's, loaded within quantization.quantize_scope.)
+    # tf-keras QAT models are tfmot's, loaded within qat.quantize_scope.)
     from keras_gelu import qat as _qat  # noqa: F401
 
 __version__ = "0.1.0"

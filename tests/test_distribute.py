@@ -17,7 +17,7 @@ import keras_gelu
 from conftest import IS_KERAS3
 from conftest import keras
 from keras_gelu import converters
-from keras_gelu import quantization
+import keras_gelu.qat
 
 LAYERS = {
     "GELU exact": lambda: keras_gelu.GELU("exact"),
@@ -80,7 +80,7 @@ def test_qat_trains_under_mirrored_strategy_and_converts_to_integer(mirrored, la
     """Both engines (tfmot under tf-keras, keras_gelu.qat under Keras 3), quantized inside the strategy."""
     x, y = _batch(128)
     with mirrored.scope():
-        model = quantization.quantize_model(_model(LAYERS[layer]()), calibration_data=x)
+        model = keras_gelu.qat.quantize_model(_model(LAYERS[layer]()), calibration_data=x)
         model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
     before = model.evaluate(x, y, verbose=0)
     model.fit(x, y, epochs=3, batch_size=32, verbose=0)

@@ -92,7 +92,7 @@ def test_the_cycle_finder_finds_a_cycle_through_three_modules():
 
 def test_the_reader_sees_function_local_and_relative_imports():
     edges = import_edges(_module_files())
-    assert "keras_gelu.quantization" in edges["keras_gelu.converters.loading"]  # imported inside a function
+    assert "keras_gelu.qat" in edges["keras_gelu.converters.loading"]  # imported inside a function
     assert "keras_gelu.converters.errors" in edges["keras_gelu.converters.convert"]  # from . import errors
     assert "keras_gelu.converters.cli" in edges["keras_gelu_launcher"]
 
@@ -130,6 +130,6 @@ def test_import_keras_gelu_loads_neither_tfmot_nor_the_converter():
 
 def test_quantization_aware_training_loads_no_conversion_pipeline():
     pytest.importorskip("tensorflow_model_optimization")
-    loaded = _modules_after("import keras_gelu.quantize_configs", TF_USE_LEGACY_KERAS="1")
+    loaded = _modules_after("import keras_gelu.qat.tfmot.configs", TF_USE_LEGACY_KERAS="1")
     assert "tensorflow_model_optimization" in loaded
     assert not {name for name in loaded if name.startswith(CONVERTERS)}

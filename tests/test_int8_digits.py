@@ -50,7 +50,7 @@ def results(digits, tmp_path_factory):
     """Per form: float, PTQ int8, QAT and QAT int8 figures (module-scoped: training is the slow part)."""
     import tensorflow as tf
 
-    from keras_gelu import quantization
+    import keras_gelu.qat
 
     x_train, y_train, x_test, y_test = digits
     figures = {}
@@ -68,7 +68,7 @@ def results(digits, tmp_path_factory):
         ptq, ptq_report = converters.convert(str(directory / "float"), int8=True,
                                              calibration=str(directory / "calibration.npz"))
 
-        qat = quantization.quantize_model(model, calibration_data=x_train[:256])
+        qat = keras_gelu.qat.quantize_model(model, calibration_data=x_train[:256])
         alpha_before = [w.numpy().copy() for w in qat.weights if w.name.endswith("alpha:0")]
         _train(qat, x_train, y_train, epochs=2, learning_rate=1e-4)
         alpha_after = [w.numpy() for w in qat.weights if w.name.endswith("alpha:0")]

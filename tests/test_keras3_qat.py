@@ -17,9 +17,9 @@ if not IS_KERAS3:
     pytest.skip("Keras 3's QAT engine (under tf-keras, quantize_model is tfmot's)", allow_module_level=True)
 
 from keras_gelu import converters  # noqa: E402
-from keras_gelu import quantization  # noqa: E402
-from keras_gelu.qat import ranges  # noqa: E402
-from keras_gelu.qat import rules  # noqa: E402
+import keras_gelu.qat  # noqa: E402
+from keras_gelu.qat.keras3 import ranges  # noqa: E402
+from keras_gelu.qat.keras3 import rules  # noqa: E402
 
 
 def _mlp(seed=3):
@@ -45,7 +45,7 @@ def _quantized_and_trained(model, x, rng):
     """The QAT copy of `model` (ranges from `x`), checked to compute the float model's function up to int8
     rounding (10 output steps: a few per layer, not a shifted convolution or a lost scale), then trained one
     epoch: a zero bias, as initialized, hides a bias ADD the conversion leaves in float."""
-    qat = quantization.quantize_model(model, calibration_data=x)
+    qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
     low, high = _range_of(qat.layers[-1], "output")
     assert np.max(np.abs(qat(x).numpy() - model(x).numpy())) <= 10 * (high - low) / 255
     qat.compile(keras.optimizers.Adam(1e-2), "mse")
@@ -71,7 +71,7 @@ def test_a_small_cnn_converts_to_a_fully_integer_tflite_within_qat_int8_steps(po
     import tflite_helpers
 
     x = rng.uniform(0, 1, size=(128, 8, 8, 1)).astype(np.float32)
-    qat = quantization.quantize_model(_cnn(getattr(keras.layers, pooling)(2)), calibration_data=x)
+    qat = keras_gelu.qat.quantize_model(_cnn(getattr(keras.layers, pooling)(2)), calibration_data=x)
     qat.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     qat.fit(x, rng.integers(0, 10, size=128), epochs=1, verbose=0)
     tflite_model, report = _converted(qat, tmp_path)
@@ -88,13 +88,13 @@ def test_average_pooling_computes_the_average_and_refuses_same_padding_that_pads
     x = rng.normal(size=(4, 6, 6, 3)).astype(np.float32)
     inputs = keras.Input((6, 6, 3))
     model = keras.Model(inputs, keras.layers.AveragePooling2D(3, strides=1, name="pool")(inputs))
-    qat = quantization.quantize_model(model, calibration_data=x)
+    qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
     # within the input's and the output's int8 steps of the float average
     tolerance = sum(np.abs(x).max() / 127 for _ in range(2))
     np.testing.assert_allclose(qat(x).numpy(), model(x).numpy(), atol=tolerance)
     padded = keras.Model(inputs, keras.layers.AveragePooling2D(4, padding="same", name="edge_pool")(inputs))
     with pytest.raises(ValueError, match=r"edge_pool: .*'same' padding pads.*Received: padding='same'"):
-        quantization.quantize_model(padded)
+        keras_gelu.qat.quantize_model(padded)
 
 
 @pytest.mark.parametrize("padding, dilation", [("same", 1), ("valid", 2), ("causal", 2)])
@@ -162,7 +162,7 @@ def test_einsum_dense_layer_normalization_and_softmax_convert_to_integer(layer_n
     import tflite_helpers
 
     x = rng.normal(size=(64, 6, 8)).astype(np.float32)
-    qat = quantization.quantize_model(_encoder_block(layer_normalization), calibration_data=x)
+    qat = keras_gelu.qat.quantize_model(_encoder_block(layer_normalization), calibration_data=x)
     tflite_model, report = _converted(qat, tmp_path)
     assert report.float_ops == {}, report.op_types
     for op in ("SOFTMAX", "FULLY_CONNECTED") + (("MEAN", "SQUARED_DIFFERENCE", "RSQRT", "SUB") if layer_normalization
@@ -190,11 +190,11 @@ def test_layer_normalization_over_other_axes_or_rms_is_refused_by_name():
     inputs = keras.Input((6, 8))
     model = keras.Model(inputs, keras.layers.LayerNormalization(axis=1, name="across_tokens")(inputs))
     with pytest.raises(ValueError, match=r"across_tokens.*last axis.*Received: axis=\[1\]"):
-        quantization.quantize_model(model)
+        keras_gelu.qat.quantize_model(model)
 
 
 def test_the_qat_model_saves_and_loads_as_keras_without_custom_objects_and_trains_on(tmp_path, rng):
-    qat = quantization.quantize_model(_mlp(), mode="native")
+    qat = keras_gelu.qat.quantize_model(_mlp(), mode="native")
     x = rng.normal(size=(64, 12)).astype(np.float32)
     qat.compile(keras.optimizers.Adam(1e-2), "mse")
     qat.fit(x, rng.normal(size=(64, 4)).astype(np.float32), epochs=1, verbose=0)
@@ -209,11 +209,11 @@ def test_the_qat_model_saves_and_loads_as_keras_without_custom_objects_and_train
 
 
 def test_weight_ranges_are_symmetric_per_tensor_for_dense_and_per_channel_for_convolutions():
-    dense_qat = quantization.quantize_model(_mlp())
+    dense_qat = keras_gelu.qat.quantize_model(_mlp())
     kernel = dense_qat.get_layer("quant_hidden").layer.kernel.numpy()
     np.testing.assert_allclose(_range_of(dense_qat.get_layer("quant_hidden"), "kernel"),
                                [-np.abs(kernel).max(), np.abs(kernel).max()], rtol=1e-6)
-    conv_qat = quantization.quantize_model(_cnn(keras.layers.MaxPooling2D()))
+    conv_qat = keras_gelu.qat.quantize_model(_cnn(keras.layers.MaxPooling2D()))
     conv = next(layer for layer in conv_qat.layers if type(getattr(layer, "layer", None)) is keras.layers.Conv2D)
     np.testing.assert_allclose(conv.range_kernel_max.numpy(), np.abs(conv.layer.kernel.numpy()).max(axis=(0, 1, 2)),
                                rtol=1e-6)
@@ -226,9 +226,9 @@ def test_weight_ranges_are_symmetric_per_tensor_for_dense_and_per_channel_for_co
 def test_calibration_sets_each_range_to_the_data_and_keeps_every_weight(rng):
     model = _mlp()
     x = rng.normal(2.0, 1.5, size=(128, 12)).astype(np.float32)
-    qat = quantization.quantize_model(model)
+    qat = keras_gelu.qat.quantize_model(model)
     weights = [weight.numpy().copy() for weight in model.weights]
-    quantization.initialize_ranges(qat, x)
+    keras_gelu.qat.initialize_ranges(qat, x)
     np.testing.assert_allclose(_range_of(qat.get_layer("quantize_features"), "input"),
                                [min(x.min(), 0.0), max(x.max(), 0.0)], rtol=1e-6)
     hidden = x @ model.get_layer("hidden").kernel.numpy() + model.get_layer("hidden").bias.numpy()
@@ -242,7 +242,7 @@ def test_calibration_sets_each_range_to_the_data_and_keeps_every_weight(rng):
 
 
 def test_a_training_step_moves_a_range_a_thousandth_of_the_way_to_the_batch(rng):
-    qat = quantization.quantize_model(_mlp())
+    qat = keras_gelu.qat.quantize_model(_mlp())
     x = rng.normal(size=(32, 12)).astype(np.float32) * 10
     low, high = _range_of(qat.get_layer("quantize_features"), "input")
     qat.compile(keras.optimizers.SGD(0.0), "mse")
@@ -256,19 +256,19 @@ def test_a_layer_without_a_rule_is_named_with_how_to_add_one():
     inputs = keras.Input((12,))
     model = keras.Model(inputs, keras.layers.GroupNormalization(2, name="norm")(keras.layers.Dense(8)(inputs)))
     with pytest.raises(ValueError, match=r"no rule for layer norm \(GroupNormalization\): register one with "
-                                         r"keras_gelu\.quantization\.register_rule.*keep_float=\['norm'\]"):
-        quantization.quantize_model(model)
+                                         r"keras_gelu\.qat\.register_rule.*keep_float=\['norm'\]"):
+        keras_gelu.qat.quantize_model(model)
 
 
 def test_keep_float_leaves_the_named_layer_as_it_is(rng):
     inputs = keras.Input((12,))
     model = keras.Model(inputs, keras.layers.BatchNormalization(name="norm")(keras.layers.Dense(8)(inputs)))
-    qat = quantization.quantize_model(model, keep_float=["norm"])
+    qat = keras_gelu.qat.quantize_model(model, keep_float=["norm"])
     assert type(qat.get_layer("norm")) is keras.layers.BatchNormalization
     x = rng.normal(size=(8, 12)).astype(np.float32)
     np.testing.assert_allclose(qat(x).numpy(), model(x).numpy(), atol=0.2)  # only the Dense is fake-quantized
     with pytest.raises(ValueError, match=r"Received: keep_float=\['nrom'\]"):
-        quantization.quantize_model(model, keep_float=["nrom"])
+        keras_gelu.qat.quantize_model(model, keep_float=["nrom"])
 
 
 def test_a_registered_rule_quantizes_a_layer_and_converts_to_integer(tmp_path, rng):
@@ -276,11 +276,11 @@ def test_a_registered_rule_quantizes_a_layer_and_converts_to_integer(tmp_path, r
     left, right = keras.layers.Dense(8)(inputs), keras.layers.Dense(8)(inputs)
     model = keras.Model(inputs, keras.layers.Subtract(name="difference")([left, right]))
     with pytest.raises(ValueError, match="no rule for layer difference"):
-        quantization.quantize_model(model)
-    quantization.register_rule(keras.layers.Subtract, rules.OutputRule())
+        keras_gelu.qat.quantize_model(model)
+    keras_gelu.qat.register_rule(keras.layers.Subtract, rules.OutputRule())
     try:
         x = rng.normal(size=(64, 12)).astype(np.float32)
-        qat = quantization.quantize_model(model, calibration_data=x)
+        qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
         _, report = _converted(qat, tmp_path)
     finally:
         rules._RULES.pop(keras.layers.Subtract)
@@ -293,7 +293,7 @@ def test_a_registered_rule_quantizes_a_layer_and_converts_to_integer(tmp_path, r
 ])
 def test_register_rule_refuses_what_is_not_a_layer_class_and_a_rule(layer_class, rule, message):
     with pytest.raises(ValueError, match=message):
-        quantization.register_rule(layer_class, rule)
+        keras_gelu.qat.register_rule(layer_class, rule)
 
 
 def test_a_mixed_precision_model_is_quantized_in_float32_and_converts_to_integer(tmp_path, rng):
@@ -303,14 +303,14 @@ def test_a_mixed_precision_model_is_quantized_in_float32_and_converts_to_integer
     model = _mlp()
     model.set_weights(float32_twin.get_weights())
     with pytest.warns(UserWarning, match=r"computes in float32.*2 layer\(s\) of mlp had a mixed-precision policy"):
-        qat = quantization.quantize_model(model, mode="native", calibration_data=x)
+        qat = keras_gelu.qat.quantize_model(model, mode="native", calibration_data=x)
     assert keras.mixed_precision.global_policy().name == "mixed_float16"  # left as it was
     assert {layer.dtype_policy.name for layer in qat.layers if not isinstance(layer, keras.layers.InputLayer)} \
         == {"float32"}
     assert qat(x).dtype == "float32"
     keras.mixed_precision.set_global_policy("float32")
     # the QAT model the float32 twin gives: the same computation, to the bit
-    twin_qat = quantization.quantize_model(float32_twin, mode="native", calibration_data=x)
+    twin_qat = keras_gelu.qat.quantize_model(float32_twin, mode="native", calibration_data=x)
     np.testing.assert_array_equal(qat(x).numpy(), twin_qat(x).numpy())
     _, report = _converted(qat, tmp_path)
     assert report.float_ops == {}, report.op_types
@@ -320,14 +320,14 @@ def test_nested_models_are_refused_by_name():
     inner = keras.Sequential([keras.Input((12,)), keras.layers.Dense(4)], name="inner")
     inputs = keras.Input((12,))
     with pytest.raises(ValueError, match="inner is a nested model"):
-        quantization.quantize_model(keras.Model(inputs, inner(inputs)))
+        keras_gelu.qat.quantize_model(keras.Model(inputs, inner(inputs)))
 
 
 def test_the_ranges_calibrating_block_ends_even_on_error(rng):
     with pytest.raises(RuntimeError):
         with ranges.calibrating():
             raise RuntimeError("boom")
-    qat = quantization.quantize_model(_mlp())
+    qat = keras_gelu.qat.quantize_model(_mlp())
     before = _range_of(qat.get_layer("quantize_features"), "input")
     qat(rng.normal(size=(4, 12)).astype(np.float32) * 100, training=True)
     after = _range_of(qat.get_layer("quantize_features"), "input")
@@ -340,7 +340,7 @@ def test_a_saved_qat_model_loads_in_a_fresh_process_and_converts_from_keras_and_
 
     from keras_gelu.converters import cli
 
-    qat = quantization.quantize_model(_mlp(), calibration_data=rng.normal(size=(64, 12)).astype(np.float32))
+    qat = keras_gelu.qat.quantize_model(_mlp(), calibration_data=rng.normal(size=(64, 12)).astype(np.float32))
     x = rng.normal(size=(8, 12)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "expected.npy", qat(x).numpy())
@@ -431,7 +431,7 @@ def test_multi_head_attention_returning_its_scores_is_refused_by_name():
     with pytest.raises(ValueError, match=r"scored: the int8 rule covers attention masks passed as attention_mask or "
                                          r"use_causal_mask, not .*returned scores\. "
                                          r"Received: return_attention_scores=True$"):
-        quantization.quantize_model(keras.Model(tokens, outputs))
+        keras_gelu.qat.quantize_model(keras.Model(tokens, outputs))
 
 
 @pytest.mark.parametrize("activation, op", [
@@ -448,7 +448,7 @@ def test_an_activation_layer_takes_its_int8_grid_and_converts_within_qat_int8_st
     inputs = keras.Input((12,))
     model = keras.Model(inputs, keras.layers.Dense(4)(activation()(keras.layers.Dense(16)(inputs))))
     x = rng.normal(size=(256, 12)).astype(np.float32)
-    qat = quantization.quantize_model(model, mode="native", calibration_data=x)
+    qat = keras_gelu.qat.quantize_model(model, mode="native", calibration_data=x)
     if op == "GELU":
         assert type(qat.get_layer("quant_activation").layer) is keras_gelu.GELU
         assert qat.get_layer("quant_activation").layer.approximate == "exact"
@@ -470,14 +470,14 @@ def test_an_activation_layer_takes_its_int8_grid_and_converts_within_qat_int8_st
 def test_an_activation_without_an_int8_form_is_refused_by_name(layer, message):
     inputs = keras.Input((12,))
     with pytest.raises(ValueError, match=message):
-        quantization.quantize_model(keras.Model(inputs, layer(keras.layers.Dense(8)(inputs))))
+        keras_gelu.qat.quantize_model(keras.Model(inputs, layer(keras.layers.Dense(8)(inputs))))
 
 
 def test_an_embedding_with_mask_zero_is_refused_by_name():
     ids = keras.Input((6,), dtype="int32")
     hidden = keras.layers.Embedding(40, 8, mask_zero=True, name="padded")(ids)
     with pytest.raises(ValueError, match=r"Embedding padded: .*without a mask.*Received: mask_zero=True$"):
-        quantization.quantize_model(keras.Model(ids, keras.layers.GlobalAveragePooling1D()(hidden)))
+        keras_gelu.qat.quantize_model(keras.Model(ids, keras.layers.GlobalAveragePooling1D()(hidden)))
 
 
 @pytest.mark.parametrize("make_layer, shape", [
@@ -487,7 +487,7 @@ def test_an_embedding_with_mask_zero_is_refused_by_name():
     (lambda: keras.layers.Dense(7), (4,)),
 ], ids=["conv2d-no-bias", "depthwise-multiplier-2", "separable-1d", "dense"])
 def test_folded_weights_compute_the_layer_then_its_batch_normalization(make_layer, shape, rng):
-    from keras_gelu.qat import folding
+    from keras_gelu.qat.keras3 import folding
 
     keras.utils.set_random_seed(1)
     inputs = keras.Input(shape)
@@ -517,7 +517,7 @@ def test_a_batch_normalization_that_cannot_fold_is_refused_by_name(build, reason
     inputs = keras.Input((12,))
     with pytest.raises(ValueError, match=r"folds a BatchNormalization into the Conv/Dense right before it.*norm "
                                          r"has none such.*keep_float=\['norm'\]"):
-        quantization.quantize_model(keras.Model(inputs, build(inputs)))
+        keras_gelu.qat.quantize_model(keras.Model(inputs, build(inputs)))
 
 
 def test_mobilenet_v2_folds_its_batch_norms_and_converts_to_integer_within_qat_int8_steps(tmp_path, rng):
@@ -536,7 +536,7 @@ def test_mobilenet_v2_folds_its_batch_norms_and_converts_to_integer_within_qat_i
         batch_norm.beta.assign(rng.normal(0, 0.2, size=channels))
         batch_norm.moving_mean.assign(rng.normal(0, 0.2, size=channels))
         batch_norm.moving_variance.assign(rng.uniform(0.5, 2.0, size=channels))
-    qat = quantization.quantize_model(model, calibration_data=x)
+    qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
     assert len(batch_norms) == 52 and not any("BatchNormalization" in type(getattr(layer, "layer", layer)).__name__
                                                for layer in qat.layers)
     low, high = _range_of(qat.layers[-1], "output")
@@ -557,7 +557,7 @@ def test_fused_softmax_sigmoid_and_tanh_are_split_out_onto_their_grids(tmp_path,
     hidden = keras.layers.Dense(16, activation="sigmoid", name="gate")(hidden)
     model = keras.Model(inputs, keras.layers.Dense(4, activation="softmax", name="probabilities")(hidden))
     x = rng.normal(size=(256, 12)).astype(np.float32)
-    qat = quantization.quantize_model(model, calibration_data=x)
+    qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
     split = {layer.name: type(layer.layer).__name__ for layer in qat.layers
              if isinstance(getattr(layer, "layer", None), (keras.layers.Activation, keras.layers.Softmax))}
     assert split == {"quant_squash_tanh": "Activation", "quant_gate_sigmoid": "Activation",

@@ -1,4 +1,4 @@
-"""keras_gelu.quantization: QuantizeConfigs, quantize_model, quantize_scope, and their int8 conversion.
+"""keras_gelu.qat: QuantizeConfigs, quantize_model, quantize_scope, and their int8 conversion.
 
 tfmot works only with tf-keras, so most of this runs in the tf-keras leg and
 where tensorflow-model-optimization is installed (not in the TF 2.18 leg).
@@ -19,7 +19,7 @@ import conversions
 from conversions import QAT_INT8_STEPS
 from gelu_models import every_gelu_functional
 from keras_gelu import converters
-from keras_gelu import quantization
+import keras_gelu.qat
 from keras_gelu import vocabulary
 
 # Whether tfmot is installed, without importing it: its import sets TF_USE_LEGACY_KERAS=1
@@ -76,18 +76,28 @@ def _saved(model, tmp_path, name="qat"):
 @keras3_only
 def test_quantize_model_under_keras3_uses_its_own_engine_and_leaves_the_environment_alone():
     before = os.environ.get("TF_USE_LEGACY_KERAS")
-    qat_model = quantization.quantize_model(_dense_model(keras_gelu.GELU()))
+    qat_model = keras_gelu.qat.quantize_model(_dense_model(keras_gelu.GELU()))
     assert any(type(layer).__name__ == "QuantizeWrapper" for layer in qat_model.layers)
-    with pytest.raises(RuntimeError, match="tf-keras"):
-        quantization.GELUQuantizeConfig  # noqa: B018 - the lazy attribute is what is tested
+    with pytest.raises(AttributeError, match="tf-keras"):
+        keras_gelu.qat.GELUQuantizeConfig  # noqa: B018 - the lazy attribute is what is tested
     assert os.environ.get("TF_USE_LEGACY_KERAS") == before  # importing tfmot would have set it
+
+
+def test_the_old_module_name_still_works_and_says_where_things_moved():
+    import keras_gelu.quantization
+
+    with pytest.warns(DeprecationWarning, match=r"keras_gelu\.quantization\.quantize_model moved to "
+                                                r"keras_gelu\.qat\.quantize_model"):
+        assert keras_gelu.quantization.quantize_model is keras_gelu.qat.quantize_model
+    with pytest.raises(AttributeError):
+        keras_gelu.quantization.no_such_name  # noqa: B018
 
 
 @tf_keras_only
 @pytest.mark.skipif(HAS_TFMOT, reason="checks the message shown when tfmot is missing")
 def test_missing_tfmot_says_what_to_install():
     with pytest.raises(ImportError, match=r"keras-gelu\[qat\]"):
-        quantization.quantize_model(_dense_model(keras_gelu.GELU()))
+        keras_gelu.qat.quantize_model(_dense_model(keras_gelu.GELU()))
 
 
 # --- the configs --------------------------------------------------------------
@@ -95,7 +105,7 @@ def test_missing_tfmot_says_what_to_install():
 
 @needs_tfmot
 def test_gelu_config_round_trips_and_compares_by_value():
-    config_class = quantization.GELUQuantizeConfig
+    config_class = keras_gelu.qat.GELUQuantizeConfig
     default = config_class()
     assert default.get_config() == {"mode": "builtin", "exact_as": "sigmoid", "quantize_output": True}
     variants = [config_class(mode="native"), config_class(exact_as="tanh"), config_class(quantize_output=False)]
@@ -103,7 +113,7 @@ def test_gelu_config_round_trips_and_compares_by_value():
         assert config_class.from_config(variant.get_config()) == variant
         assert variant != default  # tfmot's own __eq__ would call these equal
     assert default == config_class() and hash(default) == hash(config_class())
-    assert default != quantization.LearnableGELUQuantizeConfig()
+    assert default != keras_gelu.qat.LearnableGELUQuantizeConfig()
     for argument, message in (({"quantize_output": "yes"}, "Received: quantize_output='yes'"),
                               ({"mode": "select"}, "Received: mode='select'"),
                               ({"exact_as": "exact"}, "Received: exact_as='exact'"),
@@ -114,7 +124,7 @@ def test_gelu_config_round_trips_and_compares_by_value():
 
 @needs_tfmot
 def test_learnable_config_round_trips_and_compares_by_value():
-    config_class = quantization.LearnableGELUQuantizeConfig
+    config_class = keras_gelu.qat.LearnableGELUQuantizeConfig
     default, no_output = config_class(), config_class(quantize_output=False)
     assert default.get_config() == {"quantize_output": True}
     assert config_class.from_config(no_output.get_config()) == no_output
@@ -135,12 +145,12 @@ def test_learnable_config_round_trips_and_compares_by_value():
 ])
 def test_gelu_config_quantizes_each_intermediate_of_the_int8_ops(approximate, mode, exact_as, intermediates):
     gelu = keras_gelu.GELU(approximate)
-    config = quantization.GELUQuantizeConfig(mode=mode, exact_as=exact_as)
+    config = keras_gelu.qat.GELUQuantizeConfig(mode=mode, exact_as=exact_as)
     assert config.get_weights_and_quantizers(gelu) == []
     activations = config.get_activations_and_quantizers(gelu)
     assert [fn.__name__ for fn, _ in activations] == ["linear"] * intermediates
     assert len(config.get_output_quantizers(gelu)) == 1
-    assert quantization.GELUQuantizeConfig(quantize_output=False).get_output_quantizers(gelu) == []
+    assert keras_gelu.qat.GELUQuantizeConfig(quantize_output=False).get_output_quantizers(gelu) == []
     with pytest.raises(ValueError, match=f"has {intermediates} int8 intermediates"):
         config.set_quantize_activations(gelu, [lambda x: x] * (intermediates + 1))
 
@@ -155,7 +165,7 @@ def test_quantized_gelu_computes_its_function_between_the_roundings(rng):
     x = np.linspace(-6.0, 6.0, 1001).astype(np.float32)
     for approximate, exact_as in (("tanh", "sigmoid"), ("exact", "tanh"), ("sigmoid", "sigmoid")):
         gelu = keras_gelu.GELU(approximate)
-        config = quantization.GELUQuantizeConfig(mode="builtin", exact_as=exact_as)
+        config = keras_gelu.qat.GELUQuantizeConfig(mode="builtin", exact_as=exact_as)
         config.set_quantize_activations(gelu, [lambda t: t] * len(config.get_activations_and_quantizers(gelu)))
         reference_function = "tanh" if approximate == "exact" else approximate
         reference = np.asarray(keras_gelu.gelu(x.astype(np.float64), reference_function))
@@ -166,7 +176,7 @@ def test_quantized_gelu_computes_its_function_between_the_roundings(rng):
 def test_learnable_config_quantizes_alpha_beta_and_both_intermediates():
     learnable = keras_gelu.LearnableGELU()
     learnable.build((None, 4))
-    config = quantization.LearnableGELUQuantizeConfig()
+    config = keras_gelu.qat.LearnableGELUQuantizeConfig()
     weights = [weight for weight, _ in config.get_weights_and_quantizers(learnable)]
     assert weights == [learnable.alpha, learnable.beta]
     activations = [fn.__name__ for fn, _ in config.get_activations_and_quantizers(learnable)]
@@ -180,12 +190,12 @@ def test_quantize_config_for_matches_exact_classes_only():
     class MyGELU(keras_gelu.GELU):
         pass
 
-    assert quantization.quantize_config_for(keras_gelu.GELU()) == quantization.GELUQuantizeConfig()
-    assert quantization.quantize_config_for(keras_gelu.GELU(), "builtin", "tanh") == quantization.GELUQuantizeConfig(
-        "builtin", "tanh")
-    assert quantization.quantize_config_for(keras_gelu.LearnableGELU()) == quantization.LearnableGELUQuantizeConfig()
-    assert quantization.quantize_config_for(MyGELU()) is None  # as tfmot's registry: by exact class
-    assert quantization.quantize_config_for(keras.layers.Dense(3)) is None
+    qat = keras_gelu.qat
+    assert qat.quantize_config_for(keras_gelu.GELU()) == qat.GELUQuantizeConfig()
+    assert qat.quantize_config_for(keras_gelu.GELU(), "builtin", "tanh") == qat.GELUQuantizeConfig("builtin", "tanh")
+    assert qat.quantize_config_for(keras_gelu.LearnableGELU()) == qat.LearnableGELUQuantizeConfig()
+    assert qat.quantize_config_for(MyGELU()) is None  # as tfmot's registry: by exact class
+    assert qat.quantize_config_for(keras.layers.Dense(3)) is None
 
 
 # --- quantize_model -----------------------------------------------------------
@@ -199,7 +209,7 @@ def test_split_activations_keeps_the_function(name, rng):
     if name == "learnable layer":  # non-default alpha and beta must move with the split
         dense = model.get_layer("hidden")
         dense.activation.set_weights([w + rng.normal(scale=0.1, size=w.shape) for w in dense.activation.get_weights()])
-    split = quantization.split_activations(model)
+    split = keras_gelu.qat.split_activations(model)
     names = [layer.name for layer in split.layers]
     assert names == ["features", "hidden", "hidden_gelu", "head"]
     assert split.get_layer("hidden").get_config()["activation"] == "linear"
@@ -213,7 +223,7 @@ def test_split_activations_rewires_every_call_and_output_of_a_shared_layer(rng):
     a, b = keras.Input((6,), name="a"), keras.Input((6,), name="b")
     out_a, out_b = shared(a), shared(b)
     model = keras.Model([a, b], [out_a, keras.layers.Add(name="sum")([out_a, out_b]), out_b])
-    split = quantization.split_activations(model)
+    split = keras_gelu.qat.split_activations(model)
     x = [rng.normal(size=(4, 6)).astype(np.float32) for _ in range(2)]
     for got, want in zip(split(x), model(x)):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
@@ -237,16 +247,17 @@ def _every_layer_sequential():
                          ids=["functional", "sequential"])
 def test_quantize_model_wraps_every_layer_and_trains(build, rng):
     model = build()
-    qat = quantization.quantize_model(model)
+    qat = keras_gelu.qat.quantize_model(model)
     wrapped = [layer.layer for layer in qat.layers if hasattr(layer, "layer")]  # tfmot's wrapper and ours
     ours = [layer for layer in wrapped if isinstance(layer, (keras_gelu.GELU, keras_gelu.LearnableGELU))]
     # Keras 3's engine splits Keras's "gelu" out too, as our exact GELU; tfmot quantizes it in place.
-    split_count = sum(isinstance(getattr(layer, "activation", None), quantization.SPLIT_ACTIVATIONS)
+    split_count = sum(isinstance(getattr(layer, "activation", None), keras_gelu.layers.GELU_ACTIVATIONS)
                       or (IS_KERAS3 and getattr(layer, "activation", None) is keras.activations.gelu)
                       for layer in model.layers)
     own_count = sum(isinstance(layer, (keras_gelu.GELU, keras_gelu.LearnableGELU)) for layer in model.layers)
     assert len(ours) == split_count + own_count
-    assert all(not isinstance(getattr(layer, "activation", None), quantization.SPLIT_ACTIVATIONS) for layer in wrapped)
+    assert all(not isinstance(getattr(layer, "activation", None), keras_gelu.layers.GELU_ACTIVATIONS)
+               for layer in wrapped)
     # The float weights are kept: each Dense's kernel and bias, every alpha and beta.
     float_weights = sorted(w.numpy().tobytes() for w in model.weights)
     qat_weights = [w.numpy().tobytes() for w in qat.weights]
@@ -258,7 +269,7 @@ def test_quantize_model_wraps_every_layer_and_trains(build, rng):
 
 @needs_qat
 def test_learnable_alpha_and_beta_change_during_qat(rng):
-    qat = quantization.quantize_model(_dense_model(keras_gelu.LearnableGELU()))
+    qat = keras_gelu.qat.quantize_model(_dense_model(keras_gelu.LearnableGELU()))
     alpha = next(w for w in qat.weights if _short_name(w) == "alpha")
     beta = next(w for w in qat.weights if _short_name(w) == "beta")
     alpha_before, beta_before = alpha.numpy().copy(), beta.numpy().copy()
@@ -280,26 +291,26 @@ def test_quantize_model_refuses_subclassed_and_unbuilt_models():
     subclassed = Subclassed()
     subclassed(np.zeros((1, 4), np.float32))
     with pytest.raises(ValueError, match="Received: model=Subclassed"):
-        quantization.quantize_model(subclassed)
+        keras_gelu.qat.quantize_model(subclassed)
     with pytest.raises(ValueError, match="not built"):
-        quantization.quantize_model(keras.Sequential([keras.layers.Dense(3, activation=keras_gelu.GELU())]))
+        keras_gelu.qat.quantize_model(keras.Sequential([keras.layers.Dense(3, activation=keras_gelu.GELU())]))
 
 
 @needs_qat
 def test_quantize_model_refuses_exact_as_in_native_mode():
     # Native mode has the GELU op: there is no exact_as to train for, as the converter's --form says.
     with pytest.raises(ValueError, match="Received: mode='native', exact_as='tanh'"):
-        quantization.quantize_model(_dense_model(keras_gelu.GELU()), mode="native", exact_as="tanh")
+        keras_gelu.qat.quantize_model(_dense_model(keras_gelu.GELU()), mode="native", exact_as="tanh")
 
 
 @needs_tfmot
 @pytest.mark.parametrize("fmt", ["h5", "savedmodel"])
 def test_quantize_scope_loads_saved_qat_models(fmt, tmp_path, rng):
-    qat = quantization.quantize_model(every_gelu_functional(seed=5))
+    qat = keras_gelu.qat.quantize_model(every_gelu_functional(seed=5))
     x = _fit(qat, rng, epochs=1)[:16]
     path = str(tmp_path / ("qat.h5" if fmt == "h5" else "qat_savedmodel"))
     qat.save(path)
-    with quantization.quantize_scope():
+    with keras_gelu.qat.quantize_scope():
         restored = keras.models.load_model(path)
     np.testing.assert_array_equal(restored(x).numpy(), qat(x).numpy())
     configs = sorted(type(layer.quantize_config).__name__ for layer in restored.layers
@@ -346,7 +357,7 @@ def trained_qat_models(tmp_path_factory):
     for name, make in ACTIVATIONS.items():
         for qat_mode in QAT_TARGETS:
             keras.backend.clear_session()
-            qat = quantization.quantize_model(_dense_model(make()), mode=qat_mode)
+            qat = keras_gelu.qat.quantize_model(_dense_model(make()), mode=qat_mode)
             x = _fit(qat, rng)
             models[name, qat_mode] = (_saved(qat, tmp_path_factory.mktemp("qat")), qat, x[:64])
     return models
@@ -426,10 +437,10 @@ def test_qat_model_converted_without_int8_says_so(trained_qat_models):
 def test_initialize_ranges_starts_every_range_at_the_data_and_keeps_the_weights(rng):
     model = every_gelu_functional(seed=5)
     x = rng.normal(0.0, 2.0, size=(128, 12)).astype(np.float32)
-    untouched = quantization.quantize_model(model)
-    qat = quantization.quantize_model(model)
+    untouched = keras_gelu.qat.quantize_model(model)
+    qat = keras_gelu.qat.quantize_model(model)
     weights_before = {w.name: w.numpy().copy() for w in qat.weights if not w.name.endswith(("_min:0", "_max:0"))}
-    quantization.initialize_ranges(qat, x)
+    keras_gelu.qat.initialize_ranges(qat, x)
     for weight in qat.weights:
         if weight.name in weights_before:
             np.testing.assert_array_equal(weight.numpy(), weights_before[weight.name], err_msg=weight.name)
@@ -461,9 +472,9 @@ def test_conv_with_a_gelu_activation_is_split_and_converts_to_integer(tmp_path, 
         keras.layers.Dense(3),
     ])
     x = rng.normal(size=(64, 8, 8, 1)).astype(np.float32)
-    split = quantization.split_activations(model)
+    split = keras_gelu.qat.split_activations(model)
     np.testing.assert_allclose(split(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)
-    qat = quantization.quantize_model(model, calibration_data=x)
+    qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
     qat.compile(keras.optimizers.Adam(1e-3), "mse")
     qat.fit(x, rng.normal(size=(64, 3)).astype(np.float32), epochs=1, verbose=0)
     _, report = converters.convert(_saved(qat, tmp_path), int8=True)

@@ -471,14 +471,14 @@ def test_the_swapped_model_converts_to_tflite_with_parity(mode, rng):
 @tf_keras_only
 def test_the_swapped_model_goes_through_quantize_model(rng):
     pytest.importorskip("tensorflow_model_optimization")
-    from keras_gelu import quantization
+    import keras_gelu.qat
 
     inputs = keras.Input((6,))
     hidden = keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
     relu_model = keras.Model(inputs, keras.layers.Dense(3, name="head")(hidden))
     swapped = keras_gelu.swap_activations(relu_model, {"relu": keras_gelu.GELU("sigmoid")})
     x = rng.normal(size=(256, 6)).astype(np.float32)
-    qat_model = quantization.quantize_model(swapped, mode="builtin", calibration_data=x)
+    qat_model = keras_gelu.qat.quantize_model(swapped, mode="builtin", calibration_data=x)
     assert any("gelu" in layer.name for layer in qat_model.layers)  # split out of Dense, as a layer of its own
     float_outputs = _outputs(swapped, x)
     # int8 fake quantization: a few steps of 1/255 of the ranges, through two layers

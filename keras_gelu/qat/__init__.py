@@ -1,212 +1,114 @@
-"""Quantization-aware training on Keras 3, without tfmot: the engine of `keras_gelu.quantization.quantize_model`.
+"""Quantization-aware training of keras_gelu models, to an integer .tflite: the one front door to two engines.
 
-A copy of the model where each layer is wrapped with the rule of its kind
-(`keras_gelu.qat.rules`), the inputs pass a `QuantizeInput`, and every value
-the int8 .tflite will hold as int8 is fake-quantized on the grid it will have
-there. Train it with `fit`, save it as .keras (no custom_objects), then
-`model.export(path)` and `keras-gelu-convert path --int8 --mode <mode>`.
+    from keras_gelu import qat
+    qat_model = qat.quantize_model(model, mode="builtin", calibration_data=x_train[:256])
+    ...train qat_model, save it, then: keras-gelu-convert <saved model> --int8 --mode builtin
+
+The engine follows the Keras flavour (`keras_gelu.flavour`):
+
+* Keras 3: `keras3`, our own, on Keras 3's fake-quant ops (no tfmot). Layers
+  have rules (`QuantizeRule`, `register_rule`); a saved QAT model loads after
+  `import keras_gelu`.
+* tf-keras: `tfmot`, on tensorflow-model-optimization (the `qat` extra),
+  with our QuantizeConfigs (`GELUQuantizeConfig`, `LearnableGELUQuantizeConfig`);
+  load a saved QAT model inside `quantize_scope()`.
+
+Both fake-quantize what the int8 model will hold as int8, on the grid it will
+have there, and both compute a GELU as the very ops the converter turns it
+into for the conversion's `mode` and `exact_as` (`keras_gelu.replacements`,
+the table the converter reads), so the .tflite is integer throughout and a
+step or so from the QAT model.
 """
 
-import warnings
-
+from keras_gelu import swapping
+from keras_gelu import vocabulary
+from keras_gelu.flavour import USE_LEGACY_KERAS
 from keras_gelu.flavour import keras
-from keras_gelu.layers import GELU
-from keras_gelu.layers import GELU_ACTIVATIONS
-from keras_gelu.layers import LearnableGELU
-from keras_gelu.layers import layer_computing
-from keras_gelu.qat import folding
-from keras_gelu.qat import ranges
-from keras_gelu.qat.rules import UNCHANGED_VALUES
-from keras_gelu.qat.rules import ActivationRule
-from keras_gelu.qat.rules import QuantizeRule
-from keras_gelu.qat.rules import register_rule
-from keras_gelu.qat.rules import rule_for
-from keras_gelu.qat.wrapper import QuantizeInput
-from keras_gelu.qat.wrapper import QuantizeWrapper
+
+if USE_LEGACY_KERAS:
+    from keras_gelu.qat import tfmot as _engine
+else:  # imported with keras_gelu, so that its layers are registered before a saved QAT model loads
+    from keras_gelu.qat import keras3 as _engine
+
+# What each engine has of its own, by name: the other flavour's names explain where to look.
+_TFMOT_NAMES = ("GELUQuantizeConfig", "LearnableGELUQuantizeConfig", "custom_objects", "quantize_config_for",
+                "quantize_scope", "split_activations", "require_tfmot")
+_KERAS3_NAMES = ("QuantizeRule", "register_rule", "QuantizeWrapper", "QuantizeInput")
 
 
-def _gelu_layer(activation, name):
-    """The GELU `activation` computes, as a new layer of ours named `name`; None if it is no GELU."""
-    if activation is keras.activations.gelu:  # Keras's "gelu" is exact
-        return GELU("exact", name=name)
-    if isinstance(activation, GELU_ACTIVATIONS):
-        layer = layer_computing(activation, name)
-        layer.dtype_policy = "float32"  # a copy of a mixed-precision activation's config (see `quantize`)
-        return layer
-    return None
+def __getattr__(name):
+    if name in _TFMOT_NAMES:
+        if not USE_LEGACY_KERAS:
+            raise AttributeError(f"keras_gelu.qat.{name} belongs to the tfmot engine, which runs under tf-keras "
+                                 "(TF_USE_LEGACY_KERAS=1); under Keras 3 a saved QAT model loads without a scope")
+        if name in ("GELUQuantizeConfig", "LearnableGELUQuantizeConfig"):  # they subclass tfmot's: tfmot loads
+            from keras_gelu.qat.tfmot import configs
+
+            return getattr(configs, name)
+        return getattr(_engine, name)
+    if name in _KERAS3_NAMES:
+        if USE_LEGACY_KERAS:
+            raise AttributeError(f"keras_gelu.qat.{name} belongs to the Keras 3 engine; under tf-keras give a layer "
+                                 "of yours a tfmot QuantizeConfig with "
+                                 "tfmot.quantization.keras.quantize_annotate_layer")
+        return getattr(_engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _split_activation(layer):
-    """The activation fused into `layer` as a layer of its own (a fresh copy) where int8 TFLite does not fuse
-    it: a GELU as our GELU layer, softmax as Softmax, sigmoid and tanh as Activation; else None."""
-    activation = getattr(layer, "activation", None)
-    if isinstance(layer, (GELU, LearnableGELU, keras.layers.Activation)) or activation is None:
-        return None
-    gelu = _gelu_layer(activation, f"{layer.name}_gelu")
-    name = keras.activations.serialize(activation)
-    if gelu is not None or not isinstance(name, str):
-        return gelu
-    if name == "softmax":
-        return keras.layers.Softmax(name=f"{layer.name}_softmax")
-    if name in ActivationRule.FIXED_GRIDS:
-        return keras.layers.Activation(name, name=f"{layer.name}_{name}")
-    return None
+def quantize_model(model, mode="builtin", exact_as=None, calibration_data=None, keep_float=()):
+    """A quantization-aware copy of a Sequential or functional model, for `keras-gelu-convert --int8`.
 
+    Every layer is quantized as its int8 op will compute it, GELUs as the
+    conversion's `mode` and `exact_as` turn them into int8 ops; the float
+    weights are kept. Train the result, save it, then convert it with
+    `keras-gelu-convert --int8 --mode <mode> [--form <exact_as>]`.
 
-def _check_rules(model, mode, exact_as, skipped):
-    for layer in model.layers:
-        if isinstance(layer, UNCHANGED_VALUES) or layer.name in skipped:
-            continue
-        if isinstance(layer, keras.Model):
-            raise ValueError(f"quantize_model quantizes the layers of one model; {layer.name} is a nested model. "
-                             f"Flatten it into the outer one. Received: layer={layer.name}")
-        if isinstance(layer, keras.layers.BatchNormalization):
-            raise ValueError(
-                f"quantize_model folds a BatchNormalization into the Conv/Dense right before it, with a linear "
-                f"activation and no other reader; {layer.name} has none such. Keep it float with "
-                f"keep_float=[{layer.name!r}], or register a rule. Received: layer={layer.name}")
-        if rule_for(layer, mode, exact_as) is None:
-            raise ValueError(
-                f"quantize_model has no rule for layer {layer.name} ({type(layer).__name__}): register one with "
-                f"keras_gelu.quantization.register_rule({type(layer).__name__}, rule), or keep it float with "
-                f"keep_float=[{layer.name!r}]. Received: layer={layer.name}")
+    Args:
+        model: A built Sequential or functional model of the active Keras.
+        mode: The conversion mode the model is meant for, "builtin" (no GELU
+            op; the default, as the converter's) or "native". QAT then
+            trains against exactly the int8 ops that mode produces; the
+            model converts in the other mode too, a few int8 steps apart.
+        exact_as: how builtin mode computes exact GELU, the converter's
+            --form: "sigmoid" (the default), "tanh" or "erf" (which int8
+            computes as tanh). Native mode has the GELU op and takes none.
+        calibration_data: Optional representative inputs (one batch). When
+            given, every int8 range starts at its range over them (see
+            `initialize_ranges`), rather than where the engine would start
+            it, which short QAT runs barely move away from.
+        keep_float: Names of layers to leave in float (the int8 model then
+            has float ops there). A layer with no quantization rule is an
+            error, not silently float.
 
-
-def quantize(model, mode, exact_as, calibration_data, keep_float):
-    """The Keras 3 engine of `keras_gelu.quantization.quantize_model`, which checks the arguments first.
-
-    The QAT model computes in float32 whatever the model's and the global dtype policies: int8 ranges are
-    float32, and float16 would round the values on each int8 grid (11-bit significands) where the int8 model
-    does not. A mixed-precision model's weights are float32 already; its layers are rebuilt float32.
+    Returns:
+        The QAT model.
     """
-    mixed = [layer.name for layer in model.layers
-             if layer.dtype_policy.name != "float32" and not isinstance(layer, keras.layers.InputLayer)]
-    if mixed:
-        warnings.warn(f"quantize_model: the QAT model computes in float32, as the int8 model's ranges are; "
-                      f"{len(mixed)} layer(s) of {model.name} had a mixed-precision policy ({mixed[0]}: "
-                      f"{model.get_layer(mixed[0]).dtype_policy.name}). The weights are the model's.", stacklevel=3)
-    global_policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("float32")  # for the layers made here: wrappers, input quantizers, GELUs
-    try:
-        return _quantize(model, mode, exact_as, calibration_data, keep_float)
-    finally:
-        keras.config.set_dtype_policy(global_policy)
-
-
-def _quantize(model, mode, exact_as, calibration_data, keep_float):
-    if isinstance(model, keras.Sequential):  # clone_model inserts layers (the split GELUs) in functional models only
-        single = lambda tensors: tensors[0] if len(tensors) == 1 else tensors  # noqa: E731
-        model = keras.Model(single(model.inputs), single(model.outputs), name=model.name)
-    folds = folding.batch_norms_to_fold(model, keep_float)  # {Conv/Dense name: the BatchNormalization after it}
-    folded_away = {batch_norm.name for batch_norm in folds.values()}
-    _check_rules(model, mode, exact_as, set(keep_float) | folded_away)
-    pairs = []  # (float layer, its QAT copy, the split-out activation's float and QAT copies or None)
-    split_out = {}  # id(QAT copy) -> the QAT activation layer to call after it
-
-    def quantized(layer):
-        if layer.name in keep_float:
-            return layer
-        return QuantizeWrapper(layer, rule_for(layer, mode, exact_as))
-
-    def clone_function(layer):
-        if layer.name in folded_away:
-            return keras.layers.Identity(name=layer.name)  # a stand-in call_function never calls
-        gelu = _gelu_layer(layer.activation, layer.name) if isinstance(layer, keras.layers.Activation) else None
-        if gelu is not None:  # Activation("gelu") as our GELU layer, with its rule
-            pairs.append((layer, quantized(gelu), None, None))
-            return pairs[-1][1]
-        config = {**layer.get_config(), "dtype": "float32"}
-        if layer.name in folds:
-            config["use_bias"] = True  # the folded BatchNormalization's shift
-        activation = _split_activation(layer)
-        if activation is not None:
-            config["activation"] = "linear"
-        copy = type(layer).from_config(config)
-        new = copy if isinstance(layer, UNCHANGED_VALUES) else quantized(copy)
-        new_activation = None if activation is None else quantized(activation)
-        if new_activation is not None:
-            split_out[id(new)] = new_activation
-        pairs.append((layer, new, getattr(layer, "activation", None), new_activation))
-        return new
-
-    quantized_inputs = {}  # id(model input) -> it after QuantizeInput, made where a layer first reads it
-
-    def quantized_input(tensor):
-        history = getattr(tensor, "_keras_history", None)
-        if history is None or not isinstance(history[0], keras.layers.InputLayer) or not _is_float(tensor):
-            return tensor
-        if id(tensor) not in quantized_inputs:
-            quantized_inputs[id(tensor)] = QuantizeInput(name=f"quantize_{history[0].name}")(tensor)
-        return quantized_inputs[id(tensor)]
-
-    def call_function(layer, *args, **kwargs):
-        if layer.name in folded_away:
-            return args[0]  # in the weights of the layer before it
-        args, kwargs = keras.tree.map_structure(quantized_input, (args, kwargs))
-        if isinstance(layer, QuantizeWrapper):
-            inputs, kwargs = layer.rule.call_arguments(layer.layer, args, kwargs)
-            outputs = layer(inputs, **kwargs)
-        else:
-            outputs = layer(*args, **kwargs)
-        return split_out[id(layer)](outputs) if id(layer) in split_out else outputs
-
-    qat_model = keras.models.clone_model(model, clone_function=clone_function, call_function=call_function)
-    for layer, new, activation, new_activation in pairs:
-        weights = folding.folded_weights(layer, folds[layer.name]) if layer.name in folds else None
-        _copy_float_weights(layer, new, activation, new_activation, weights)
-    if calibration_data is not None:
-        initialize_ranges(qat_model, calibration_data)
-    return qat_model
-
-
-def _is_float(tensor):
-    return "float" in str(tensor.dtype)
-
-
-def _inner(layer):
-    return layer.layer if isinstance(layer, QuantizeWrapper) else layer
-
-
-def _copy_float_weights(layer, new, activation, new_activation, weights=None):
-    """The float layer's weights (or `weights`) into its QAT copy, and a split-out LearnableGELU's into
-    its own; weight ranges follow."""
-    moved = list(activation.weights) if new_activation is not None and hasattr(activation, "weights") else []
-    moved_ids = {id(weight) for weight in moved}
-    if weights is None:
-        weights = [weight.numpy() for weight in layer.weights if id(weight) not in moved_ids]
-    _inner(new).set_weights(weights)
-    if moved:
-        _inner(new_activation).set_weights([weight.numpy() for weight in moved])
-    for wrapper in (new, new_activation):
-        if isinstance(wrapper, QuantizeWrapper):
-            for quantizer in wrapper.ranges.values():
-                if hasattr(quantizer, "update"):
-                    quantizer.update()
-
-
-def _range_variables(qat_model):
-    found = []
-    for layer in qat_model.layers:
-        if isinstance(layer, QuantizeWrapper):
-            found += [variable for quantizer in layer.ranges.values() for variable in (quantizer.low, quantizer.high)]
-        elif isinstance(layer, QuantizeInput):
-            found += [layer.input_range.low, layer.input_range.high]
-    return found
+    if not isinstance(model, keras.Model) or not swapping.is_rebuildable(model):
+        raise ValueError(
+            "quantize_model takes a built Sequential or functional model (a subclassed model's call is code it "
+            f"cannot rewrite). Received: model={type(model).__name__}")
+    if not model.built:
+        raise ValueError(f"quantize_model needs a built model; call it on data or build it first. "
+                         f"Received: model={model.name} (not built)")
+    vocabulary.check_mode(mode, vocabulary.INT8_MODE_NAMES)
+    exact_as = vocabulary.resolve_exact_as(mode, exact_as)
+    keep_float = set(keep_float)
+    unknown = keep_float - {layer.name for layer in model.layers}
+    if unknown:
+        raise ValueError(f"Argument `keep_float` names layers the model does not have. Received: "
+                         f"keep_float={sorted(unknown)}")
+    return _engine.quantize(model, mode, exact_as, calibration_data, keep_float)
 
 
 def initialize_ranges(qat_model, samples):
-    """Set every int8 range of a QAT model to its range over `samples` (one batch); nothing else changes.
+    """Set every moving-average int8 range of a QAT model to its range over `samples` (one batch).
 
-    One training-mode pass in which each activation range takes that batch's
-    range instead of moving 0.1 % towards it; every other variable (batch-norm
-    statistics, weights) is restored afterwards.
+    What post-training calibration does: one forward pass in training mode,
+    each range taken from that batch instead of moving a little towards it;
+    every other variable (batch-norm statistics, weights) is restored. Dropout
+    is active in that pass, which can widen a range a little.
     """
-    range_ids = {id(variable) for variable in _range_variables(qat_model)}
-    snapshot = [(variable, variable.numpy()) for variable in qat_model.variables if id(variable) not in range_ids]
-    with ranges.calibrating():
-        qat_model(samples, training=True)
-    for variable, value in snapshot:
-        variable.assign(value)
+    return _engine.initialize_ranges(qat_model, samples)
 
 
-__all__ = ["QuantizeInput", "QuantizeRule", "QuantizeWrapper", "initialize_ranges", "quantize", "register_rule"]
+__all__ = ["initialize_ranges", "quantize_model", *(_TFMOT_NAMES if USE_LEGACY_KERAS else _KERAS3_NAMES)]

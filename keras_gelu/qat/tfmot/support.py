@@ -14,7 +14,7 @@ def require_tfmot():
     """
     if not USE_LEGACY_KERAS:
         raise RuntimeError(
-            "keras_gelu.quantization needs tf-keras, because tensorflow-model-optimization "
+            "keras_gelu.qat's tfmot engine needs tf-keras, because tensorflow-model-optimization "
             "works only with tf-keras: set TF_USE_LEGACY_KERAS=1 before importing keras_gelu "
             "(and tensorflow). Keras 3 is active now."
         )
@@ -22,7 +22,7 @@ def require_tfmot():
         import tensorflow_model_optimization as tfmot
     except ImportError as error:
         raise ImportError(
-            "keras_gelu.quantization needs tensorflow-model-optimization: "
+            "keras_gelu.qat under tf-keras needs tensorflow-model-optimization: "
             "pip install 'keras-gelu[qat]' (or 'tensorflow-model-optimization>=0.8,<0.9')."
         ) from error
     return tfmot.quantization.keras

@@ -2,11 +2,11 @@
 
 They compute what `keras_gelu.replacements` says each GELU becomes in the
 int8 model, and swap that computation into the layer they wrap. This module
-imports tfmot at once (after `tfmot_support`'s checks); see
-`keras_gelu.quantization` for what each config fake-quantizes and why.
+imports tfmot at once (after `support`'s checks); see
+`keras_gelu.qat.tfmot` for what each config fake-quantizes and why.
 """
 
-from keras_gelu.tfmot_support import require_tfmot
+from keras_gelu.qat.tfmot.support import require_tfmot
 
 tfmot_keras = require_tfmot()
 

@@ -2,7 +2,7 @@
 
 from keras_gelu.flavour import keras
 from keras_gelu.flavour import register_serializable
-from keras_gelu.qat import ranges as ranges_module
+from keras_gelu.qat.keras3 import ranges as ranges_module
 
 
 def _all_none(value):
