@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 VENV_PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
-EXTRAS := test,qat,litert,examples,tflm,vela
-PYTEST_ARGS ?=
+EXTRAS := test,qat,litert,examples,tflm,vela,docs
+# Every leg shows its 15 slowest tests, so that where the time goes stays in view.
+PYTEST_ARGS ?= --durations=15
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
@@ -14,7 +15,7 @@ TF218_VENV ?= .venv-tf218
 TF218_PYTHON := $(TF218_VENV)/bin/python
 TF218_INSTALLED := $(TF218_VENV)/.installed
 
-.PHONY: demo test test-keras3 test-tf-keras test-tf218 install install-tf218 bench bench-int8 recipes study plot clean
+.PHONY: demo test test-keras3 test-tf-keras test-tf218 install install-tf218 docs bench bench-int8 recipes study plot clean
 
 install: $(INSTALLED)
 
@@ -57,6 +58,10 @@ test-tf-keras: $(INSTALLED)
 
 test-tf218: $(TF218_INSTALLED)
 	TF_USE_LEGACY_KERAS=0 TF_ENABLE_ONEDNN_OPTS=1 $(TF218_PYTHON) -m pytest $(PYTEST_ARGS)
+
+# The documentation site, from docs/ (docs/mkdocs.yml), into build/site/.
+docs: $(INSTALLED)
+	$(VENV)/bin/mkdocs build --strict -f docs/mkdocs.yml -d $(CURDIR)/build/site
 
 bench: $(INSTALLED)
 	$(VENV_PYTHON) benchmarks/bench_layers.py

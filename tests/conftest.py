@@ -27,15 +27,38 @@ from keras_gelu.flavour import keras  # noqa: E402
 
 IS_KERAS3 = keras_gelu.KERAS_FLAVOUR == "keras3"
 
+# The legs of `make test`, each a Keras flavour on a TensorFlow version (the Makefile sets oneDNN per leg). A test
+# module says which legs it belongs to with `pytestmark = pytest.mark.legs(...)`: what differs between the legs
+# runs in each, what does not runs once. Unmarked tests run in every leg.
+LEGS = ("keras3", "tf_keras", "tf218")
+LEG = "tf218" if tf.__version__.startswith("2.18") else "keras3" if IS_KERAS3 else "tf_keras"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        marker = item.get_closest_marker("legs")
+        if marker is not None and LEG not in marker.args:
+            assert set(marker.args) <= set(LEGS), marker.args
+            item.add_marker(pytest.mark.skip(reason=f"runs in the {' and '.join(marker.args)} leg(s)"))
+
 keras3_only = pytest.mark.skipif(not IS_KERAS3, reason="Keras 3 API (TF_USE_LEGACY_KERAS unset)")
 tf_keras_only = pytest.mark.skipif(IS_KERAS3, reason="tf-keras API (TF_USE_LEGACY_KERAS=1)")
+
+
+def _clear_keras_state():
+    if IS_KERAS3:
+        # Without the full garbage collection Keras 3 adds by default: over a whole leg's heap it took a second or
+        # more per test, most of the leg's time. Python's own collector frees the same objects as it goes.
+        keras.backend.clear_session(free_memory=False)
+    else:
+        keras.backend.clear_session()
 
 
 @pytest.fixture(autouse=True)
 def _float32_policy_and_fresh_session():
     """Each test starts and ends under the float32 policy with a clean Keras state."""
     keras.mixed_precision.set_global_policy("float32")
-    keras.backend.clear_session()
+    _clear_keras_state()
     yield
     keras.mixed_precision.set_global_policy("float32")
 

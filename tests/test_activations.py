@@ -15,6 +15,8 @@ import keras_gelu
 import references
 from keras_gelu import kernels
 
+pytestmark = pytest.mark.legs("keras3", "tf218")
+
 F32_EPS = float(np.finfo(np.float32).eps)
 
 # Float32 tolerances against each form's own float64 formula, per form:

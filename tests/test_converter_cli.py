@@ -17,6 +17,8 @@ from conftest import keras3_only
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
 
+pytestmark = pytest.mark.legs("keras3", "tf218")
+
 
 # The module, not the convert() function that keras_gelu.converters exports under its name.
 pipeline = importlib.import_module("keras_gelu.converters.convert")

@@ -14,6 +14,8 @@ import conversions
 from keras_gelu import converters
 from keras_gelu.converters import report as reporting
 
+pytestmark = pytest.mark.legs("keras3", "tf218")
+
 
 
 def exact_gelu(x):

@@ -16,6 +16,8 @@ from keras_gelu import converters
 from keras_gelu.converters import cli
 from keras_gelu.converters import report as reporting
 
+pytestmark = pytest.mark.legs("keras3", "tf_keras")
+
 
 # A post-training int8 model against its float model, in steps of the output's
 # int8 scale, on inputs it was calibrated on (so nothing is clipped): every

@@ -9,6 +9,8 @@ from conftest import IS_KERAS3
 from conftest import keras
 from keras_gelu import converters
 
+pytestmark = pytest.mark.legs("keras3", "tf_keras")
+
 
 def _save(model, tmp_path, as_file):
     """Save as the flavour's file format or as a SavedModel directory."""

@@ -19,6 +19,8 @@ from conftest import keras
 from keras_gelu import converters
 import keras_gelu.qat
 
+pytestmark = pytest.mark.legs("keras3", "tf_keras")
+
 LAYERS = {
     "GELU exact": lambda: keras_gelu.GELU("exact"),
     "GELU tanh": lambda: keras_gelu.GELU("tanh"),

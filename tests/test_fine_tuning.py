@@ -7,6 +7,8 @@ import keras_gelu
 from conftest import keras
 from keras_gelu import fine_tuning
 
+pytestmark = pytest.mark.legs("keras3", "tf_keras")
+
 
 def _relu_model():
     inputs = keras.Input((6,))

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.legs("keras3", "tf_keras")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Source folder -> installed package name, as setup.cfg's package_dir maps them.
 PACKAGE_DIRS = {"keras_gelu": "keras_gelu", "converters/launcher": "keras_gelu_launcher",

@@ -15,6 +15,8 @@ from conversions import QAT_INT8_STEPS
 from keras_gelu import converters
 from keras_gelu.converters import report as reporting
 
+pytestmark = pytest.mark.legs("tf_keras")
+
 if IS_KERAS3:  # before importing tfmot, which sets TF_USE_LEGACY_KERAS=1 for the whole session
     pytest.skip("tfmot QAT needs tf-keras (TF_USE_LEGACY_KERAS=1)", allow_module_level=True)
 sklearn_datasets = pytest.importorskip("sklearn.datasets")

@@ -21,6 +21,10 @@ import keras_gelu.qat  # noqa: E402
 from keras_gelu.qat.keras3 import ranges  # noqa: E402
 from keras_gelu.qat.keras3 import rules  # noqa: E402
 
+pytestmark = pytest.mark.legs("keras3")
+# TF 2.18's converter on a cheap model of each kind of int8 op the rules make; the larger models run once.
+on_tf218_too = pytest.mark.legs("keras3", "tf218")
+
 
 def _mlp(seed=3):
     keras.utils.set_random_seed(seed)
@@ -157,6 +161,7 @@ def _encoder_block(layer_normalization):
     return keras.Model(inputs, keras.layers.Softmax()(hidden))
 
 
+@on_tf218_too
 @pytest.mark.parametrize("layer_normalization", [False, True], ids=["residual", "residual+LayerNormalization"])
 def test_einsum_dense_layer_normalization_and_softmax_convert_to_integer(layer_normalization, tmp_path, rng):
     import tflite_helpers
@@ -193,6 +198,7 @@ def test_layer_normalization_over_other_axes_or_rms_is_refused_by_name():
         keras_gelu.qat.quantize_model(model)
 
 
+@on_tf218_too
 def test_the_qat_model_saves_and_loads_as_keras_without_custom_objects_and_trains_on(tmp_path, rng):
     qat = keras_gelu.qat.quantize_model(_mlp(), mode="native")
     x = rng.normal(size=(64, 12)).astype(np.float32)
@@ -271,6 +277,7 @@ def test_keep_float_leaves_the_named_layer_as_it_is(rng):
         keras_gelu.qat.quantize_model(model, keep_float=["nrom"])
 
 
+@on_tf218_too
 def test_a_registered_rule_quantizes_a_layer_and_converts_to_integer(tmp_path, rng):
     inputs = keras.Input((12,), name="features")
     left, right = keras.layers.Dense(8)(inputs), keras.layers.Dense(8)(inputs)
@@ -296,6 +303,7 @@ def test_register_rule_refuses_what_is_not_a_layer_class_and_a_rule(layer_class,
         keras_gelu.qat.register_rule(layer_class, rule)
 
 
+@on_tf218_too
 def test_a_mixed_precision_model_is_quantized_in_float32_and_converts_to_integer(tmp_path, rng):
     x = rng.normal(size=(64, 12)).astype(np.float32)
     float32_twin = _mlp()
@@ -434,6 +442,7 @@ def test_multi_head_attention_returning_its_scores_is_refused_by_name():
         keras_gelu.qat.quantize_model(keras.Model(tokens, outputs))
 
 
+@on_tf218_too
 @pytest.mark.parametrize("activation, op", [
     (lambda: keras.layers.Activation("gelu", name="activation"), "GELU"),  # Keras's "gelu": exact, our GELU's rule
     (lambda: keras.layers.Activation("tanh", name="activation"), "TANH"),
@@ -548,6 +557,7 @@ def test_mobilenet_v2_folds_its_batch_norms_and_converts_to_integer_within_qat_i
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
 
+@on_tf218_too
 def test_fused_softmax_sigmoid_and_tanh_are_split_out_onto_their_grids(tmp_path, rng):
     import tflite_helpers
 

@@ -8,6 +8,8 @@ import keras_gelu
 import references
 from conftest import keras
 
+pytestmark = pytest.mark.legs("keras3", "tf_keras")
+
 
 @pytest.mark.parametrize("function", references.FUNCTIONS)
 def test_gelu_layer_computes_its_form(function):

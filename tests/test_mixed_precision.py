@@ -9,6 +9,8 @@ import keras_gelu
 import references
 from conftest import keras
 
+pytestmark = pytest.mark.legs("keras3", "tf_keras")
+
 HALF_TYPES = {
     "mixed_float16": (np.float16, np.int16, tf.float16),
     "mixed_bfloat16": (ml_dtypes.bfloat16, np.int16, tf.bfloat16),

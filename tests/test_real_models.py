@@ -21,6 +21,8 @@ from keras_gelu import converters
 from keras_gelu.converters import errors
 from keras_gelu.converters import verify
 
+pytestmark = pytest.mark.legs("keras3", "tf_keras")
+
 VOCABULARY, SEQUENCE, SAMPLES = 100, 16, 8
 FLOAT_CONVERSIONS = conversions.REWRITING
 INT8 = ("int8", "erf")
@@ -143,12 +145,25 @@ def keras_hub_cases(tmp_path_factory):
     return cases
 
 
+class _BuiltOnFirstUse(dict):
+    """name -> case, each case built when a test first asks for it: a leg that converts one model builds one."""
+
+    def __init__(self, build):
+        super().__init__()
+        self._build = build
+
+    def __missing__(self, name):
+        self[name] = case = self._build(name)
+        return case
+
+
 @pytest.fixture(scope="module")
 def hugging_face_cases(tmp_path_factory):
-    cases = {}
-    for name, build in _hugging_face_models().items():
+    builders = _hugging_face_models()
+
+    def build_case(name):
         tf.keras.utils.set_random_seed(13)
-        model, input_names, as_dict = build()
+        model, input_names, as_dict = builders[name]()
         directory = tmp_path_factory.mktemp(name)
         specs = {key: tf.TensorSpec([1, SEQUENCE], tf.int32, name=key) for key in input_names}
         serve = tf.function(lambda inputs, model=model, as_dict=as_dict: as_dict(model(inputs)),
@@ -159,8 +174,9 @@ def hugging_face_cases(tmp_path_factory):
         tf.saved_model.save(model, str(directory / "saved_model"), signatures={"serving_default": serve})
         inputs_npz, calibration_npz = _write_inputs(directory, arrays, calibration)
         function = {"hf_bert_gelu": "exact", "hf_bert_quick_gelu": "sigmoid"}.get(name, "tanh")
-        cases[name] = Case(str(directory / "saved_model"), expected, inputs_npz, calibration_npz, arrays, function)
-    return cases
+        return Case(str(directory / "saved_model"), expected, inputs_npz, calibration_npz, arrays, function)
+
+    return _BuiltOnFirstUse(build_case)
 
 
 def _unpadded(case, values):

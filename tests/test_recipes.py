@@ -11,6 +11,8 @@ import pytest
 
 from conftest import IS_KERAS3
 
+pytestmark = pytest.mark.legs("keras3", "tf_keras")
+
 pytest.importorskip("sklearn")
 if not IS_KERAS3:  # never under Keras 3: importing tfmot sets TF_USE_LEGACY_KERAS=1 for the whole session
     pytest.importorskip("tensorflow_model_optimization")

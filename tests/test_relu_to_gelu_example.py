@@ -15,6 +15,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "examples"
 
 import relu_to_gelu  # noqa: E402
 
+pytestmark = pytest.mark.legs("keras3")
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

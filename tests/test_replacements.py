@@ -11,6 +11,8 @@ import references
 from keras_gelu import replacements
 from keras_gelu import vocabulary
 
+pytestmark = pytest.mark.legs("keras3", "tf218")
+
 REWRITING_MODES = [mode for mode in vocabulary.MODES.values() if mode.rewrites]
 CASES = [(function, mode, exact_as, int8)
          for function, mode, int8 in itertools.product(vocabulary.FUNCTIONS, REWRITING_MODES, (False, True))

@@ -9,6 +9,8 @@ from conftest import keras
 from conftest import keras3_only
 from conftest import tf_keras_only
 
+pytestmark = pytest.mark.legs("keras3", "tf_keras")
+
 
 def _model_with_every_spelling():
     inputs = keras.Input((6,))

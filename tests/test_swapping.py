@@ -18,6 +18,8 @@ from conftest import keras
 from conftest import keras3_only
 from conftest import tf_keras_only
 
+pytestmark = pytest.mark.legs("keras3", "tf_keras")
+
 # Same ops, same weights, two graphs: float32 rounding of a few hundred terms.
 SAME_FUNCTION_ATOL = 1e-5
 

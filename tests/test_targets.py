@@ -16,6 +16,8 @@ from keras_gelu.converters import target_checks
 from keras_gelu.converters import targets
 from keras_gelu.converters import verify
 
+pytestmark = pytest.mark.legs("keras3", "tf_keras")
+
 HAS_TFLM = importlib.util.find_spec("tflite_micro") is not None
 HAS_VELA = importlib.util.find_spec("ethosu") is not None
 needs_tflm = pytest.mark.skipif(not HAS_TFLM, reason="tflite-micro is not installed (keras-gelu[tflm])")

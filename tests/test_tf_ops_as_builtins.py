@@ -13,6 +13,8 @@ from keras_gelu.converters import errors
 from keras_gelu.converters import graph
 from keras_gelu.converters import tf_ops_as_builtins
 
+pytestmark = pytest.mark.legs("keras3", "tf218")
+
 
 @st.composite
 def rolls(draw):

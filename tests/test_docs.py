@@ -1,0 +1,121 @@
+"""Docs that cannot rot: every code block in README.md and docs/ runs, and the site builds with --strict.
+
+* Each ```python block runs as it is shown, in a fresh interpreter, in an
+  empty folder (a block that needs tf-keras sets TF_USE_LEGACY_KERAS itself,
+  as a reader would).
+* Each `keras-gelu-convert` line of a ```sh block runs against the bundled
+  models it names (`bundled`: a SavedModel, a .keras and an .h5 file, int8
+  samples, and a quantization-aware model, as .keras and exported).
+* `mkdocs build --strict` fails on a broken link, a missing anchor or a page
+  left out of the nav.
+"""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import keras
+from keras_gelu.converters import cli
+
+pytestmark = pytest.mark.legs("keras3")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCUMENTS = ["README.md"] + sorted(os.path.join("docs", name) for name in os.listdir(os.path.join(ROOT, "docs"))
+                                   if name.endswith(".md"))
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def _blocks(language):
+    """(document, line, code) of every fenced block of `language`."""
+    found = []
+    for document in DOCUMENTS:
+        text = open(os.path.join(ROOT, document)).read()
+        for match in _FENCE.finditer(text):
+            if match.group(1) == language:
+                found.append((document, text.count("\n", 0, match.start()) + 1, match.group(2)))
+    return found
+
+
+def _commands():
+    """(document, line, argv) of every keras-gelu-convert line of a shell block; comments dropped."""
+    found = []
+    for document, line, code in _blocks("sh"):
+        for offset, text in enumerate(code.splitlines()):
+            if text.startswith("keras-gelu-convert "):
+                found.append((document, line + 1 + offset, shlex.split(text, comments=True)[1:]))
+    return found
+
+
+PYTHON_BLOCKS = _blocks("python")
+COMMANDS = _commands()
+
+
+def test_every_page_has_what_the_tests_read():
+    """The parsers see the blocks there are: a change of fence style would otherwise test nothing."""
+    assert len(PYTHON_BLOCKS) >= 8 and len(COMMANDS) >= 10
+    assert {document for document, _, _ in PYTHON_BLOCKS} >= {"README.md", "docs/layers.md", "docs/int8.md"}
+
+
+# A block runs in a fresh interpreter, Keras 3 unless it says otherwise, whichever leg starts it: the tf-keras
+# leg does, as its pytest process has the shorter run of the two Keras 3 ones.
+@pytest.mark.legs("tf_keras")
+@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[f"{document}:{line}" for document, line, _ in PYTHON_BLOCKS])
+def test_python_block_runs_in_a_fresh_interpreter(block, tmp_path):
+    document, line, code = block
+    environment = {key: value for key, value in os.environ.items() if key != "TF_USE_LEGACY_KERAS"}
+    environment.update(TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=environment, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, f"{document}:{line}\n{result.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def bundled(tmp_path_factory):
+    """A folder holding every model the shown commands name, under the names they use."""
+    import keras_gelu
+    from keras_gelu import qat
+
+    folder = tmp_path_factory.mktemp("bundled")
+    keras.utils.set_random_seed(5)
+    x = np.random.default_rng(5).normal(size=(256, 16)).astype(np.float32)
+    model = keras.Sequential([keras.Input((16,), name="x"), keras.layers.Dense(32, activation=keras_gelu.GELU()),
+                              keras.layers.Dense(32, activation=keras_gelu.gelu_tanh), keras.layers.Dense(4)])
+    model.export(str(folder / "saved_model_dir"), verbose=False)
+    model.save(str(folder / "model.keras"))
+    model.save(str(folder / "model.h5"))
+    np.savez(folder / "samples.npz", x[:64])
+    qat_model = qat.quantize_model(model, calibration_data=x)
+    qat_model.compile("adam", "mse")
+    qat_model.fit(x, np.zeros((256, 4), np.float32), epochs=1, verbose=0)
+    qat_model.save(str(folder / "qat.keras"))
+    qat_model.export(str(folder / "qat_model"), verbose=False)
+    return folder
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[f"{document}:{line}" for document, line, _ in COMMANDS])
+def test_shown_command_runs_against_a_bundled_model(bundled, command, monkeypatch, capsys):
+    document, line, argv = command
+    monkeypatch.chdir(bundled)
+    before = set(os.listdir(bundled))
+    code = cli.main(argv)
+    stderr = capsys.readouterr().err
+    for name in set(os.listdir(bundled)) - before:  # its output, so that the next command may write it again
+        path = bundled / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    assert code == 0, f"{document}:{line}: keras-gelu-convert {shlex.join(argv)}\n{stderr}"
+
+
+def test_the_site_builds_with_strict_checks(tmp_path):
+    mkdocs = shutil.which("mkdocs", path=os.path.dirname(sys.executable))
+    if mkdocs is None:
+        pytest.skip("mkdocs is not installed (keras-gelu[docs])")
+    result = subprocess.run([mkdocs, "build", "--strict", "-f", "docs/mkdocs.yml", "-d", str(tmp_path / "site")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)  # as `make docs` runs it
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "site" / "converter" / "index.html").exists()
