@@ -107,6 +107,18 @@ def _litert_style(detail):
     return {"dtype": np.dtype(detail["dtype"]).type, "quantization": quantization}
 
 
+_VELA_PLACED_ON_CPU = re.compile(r"^Warning \(supported operators\) operator: (\w+).*\n(?:Reason: (.*))?", re.MULTILINE)
+
+
+def _cpu_operator_reasons(printed):
+    """{operator type: (how many Vela left on the CPU, its first reason)} from Vela's warnings."""
+    reasons = {}
+    for operator, reason in _VELA_PLACED_ON_CPU.findall(printed):
+        count, first = reasons.get(operator, (0, reason.strip()))
+        reasons[operator] = (count + 1, first)
+    return reasons
+
+
 def run_vela(tflite_model, vela_config):
     """Compile for an Ethos-U NPU with Vela; None if it is not installed. Figures: NPU and CPU operator counts."""
     try:
@@ -129,7 +141,8 @@ def run_vela(tflite_model, vela_config):
     if result.returncode != 0 or set(counts) != {"cpu", "npu"}:
         last = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[-1]
         raise errors.TargetToolFailed(f"Vela ({accelerator}) failed (exit {result.returncode}): {last[:300]}")
-    figures = {"npu_operators": counts["npu"], "cpu_operators": counts["cpu"]}
+    figures = {"npu_operators": counts["npu"], "cpu_operators": counts["cpu"],
+               "cpu_operator_reasons": _cpu_operator_reasons(result.stdout)}
     return RuntimeCheck(tool, f"Vela {accelerator}: {counts['npu']} operators on the NPU, {counts['cpu']} on the CPU",
                         figures)
 

@@ -140,7 +140,9 @@ def run_on_target(tflite_model, target, options, report, arrays, batch_fixed):
     section["runtime_check"] = f"{check.verdict} ({check.tool})"
     section["figures"] = check.figures
     if check.figures.get("cpu_operators") and not options.allow_cpu_fallback:
+        reasons = "; ".join(f"{operator} x{count}: {reason or 'no reason given'}"
+                            for operator, (count, reason) in check.figures.get("cpu_operator_reasons", {}).items())
         raise errors.TargetRejected(f"--target {target.name}: Vela places {check.figures['cpu_operators']} "
-                                    "operator(s) on the CPU, not the NPU (--allow-cpu-fallback accepts that); "
-                                    "nothing written")
+                                    f"operator(s) on the CPU, not the NPU{f' ({reasons})' if reasons else ''}; "
+                                    "--allow-cpu-fallback accepts that; nothing written")
     return check.outputs

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from conftest import keras
-from conftest import keras3_only
 
 pytest.importorskip("sklearn")
 pytest.importorskip("matplotlib")
@@ -15,13 +14,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "examples"
 
 import relu_to_gelu  # noqa: E402
 
-pytestmark = pytest.mark.legs("keras3")
+pytestmark = pytest.mark.legs("tf_keras")  # the script is the same code in both flavours; this leg is the shorter
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow
-@keras3_only  # one flavour: the script is the same code in both, and swapping and fine-tuning are tested in both
 def test_the_short_study_prints_its_tables_writes_its_plots_and_refuses_to_overwrite(tmp_path, capsys):
     argv = ["--short", "--plots-dir", str(tmp_path)]
     assert relu_to_gelu.main(argv) == 0

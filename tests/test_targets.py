@@ -7,7 +7,9 @@ import pytest
 import tensorflow as tf
 
 import spelling_models
+import keras_gelu
 from conftest import IS_KERAS3
+from conftest import keras
 from gelu_models import every_gelu_functional
 from keras_gelu import converters
 from keras_gelu.converters import cli
@@ -69,9 +71,24 @@ def test_every_spelling_runs_in_tflite_micro(spelling_dirs, name, int8):
 @pytest.mark.parametrize("name", sorted(spelling_models.SPELLINGS))
 def test_every_int8_spelling_runs_wholly_on_the_ethos_u55_npu(spelling_dirs, name):
     _, report = converters.convert(spelling_dirs[name], target="ethos-u55", mode="builtin", calibration="random:16")
-    assert report.target["figures"] == {"npu_operators": report.target["figures"]["npu_operators"],
-                                        "cpu_operators": 0}
-    assert report.target["figures"]["npu_operators"] > 0
+    figures = report.target["figures"]
+    assert (figures["cpu_operators"], figures["cpu_operator_reasons"]) == (0, {}) and figures["npu_operators"] > 0
+
+
+@keras3_leg
+@needs_vela
+def test_operators_vela_leaves_on_the_cpu_are_named_with_vela_s_reason(tmp_path):
+    """A MEAN over the channels of an image taller and wider than 1: Vela 5.2 runs it on the CPU only."""
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((4, 4, 8), name="image")
+    channel_mean = keras.ops.mean(keras.layers.Conv2D(8, 1, activation=keras_gelu.GELU())(inputs), axis=-1)
+    path = str(tmp_path / "saved_model")
+    keras.Model(inputs, channel_mean).export(path, verbose=False)
+    with pytest.raises(errors.TargetRejected, match=r"^--target ethos-u55: Vela places 1 operator\(s\) on the CPU, "
+                                                    r"not the NPU \(MEAN x1: \S.*\); --allow-cpu-fallback accepts"):
+        converters.convert(path, target="ethos-u55", calibration="random:16")
+    _, report = converters.convert(path, target="ethos-u55", calibration="random:16", allow_cpu_fallback=True)
+    assert list(report.target["figures"]["cpu_operator_reasons"]) == ["MEAN"]
 
 
 @pytest.fixture(scope="module")
@@ -179,8 +196,6 @@ def test_cpu_fallback_is_accepted_only_when_asked(native_and_odd_models):
 
 def test_a_dynamic_batch_becomes_one_and_other_unknown_dimensions_need_input_shape(tmp_path):
     import re
-
-    from keras_gelu.flavour import keras
 
     for name, shape in (("batch", (8,)), ("sequence", (None, 8))):
         model = keras.Sequential([keras.Input(shape), keras.layers.Dense(4, activation="gelu")])

@@ -9,20 +9,26 @@ there. Train it with `fit`, save it as .keras (no custom_objects), then
 
 import warnings
 
+import numpy as np
+
 from keras_gelu.flavour import keras
 from keras_gelu.layers import GELU
 from keras_gelu.layers import GELU_ACTIVATIONS
 from keras_gelu.layers import LearnableGELU
 from keras_gelu.layers import layer_computing
 from keras_gelu.qat.keras3 import folding
+from keras_gelu.qat.keras3 import nesting
 from keras_gelu.qat.keras3 import ranges
+from keras_gelu.qat.keras3.keras_classes import VALUE_KEEPING_OPERATIONS
 from keras_gelu.qat.keras3.rules import UNCHANGED_VALUES
 from keras_gelu.qat.keras3.rules import ActivationRule
 from keras_gelu.qat.keras3.rules import QuantizeRule
 from keras_gelu.qat.keras3.rules import register_rule
 from keras_gelu.qat.keras3.rules import rule_for
 from keras_gelu.qat.keras3.wrapper import QuantizeInput
+from keras_gelu.qat.keras3.wrapper import QuantizeOperation
 from keras_gelu.qat.keras3.wrapper import QuantizeWrapper
+from keras_gelu.qat.keras3.wrapper import is_float
 
 
 def _gelu_layer(activation, name):
@@ -53,13 +59,33 @@ def _split_activation(layer):
     return None
 
 
+def _identity_at_inference(layer):
+    """Whether `layer`, which has no weights, returns its input unchanged at inference (StochasticDepth, DropPath
+    and their kin, from any library): the int8 model does not hold it, and QAT trains it as it is. Decided by
+    what the layer does, on random values of its input's shape."""
+    if layer.weights or len(layer._inbound_nodes) != 1:
+        return False
+    tensors = keras.tree.flatten(layer._inbound_nodes[0].input_tensors)
+    if len(tensors) != 1 or not is_float(tensors[0]):
+        return False
+    probe = np.random.default_rng(0).normal(size=[2 if size is None else size for size in tensors[0].shape])
+    probe = probe.astype(tensors[0].dtype)
+    try:
+        outputs = layer(probe, training=False)
+    except Exception:  # a layer that cannot run alone on random values is not an identity to rely on
+        return False
+    return not keras.tree.is_nested(outputs) and np.array_equal(keras.ops.convert_to_numpy(outputs), probe)
+
+
 def _check_rules(model, mode, exact_as, skipped):
     for layer in model.layers:
         if isinstance(layer, UNCHANGED_VALUES) or layer.name in skipped:
             continue
         if isinstance(layer, keras.Model):
-            raise ValueError(f"quantize_model quantizes the layers of one model; {layer.name} is a nested model. "
-                             f"Flatten it into the outer one. Received: layer={layer.name}")
+            raise ValueError(f"quantize_model quantizes Sequential and functional models, nested ones too; "
+                             f"{layer.name} is a subclassed model, whose call() it cannot see into. Register a "
+                             f"rule for {type(layer).__name__}, or keep it float with keep_float=[{layer.name!r}]. "
+                             f"Received: layer={layer.name}")
         if isinstance(layer, keras.layers.BatchNormalization):
             raise ValueError(
                 f"quantize_model folds a BatchNormalization into the Conv/Dense right before it, with a linear "
@@ -97,9 +123,12 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
     if isinstance(model, keras.Sequential):  # clone_model inserts layers (the split GELUs) in functional models only
         single = lambda tensors: tensors[0] if len(tensors) == 1 else tensors  # noqa: E731
         model = keras.Model(single(model.inputs), single(model.outputs), name=model.name)
-    folds = folding.batch_norms_to_fold(model, keep_float)  # {Conv/Dense name: the BatchNormalization after it}
-    folded_away = {batch_norm.name for batch_norm in folds.values()}
-    _check_rules(model, mode, exact_as, set(keep_float) | folded_away)
+    model = nesting.flattened(model, keep_float)
+    folds = folding.scales_to_fold(model, keep_float)  # {Conv/Dense name: the BatchNorm or LayerScale after it}
+    folded_away = {scaling.name for scaling in folds.values()}
+    identities = {layer.name for layer in model.layers
+                  if rule_for(layer, mode, exact_as) is None and _identity_at_inference(layer)}
+    _check_rules(model, mode, exact_as, set(keep_float) | folded_away | identities)
     pairs = []  # (float layer, its QAT copy, the split-out activation's float and QAT copies or None)
     split_out = {}  # id(QAT copy) -> the QAT activation layer to call after it
 
@@ -111,6 +140,8 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
     def clone_function(layer):
         if layer.name in folded_away:
             return keras.layers.Identity(name=layer.name)  # a stand-in call_function never calls
+        if not isinstance(layer, keras.layers.Layer):  # an operation on the model's tensors; see call_function
+            return type(layer).from_config(layer.get_config())
         gelu = _gelu_layer(layer.activation, layer.name) if isinstance(layer, keras.layers.Activation) else None
         if gelu is not None:  # Activation("gelu") as our GELU layer, with its rule
             pairs.append((layer, quantized(gelu), None, None))
@@ -122,7 +153,7 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
         if activation is not None:
             config["activation"] = "linear"
         copy = type(layer).from_config(config)
-        new = copy if isinstance(layer, UNCHANGED_VALUES) else quantized(copy)
+        new = copy if isinstance(layer, UNCHANGED_VALUES) or layer.name in identities else quantized(copy)
         new_activation = None if activation is None else quantized(activation)
         if new_activation is not None:
             split_out[id(new)] = new_activation
@@ -133,7 +164,7 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
 
     def quantized_input(tensor):
         history = getattr(tensor, "_keras_history", None)
-        if history is None or not isinstance(history[0], keras.layers.InputLayer) or not _is_float(tensor):
+        if history is None or not isinstance(history[0], keras.layers.InputLayer) or not is_float(tensor):
             return tensor
         if id(tensor) not in quantized_inputs:
             quantized_inputs[id(tensor)] = QuantizeInput(name=f"quantize_{history[0].name}")(tensor)
@@ -146,6 +177,11 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
         if isinstance(layer, QuantizeWrapper):
             inputs, kwargs = layer.rule.call_arguments(layer.layer, args, kwargs)
             outputs = layer(inputs, **kwargs)
+        elif not isinstance(layer, (keras.layers.Layer, VALUE_KEEPING_OPERATIONS)):
+            constants = [[position, value] for position, value in enumerate(args)
+                         if not isinstance(value, keras.KerasTensor)]
+            tensors = [value for value in args if isinstance(value, keras.KerasTensor)]
+            outputs = QuantizeOperation(layer, constants)(tensors, **kwargs)
         else:
             outputs = layer(*args, **kwargs)
         return split_out[id(layer)](outputs) if id(layer) in split_out else outputs
@@ -157,10 +193,6 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
     if calibration_data is not None:
         initialize_ranges(qat_model, calibration_data)
     return qat_model
-
-
-def _is_float(tensor):
-    return "float" in str(tensor.dtype)
 
 
 def _inner(layer):
@@ -191,6 +223,8 @@ def _range_variables(qat_model):
             found += [variable for quantizer in layer.ranges.values() for variable in (quantizer.low, quantizer.high)]
         elif isinstance(layer, QuantizeInput):
             found += [layer.input_range.low, layer.input_range.high]
+        elif isinstance(layer, QuantizeOperation):
+            found += [layer.output_range.low, layer.output_range.high]
     return found
 
 
@@ -209,4 +243,5 @@ def initialize_ranges(qat_model, samples):
         variable.assign(value)
 
 
-__all__ = ["QuantizeInput", "QuantizeRule", "QuantizeWrapper", "initialize_ranges", "quantize", "register_rule"]
+__all__ = ["QuantizeInput", "QuantizeOperation", "QuantizeRule", "QuantizeWrapper", "initialize_ranges", "quantize",
+           "register_rule"]

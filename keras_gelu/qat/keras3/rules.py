@@ -4,7 +4,7 @@ A `QuantizeRule` says which int8 ranges a layer has (`build`) and computes
 the layer with them (`call`); `QuantizeWrapper` holds a layer, its rule and
 the ranges' variables. The rules here:
 
-* `DenseRule`: FULLY_CONNECTED. The kernel on a symmetric per-tensor range
+* `DenseRule`: FULLY_CONNECTED (on a 2-D view of N-D inputs). The kernel on a symmetric per-tensor range
   (as tfmot, which TFLite's converter turns into per-tensor int8 weights),
   the bias left to the converter (int32 from the input and kernel scales),
   the fused ReLU/ReLU6/linear kept fused, the output on a moving-average range.
@@ -31,11 +31,14 @@ Add a rule for a layer of yours with `register_rule(YourLayer, YourRule())`.
 
 import math
 
+import numpy as np
+
 from keras_gelu import replacements
 from keras_gelu.flavour import keras
 from keras_gelu.flavour import register_serializable
 from keras_gelu.layers import GELU
 from keras_gelu.layers import LearnableGELU
+from keras_gelu.qat.keras3.keras_classes import LayerScale
 
 # Activations TFLite fuses into FULLY_CONNECTED / CONV_2D, and keeps fused in int8.
 FUSABLE_ACTIVATIONS = ("linear", "relu", "relu6")
@@ -130,10 +133,25 @@ class DenseRule(QuantizeRule):
         wrapper.add_activation_range("output")
 
     def call(self, wrapper, layer, inputs, training, **kwargs):
-        outputs = keras.ops.matmul(inputs, wrapper.ranges["kernel"](layer.kernel, training))
+        rows = inputs if len(inputs.shape) == 2 else keras.ops.reshape(inputs, (-1, inputs.shape[-1]))
+        outputs = keras.ops.matmul(rows, wrapper.ranges["kernel"](layer.kernel, training))
         if layer.use_bias:
             outputs = outputs + layer.bias
-        return wrapper.ranges["output"](layer.activation(outputs), training)
+        outputs = wrapper.ranges["output"](layer.activation(outputs), training)
+        return outputs if len(inputs.shape) == 2 else _unflattened(outputs, inputs, len(inputs.shape) - 1,
+                                                                   (layer.units,))
+
+
+def _unflattened(rows, inputs, leading_axes, free_shape):
+    """A 2-D matmul's `rows` back to `inputs`' first `leading_axes` axes, then `free_shape`.
+
+    Where the leading axes but the batch are static, the shape is -1 and those sizes: Keras's own N-D matmul,
+    or a shape read from the tensor, leaves SHAPE, GATHER, REDUCE_PROD and PACK ops around every FULLY_CONNECTED
+    in the .tflite, which TFLite Micro and NPUs run poorly or not at all."""
+    leading = list(inputs.shape[:leading_axes])
+    if all(size is not None for size in leading[1:]):
+        return keras.ops.reshape(rows, [-1] + leading[1:] + list(free_shape))
+    return keras.ops.reshape(rows, [keras.ops.shape(inputs)[axis] for axis in range(leading_axes)] + list(free_shape))
 
 
 def _matmul_form(equation):
@@ -173,8 +191,7 @@ def _einsum_dense(wrapper, layer, inputs, training, kernel_range="kernel", outpu
     if bias is not None:
         outputs = outputs + keras.ops.reshape(keras.ops.broadcast_to(bias, free_shape), (free_size,))
     outputs = wrapper.ranges[output_range](activation(outputs), training)
-    batch_shape = [keras.ops.shape(inputs)[axis] for axis in range(len(form[0]))]
-    return keras.ops.reshape(outputs, batch_shape + list(free_shape))
+    return _unflattened(outputs, inputs, len(form[0]), free_shape)
 
 
 @register_serializable
@@ -198,7 +215,8 @@ class LayerNormalizationRule(QuantizeRule):
     intermediate on a range and gamma and beta as MUL/ADD constants.
 
     Centred first (not Keras 3's x * inv + (beta - mean * inv)): x - mean is the normalized value's scale,
-    where x * inv and mean * inv grow with the mean, and their int8 grids with them; two ops fewer."""
+    where x * inv and mean * inv grow with the mean, and their int8 grids with them; two ops fewer. A 4-D
+    input (ConvNeXt's channels-last images) is normalized as a 3-D view of itself."""
 
     INTERMEDIATES = ("mean", "squared_difference", "variance", "variance_epsilon", "inverse_root", "inverse",
                      "centred", "normalized")
@@ -218,6 +236,16 @@ class LayerNormalizationRule(QuantizeRule):
         wrapper.add_activation_range("output")
 
     def call(self, wrapper, layer, inputs, training, **kwargs):
+        shape = inputs.shape
+        if len(shape) > 3 and None not in shape[1:]:
+            # Over a (batch, positions, channels) view, the same values: Ethos-U's Vela runs a MEAN over the
+            # channels of a 4-D tensor only where its height or width is 1, and leaves ConvNeXt's on the CPU.
+            rows = keras.ops.reshape(inputs, (-1, math.prod(shape[1:-1]), shape[-1]))
+            return keras.ops.reshape(self._normalized(wrapper, layer, rows, training), (-1,) + tuple(shape[1:]))
+        return self._normalized(wrapper, layer, inputs, training)
+
+    @staticmethod
+    def _normalized(wrapper, layer, inputs, training):
         ops = keras.ops
         ranges = {name: (lambda tensor, name=name: wrapper.ranges[name](tensor, training)) for name in wrapper.ranges}
         mean = ranges["mean"](ops.mean(inputs, axis=-1, keepdims=True))
@@ -281,6 +309,12 @@ class ConvolutionRule(QuantizeRule):
 
     def build(self, wrapper, layer):
         _check_fused_activation(layer)
+        groups = getattr(layer, "groups", 1)
+        if groups > 1 and not self._grouped_depthwise(layer):
+            raise ValueError(f"{type(layer).__name__} {layer.name}: the int8 rule covers grouped convolutions with "
+                             f"one input and one output channel per group (depthwise, as DEPTHWISE_CONV_2D); "
+                             f"TFLite's runtimes have no other grouped convolution. Received: groups={groups}, "
+                             f"filters={layer.filters}, kernel shape={tuple(layer.kernel.shape)}")
         if self._separable(layer):
             wrapper.add_weight_range("depthwise_kernel", layer.depthwise_kernel, axis=-2)
             wrapper.add_activation_range("depthwise")
@@ -289,12 +323,20 @@ class ConvolutionRule(QuantizeRule):
             # A conv kernel is (..., in, out); a depthwise one (..., in, multiplier), and TFLite's
             # DEPTHWISE_CONV_2D has one output channel per (in, multiplier): per channel along `in` is exact
             # for multiplier 1, the only depthwise TFLite quantizes per channel.
+            # A grouped depthwise kernel (ConvNeXt's) is (..., 1, out), per channel along `out` as a convolution's.
             wrapper.add_weight_range("kernel", layer.kernel, axis=-2 if self._depthwise(layer) else -1)
         wrapper.add_activation_range("output")
 
     @staticmethod
     def _depthwise(layer):
         return isinstance(layer, (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D))
+
+    @staticmethod
+    def _grouped_depthwise(layer):
+        """A Conv with a group per input channel and one output channel per group (ConvNeXt's 7x7): the
+        depthwise convolution of multiplier 1 whose kernel is the (..., in, 1) transpose of its (..., 1, out)."""
+        groups = getattr(layer, "groups", 1)
+        return groups > 1 and layer.kernel.shape[-2] == 1 and layer.filters == groups
 
     @staticmethod
     def _separable(layer):
@@ -325,6 +367,9 @@ class ConvolutionRule(QuantizeRule):
                                      padding="valid", data_format=layer.data_format)
         elif self._depthwise(layer):
             outputs = keras.ops.depthwise_conv(inputs, kernel("kernel", layer.kernel), **convolve)
+        elif self._grouped_depthwise(layer):
+            outputs = keras.ops.depthwise_conv(inputs, keras.ops.swapaxes(kernel("kernel", layer.kernel), -2, -1),
+                                               **convolve)
         else:
             outputs = keras.ops.conv(inputs, kernel("kernel", layer.kernel), **convolve)
         if layer.use_bias:
@@ -472,6 +517,50 @@ class LearnableGELURule(QuantizeRule):
         gate_input = ranges["gate_input"](product + ranges["beta"](layer.beta, training), training)
         gate = replacements.on_logistic_int8_grid(keras.ops.sigmoid(gate_input))
         return ranges["output"](inputs * gate, training)
+
+
+def _layer_scale_affine(layer):
+    return layer.gamma, None
+
+
+def _normalization_affine(layer):
+    if layer.invert:
+        raise ValueError(f"Normalization {layer.name}: the int8 rule covers normalizing, not its inverse. "
+                         f"Received: invert=True")
+    scale = 1.0 / keras.ops.maximum(keras.ops.sqrt(layer.variance), keras.config.epsilon())  # as the layer computes
+    return scale, -layer.mean * scale
+
+
+def _rescaling_affine(layer):
+    offset = keras.ops.convert_to_tensor(layer.offset, "float32") if np.any(layer.offset) else None
+    return keras.ops.convert_to_tensor(layer.scale, "float32"), offset
+
+
+# Layers computing x * scale + shift with constants: class -> (scale, shift or None) of a layer.
+CHANNEL_AFFINE = {LayerScale: _layer_scale_affine, keras.layers.Normalization: _normalization_affine,
+                  keras.layers.Rescaling: _rescaling_affine}
+
+
+@register_serializable
+class ChannelAffineRule(QuantizeRule):
+    """x * scale + shift with constants per channel or per tensor (LayerScale where it does not fold into the
+    layer before it, Normalization, Rescaling): a MUL and an ADD whose constant operands are on asymmetric
+    ranges, as TFLite quantizes them, each output on a range."""
+
+    def build(self, wrapper, layer):
+        _, shift = CHANNEL_AFFINE[type(layer)](layer)
+        wrapper.add_constant_range("scale", lambda: CHANNEL_AFFINE[type(layer)](layer)[0])
+        if shift is not None:
+            wrapper.add_activation_range("scaled")
+            wrapper.add_constant_range("shift", lambda: CHANNEL_AFFINE[type(layer)](layer)[1])
+        wrapper.add_activation_range("output")
+
+    def call(self, wrapper, layer, inputs, training, **kwargs):
+        scale, shift = CHANNEL_AFFINE[type(layer)](layer)
+        outputs = inputs * wrapper.ranges["scale"](scale, training)
+        if shift is not None:
+            outputs = wrapper.ranges["scaled"](outputs, training) + wrapper.ranges["shift"](shift, training)
+        return wrapper.ranges["output"](outputs, training)
 
 
 @register_serializable
@@ -623,5 +712,6 @@ for _layer_class, _rule in ((keras.layers.Dense, DenseRule()),
                             (keras.layers.AveragePooling1D, AveragePoolingRule()),
                             (keras.layers.AveragePooling2D, AveragePoolingRule()),
                             (keras.layers.Activation, ActivationRule()), (keras.layers.ReLU, ActivationRule()),
-                            (keras.layers.Add, OutputRule())):
+                            (keras.layers.Add, OutputRule()),
+                            *((affine, ChannelAffineRule()) for affine in CHANNEL_AFFINE)):
     register_rule(_layer_class, _rule)

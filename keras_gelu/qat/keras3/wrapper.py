@@ -47,7 +47,12 @@ class QuantizeWrapper(keras.layers.Wrapper):
         return self.rule.call(self, self.layer, inputs, bool(training), **kwargs)
 
     def compute_output_shape(self, input_shape):
-        return self.layer.compute_output_shape(*self.rule.layer_arguments(input_shape))
+        arguments = self.rule.layer_arguments(input_shape)
+        try:
+            return self.layer.compute_output_shape(*arguments)
+        except NotImplementedError:  # a layer that leaves its shape to a trace of its call (ConvNeXt's LayerScale)
+            spec = self.layer.compute_output_spec(*(keras.KerasTensor(shape) for shape in arguments))
+            return keras.tree.map_structure(lambda tensor: tensor.shape, spec)
 
     def get_config(self):
         config = super().get_config()
@@ -76,3 +81,48 @@ class QuantizeInput(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return input_shape
+
+
+@register_serializable
+class QuantizeOperation(keras.layers.Layer):
+    """An operation a functional model calls on its tensors (ConvNeXt's `inputs + x`, `x * 0.5`), computed as
+    it is, each float output on a moving-average range: the int8 op it becomes rescales to a range of its own.
+
+    Called on the operation's tensor arguments as one list; `constants` are its other arguments, as
+    [position, value] pairs (the 0.5 of `x * 0.5` is [[1, 0.5]])."""
+
+    def __init__(self, operation, constants=(), **kwargs):
+        kwargs.setdefault("name", f"quant_{operation.name}")
+        super().__init__(**kwargs)
+        self.operation = operation
+        self.constants = [list(pair) for pair in constants]
+        self.output_range = ranges_module.ActivationRange("output")
+        self.output_range.build(self)
+
+    def _arguments(self, tensors):
+        arguments = list(tensors)
+        for position, value in sorted(self.constants):
+            arguments.insert(position, value)
+        return arguments
+
+    def call(self, tensors, training=False):
+        outputs = self.operation(*self._arguments(tensors))
+        return keras.tree.map_structure(
+            lambda output: self.output_range(output, bool(training)) if is_float(output) else output, outputs)
+
+    def compute_output_spec(self, tensors, training=False):
+        return self.operation.compute_output_spec(*self._arguments(tensors))
+
+    def get_config(self):
+        return {**super().get_config(), "operation": keras.saving.serialize_keras_object(self.operation),
+                "constants": self.constants}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["operation"] = keras.saving.deserialize_keras_object(config["operation"])
+        return cls(**config)
+
+
+def is_float(tensor):
+    return "float" in str(tensor.dtype)

@@ -1,0 +1,14 @@
+"""Classes Keras defines and exports under no public name, imported from where Keras defines them, in this one
+place (Keras 3 only, as this engine).
+
+* `LayerScale`: keras.applications' ConvNeXt's per-channel x * gamma.
+* `VALUE_KEEPING_OPERATIONS`: the operations a functional model may call on
+  its tensors (`x[:, 0]`, `ops.reshape(x, ...)`) whose outputs are values of
+  their input's int8 grid: moved or dropped, never computed.
+"""
+
+from keras.src.applications.convnext import LayerScale  # noqa: F401
+from keras.src.ops import numpy as numpy_operations
+
+VALUE_KEEPING_OPERATIONS = (numpy_operations.Reshape, numpy_operations.Transpose, numpy_operations.ExpandDims,
+                            numpy_operations.Squeeze, numpy_operations.GetItem)
