@@ -297,6 +297,8 @@ def _rewritten(source, options, target):
     if options.int8 and options.calibration:  # TFLite's calibrator would crash on a loop handing a tensor on
         graph.loop_invariants_recomputed(graph_def)
     result = rewrite.rewrite(graph_def, keep, mode, options.exact_as, int8=options.int8, marker=marker)
+    if options.int8:  # after the rewrite: a GELU's spelling, read before its FakeQuant, is matched as it is
+        result.graph_def = graph.with_passes(result.graph_def, integer.AFTER_REWRITE_PASSES)
     if not options.float16_weights:
         return result, result.graph_def
     return result, graph.round_float_constants_to_float16(result.graph_def, except_scope=rewrite.FUSED_SCOPE)

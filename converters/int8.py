@@ -178,10 +178,41 @@ def biases_before_reshapes(graph_def):
     return moved
 
 
+def fake_quants_read_by_every_reader(graph_def):
+    """Where a computed float tensor is read by one FakeQuant and by other ops, point the others at the
+    FakeQuant's output. Returns how many readers moved.
+
+    A composite layer's own arithmetic (keras-hub's `x + residual`) is
+    fake-quantized where a sublayer reads it, and its Python code hands the
+    unrounded tensor to its next operation as well. TFLite gives an op's
+    output the FakeQuant's range only where nothing else reads it; otherwise
+    the op stays float, between a DEQUANTIZE and a QUANTIZE. The int8 model
+    holds the tensor rounded for every reader, and so does the graph from
+    here on: the QAT model's other reader saw it unrounded, half a step of
+    that tensor's range at most.
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    readers = graph.consumers(graph_def)
+    moved = 0
+    for tensor, tensor_readers in readers.items():
+        fake_quants = [node for node, position in tensor_readers if node.op in FAKE_QUANT_OPS and position == 0]
+        producer = nodes.get(graph.split_tensor_name(tensor)[0])
+        if (len(fake_quants) != 1 or len(fake_quants) == len(tensor_readers) or producer is None
+                or producer.op in FAKE_QUANT_OPS + ("Const", "Placeholder", "ReadVariableOp", "Identity")):
+            continue
+        for node, position in tensor_readers:
+            if node is not fake_quants[0]:
+                node.input[position] = fake_quants[0].name
+                moved += 1
+    return moved
+
+
 # Run, in this order, on the main graph and every control-flow function before
 # GELUs are rewritten (the GELU op's fusion needs the Neg that the rewrite adds
 # itself, so negations are turned into multiplications first).
 GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, biases_before_reshapes)
+# And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.
+AFTER_REWRITE_PASSES = (fake_quants_read_by_every_reader,)
 
 
 def input_grid(x_name, nodes):

@@ -261,8 +261,9 @@ def test_a_training_step_moves_a_range_a_thousandth_of_the_way_to_the_batch(rng)
 def test_a_layer_without_a_rule_is_named_with_how_to_add_one():
     inputs = keras.Input((12,))
     model = keras.Model(inputs, keras.layers.GroupNormalization(2, name="norm")(keras.layers.Dense(8)(inputs)))
-    with pytest.raises(ValueError, match=r"no rule for layer norm \(GroupNormalization\): register one with "
-                                         r"keras_gelu\.qat\.register_rule.*keep_float=\['norm'\]"):
+    with pytest.raises(ValueError, match=r"no rule for layer norm \(GroupNormalization\), nor for each of its "
+                                         r"sublayers: register one with keras_gelu\.qat\.register_rule.*"
+                                         r"keep_float=\['norm'\]"):
         keras_gelu.qat.quantize_model(model)
 
 
@@ -324,19 +325,23 @@ def test_a_mixed_precision_model_is_quantized_in_float32_and_converts_to_integer
     assert report.float_ops == {}, report.op_types
 
 
-def test_a_subclassed_nested_model_is_refused_by_name():
+def test_a_subclassed_nested_model_is_quantized_through_its_layers_or_refused_by_name(rng):
     class Residual(keras.Model):
-        def __init__(self, **kwargs):
+        def __init__(self, normalization=None, **kwargs):
             super().__init__(**kwargs)
             self.dense = keras.layers.Dense(12)
+            self.normalization = normalization or keras.layers.LayerNormalization()
 
         def call(self, x):
-            return x + self.dense(x)
+            return self.normalization(x + self.dense(x))
 
     inputs = keras.Input((12,))
+    qat = keras_gelu.qat.quantize_model(keras.Model(inputs, Residual(name="inner")(inputs)))
+    assert isinstance(qat.get_layer("quant_inner").layer.dense, keras_gelu.qat.keras3.composite.QuantizeSublayer)
+    grouped = Residual(keras.layers.GroupNormalization(4), name="inner")
     with pytest.raises(ValueError, match=r"inner is a subclassed model.*Register a rule for Residual.*"
                                          r"keep_float=\['inner'\]"):
-        keras_gelu.qat.quantize_model(keras.Model(inputs, Residual(name="inner")(inputs)))
+        keras_gelu.qat.quantize_model(keras.Model(inputs, grouped(inputs)))
 
 
 def test_the_ranges_calibrating_block_ends_even_on_error(rng):

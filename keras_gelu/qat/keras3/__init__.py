@@ -12,16 +12,14 @@ import warnings
 import numpy as np
 
 from keras_gelu.flavour import keras
-from keras_gelu.layers import GELU
-from keras_gelu.layers import GELU_ACTIVATIONS
-from keras_gelu.layers import LearnableGELU
-from keras_gelu.layers import layer_computing
+from keras_gelu.qat.keras3 import composite
+from keras_gelu.qat.keras3 import copies
 from keras_gelu.qat.keras3 import folding
 from keras_gelu.qat.keras3 import nesting
 from keras_gelu.qat.keras3 import ranges
+from keras_gelu.qat.keras3 import splitting
 from keras_gelu.qat.keras3.keras_classes import VALUE_KEEPING_OPERATIONS
 from keras_gelu.qat.keras3.rules import UNCHANGED_VALUES
-from keras_gelu.qat.keras3.rules import ActivationRule
 from keras_gelu.qat.keras3.rules import QuantizeRule
 from keras_gelu.qat.keras3.rules import register_rule
 from keras_gelu.qat.keras3.rules import rule_for
@@ -29,34 +27,6 @@ from keras_gelu.qat.keras3.wrapper import QuantizeInput
 from keras_gelu.qat.keras3.wrapper import QuantizeOperation
 from keras_gelu.qat.keras3.wrapper import QuantizeWrapper
 from keras_gelu.qat.keras3.wrapper import is_float
-
-
-def _gelu_layer(activation, name):
-    """The GELU `activation` computes, as a new layer of ours named `name`; None if it is no GELU."""
-    if activation is keras.activations.gelu:  # Keras's "gelu" is exact
-        return GELU("exact", name=name)
-    if isinstance(activation, GELU_ACTIVATIONS):
-        layer = layer_computing(activation, name)
-        layer.dtype_policy = "float32"  # a copy of a mixed-precision activation's config (see `quantize`)
-        return layer
-    return None
-
-
-def _split_activation(layer):
-    """The activation fused into `layer` as a layer of its own (a fresh copy) where int8 TFLite does not fuse
-    it: a GELU as our GELU layer, softmax as Softmax, sigmoid and tanh as Activation; else None."""
-    activation = getattr(layer, "activation", None)
-    if isinstance(layer, (GELU, LearnableGELU, keras.layers.Activation)) or activation is None:
-        return None
-    gelu = _gelu_layer(activation, f"{layer.name}_gelu")
-    name = keras.activations.serialize(activation)
-    if gelu is not None or not isinstance(name, str):
-        return gelu
-    if name == "softmax":
-        return keras.layers.Softmax(name=f"{layer.name}_softmax")
-    if name in ActivationRule.FIXED_GRIDS:
-        return keras.layers.Activation(name, name=f"{layer.name}_{name}")
-    return None
 
 
 def _identity_at_inference(layer):
@@ -77,9 +47,14 @@ def _identity_at_inference(layer):
     return not keras.tree.is_nested(outputs) and np.array_equal(keras.ops.convert_to_numpy(outputs), probe)
 
 
+def _rule(layer, mode, exact_as):
+    """The rule for `layer`: its own, or CompositeRule for a layer made of sublayers that have rules; or None."""
+    return rule_for(layer, mode, exact_as) or composite.composite_rule(layer, mode, exact_as)
+
+
 def _check_rules(model, mode, exact_as, skipped):
     for layer in model.layers:
-        if isinstance(layer, UNCHANGED_VALUES) or layer.name in skipped:
+        if isinstance(layer, UNCHANGED_VALUES) or layer.name in skipped or _rule(layer, mode, exact_as):
             continue
         if isinstance(layer, keras.Model):
             raise ValueError(f"quantize_model quantizes Sequential and functional models, nested ones too; "
@@ -91,11 +66,10 @@ def _check_rules(model, mode, exact_as, skipped):
                 f"quantize_model folds a BatchNormalization into the Conv/Dense right before it, with a linear "
                 f"activation and no other reader; {layer.name} has none such. Keep it float with "
                 f"keep_float=[{layer.name!r}], or register a rule. Received: layer={layer.name}")
-        if rule_for(layer, mode, exact_as) is None:
-            raise ValueError(
-                f"quantize_model has no rule for layer {layer.name} ({type(layer).__name__}): register one with "
-                f"keras_gelu.qat.register_rule({type(layer).__name__}, rule), or keep it float with "
-                f"keep_float=[{layer.name!r}]. Received: layer={layer.name}")
+        raise ValueError(
+            f"quantize_model has no rule for layer {layer.name} ({type(layer).__name__}), nor for each of its "
+            f"sublayers: register one with keras_gelu.qat.register_rule({type(layer).__name__}, rule), or keep it "
+            f"float with keep_float=[{layer.name!r}]. Received: layer={layer.name}")
 
 
 def quantize(model, mode, exact_as, calibration_data, keep_float):
@@ -127,7 +101,7 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
     folds = folding.scales_to_fold(model, keep_float)  # {Conv/Dense name: the BatchNorm or LayerScale after it}
     folded_away = {scaling.name for scaling in folds.values()}
     identities = {layer.name for layer in model.layers
-                  if rule_for(layer, mode, exact_as) is None and _identity_at_inference(layer)}
+                  if _rule(layer, mode, exact_as) is None and _identity_at_inference(layer)}
     _check_rules(model, mode, exact_as, set(keep_float) | folded_away | identities)
     pairs = []  # (float layer, its QAT copy, the split-out activation's float and QAT copies or None)
     split_out = {}  # id(QAT copy) -> the QAT activation layer to call after it
@@ -135,24 +109,35 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
     def quantized(layer):
         if layer.name in keep_float:
             return layer
-        return QuantizeWrapper(layer, rule_for(layer, mode, exact_as))
+        return QuantizeWrapper(layer, _rule(layer, mode, exact_as))
 
     def clone_function(layer):
         if layer.name in folded_away:
             return keras.layers.Identity(name=layer.name)  # a stand-in call_function never calls
         if not isinstance(layer, keras.layers.Layer):  # an operation on the model's tensors; see call_function
             return type(layer).from_config(layer.get_config())
-        gelu = _gelu_layer(layer.activation, layer.name) if isinstance(layer, keras.layers.Activation) else None
+        gelu = splitting.gelu_layer(layer.activation, layer.name) \
+            if isinstance(layer, keras.layers.Activation) else None
         if gelu is not None:  # Activation("gelu") as our GELU layer, with its rule
             pairs.append((layer, quantized(gelu), None, None))
             return pairs[-1][1]
-        config = {**layer.get_config(), "dtype": "float32"}
+        overrides = {"dtype": "float32"}
         if layer.name in folds:
-            config["use_bias"] = True  # the folded BatchNormalization's shift
-        activation = _split_activation(layer)
+            overrides["use_bias"] = True  # the folded BatchNormalization's shift
+        activation = splitting.split_activation(layer)
         if activation is not None:
-            config["activation"] = "linear"
-        copy = type(layer).from_config(config)
+            overrides["activation"] = "linear"
+        copy = copies.copy(layer, **overrides)
+        if layer.name not in keep_float and isinstance(_rule(layer, mode, exact_as), composite.CompositeRule):
+            # Its weights before its rule puts QuantizeSublayers (and their ranges) in place of its sublayers;
+            # built by a symbolic call like the model's (a layer may make its sublayers' state in call()).
+            node = layer._inbound_nodes[0]
+            fresh = keras.tree.map_structure(
+                lambda value: keras.KerasTensor(value.shape, value.dtype) if isinstance(value, keras.KerasTensor)
+                else value, (node.arguments.args, node.arguments.kwargs))
+            copy(*fresh[0], **fresh[1])
+            copy.set_weights(layer.get_weights())
+            return quantized(copy)
         new = copy if isinstance(layer, UNCHANGED_VALUES) or layer.name in identities else quantized(copy)
         new_activation = None if activation is None else quantized(activation)
         if new_activation is not None:
@@ -218,13 +203,15 @@ def _copy_float_weights(layer, new, activation, new_activation, weights=None):
 
 def _range_variables(qat_model):
     found = []
-    for layer in qat_model.layers:
+    for layer in qat_model._flatten_layers():  # composite layers hold QuantizeSublayers, at any depth
+        quantizers = []
         if isinstance(layer, QuantizeWrapper):
-            found += [variable for quantizer in layer.ranges.values() for variable in (quantizer.low, quantizer.high)]
+            quantizers = list(layer.ranges.values()) + list((getattr(layer, "input_ranges", None) or {}).values())
         elif isinstance(layer, QuantizeInput):
-            found += [layer.input_range.low, layer.input_range.high]
+            quantizers = [layer.input_range]
         elif isinstance(layer, QuantizeOperation):
-            found += [layer.output_range.low, layer.output_range.high]
+            quantizers = [layer.output_range]
+        found += [variable for quantizer in quantizers for variable in (quantizer.low, quantizer.high)]
     return found
 
 

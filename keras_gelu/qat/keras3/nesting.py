@@ -16,6 +16,7 @@ the user's model is neither changed nor shared. A nested model named in
 """
 
 from keras_gelu.flavour import keras
+from keras_gelu.qat.keras3 import copies
 from keras_gelu.swapping import is_rebuildable
 
 
@@ -39,21 +40,22 @@ def flattened(model, keep_float=()):
     models' layers, where the inner one is renamed `<its model>_<its name>`."""
     if not has_nested_models(model, keep_float):
         return model
-    copies = {}  # id(original) -> (original, copy), so that a shared layer stays shared
+    made = {}  # id(original) -> (original, copy), so that a shared layer stays shared
     names = {operation.name for operation in model.operations}
 
     def copy_of(operation, within):
-        if id(operation) in copies:
-            return copies[id(operation)][1]
+        if id(operation) in made:
+            return made[id(operation)][1]
         if _graph(operation) is not None and operation.name not in keep_float:
             copy = operation  # run through in call(), never called itself
         else:
-            config = operation.get_config()
-            if within is not model and config.get("name") in names:
-                config["name"] = f"{within.name}_{config['name']}"
-            names.add(config.get("name"))
-            copy = type(operation).from_config(config)
-        copies[id(operation)] = (operation, copy)
+            name = operation.name
+            if within is not model and name in names:
+                name = f"{within.name}_{name}"
+            names.add(name)
+            copy = copies.copy(operation, name=name) if isinstance(operation, keras.layers.Layer) \
+                else type(operation).from_config({**operation.get_config(), "name": name})
+        made[id(operation)] = (operation, copy)
         return copy
 
     def call(operation, *args, **kwargs):
@@ -68,7 +70,7 @@ def flattened(model, keep_float=()):
 
     flat = keras.models.clone_model(model, clone_function=lambda operation: copy_of(operation, model),
                                     call_function=call)
-    for original, copy in copies.values():
+    for original, copy in made.values():
         if copy is not original and isinstance(original, keras.layers.Layer) and original.weights:
             copy.set_weights(original.get_weights())
     return flat

@@ -22,6 +22,7 @@ from keras_gelu.flavour import keras
 
 EMA_DECAY = 0.999  # tfmot's, so that the two QATs train alike
 _INITIAL_RANGE = 6.0  # tfmot's [-6, 6]: a start that calibration_data replaces
+_SMALLEST_RANGE = 1e-6
 
 _calibrating = [False]
 
@@ -47,6 +48,14 @@ def _range_variables(layer, name, shape, initial_magnitude=_INITIAL_RANGE):
     return variables
 
 
+def _widened(low, high):
+    """`high`, at least _SMALLEST_RANGE above `low`. Zeros only (a LayerNormalization's beta as initialized, an
+    unused output) have the range [0, 0]: a zero step, which the converter's int8 scales divide by; zeros are
+    exact on any grid that holds 0. (On the variables, not in the graph: the converter reads a FakeQuant's
+    range as constants.)"""
+    return keras.ops.maximum(high, low + _SMALLEST_RANGE)
+
+
 def _fake_quant(x, low, high, narrow_range=False, axis=None):
     return keras.quantizers.fake_quant_with_min_max_vars(x, low, high, num_bits=8, narrow_range=narrow_range,
                                                          axis=axis)
@@ -63,11 +72,12 @@ class ActivationRange:
 
     def __call__(self, x, training=False):
         if training:
-            batch_low = keras.ops.minimum(keras.ops.min(keras.ops.cast(x, "float32")), 0.0)
-            batch_high = keras.ops.maximum(keras.ops.max(keras.ops.cast(x, "float32")), 0.0)
+            # widened to hold 0 (and an empty tensor's range is [0, 0], where a bare min would fail)
+            batch_low = keras.ops.min(keras.ops.cast(x, "float32"), initial=0.0)
+            batch_high = keras.ops.max(keras.ops.cast(x, "float32"), initial=0.0)
             keep = 0.0 if _calibrating[0] else EMA_DECAY
             self.low.assign(keep * self.low + (1.0 - keep) * batch_low)
-            self.high.assign(keep * self.high + (1.0 - keep) * batch_high)
+            self.high.assign(_widened(self.low, keep * self.high + (1.0 - keep) * batch_high))
         return _fake_quant(x, self.low, self.high)
 
 
@@ -108,7 +118,7 @@ class WeightRange:
             self.high.assign(magnitude)
         else:
             self.low.assign(keras.ops.minimum(self._reduced(keras.ops.min, weight), 0.0))
-            self.high.assign(keras.ops.maximum(self._reduced(keras.ops.max, weight), 0.0))
+            self.high.assign(_widened(self.low, keras.ops.maximum(self._reduced(keras.ops.max, weight), 0.0)))
 
     def __call__(self, weight, training=False):
         if training:

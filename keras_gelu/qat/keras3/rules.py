@@ -19,7 +19,7 @@ the ranges' variables. The rules here:
 * `MultiHeadAttentionRule`, `LayerNormalizationRule`: the int8 ops they
   become, every intermediate on a range. `SoftmaxRule`, `ActivationRule`:
   fixed output grids where TFLite has them.
-* `OutputRule`: the layer as it is, its output on a range (Add, pooling...).
+* `OutputRule`: the layer as it is, its output on a range (pooling...). `AddRule`: each partial sum too.
 
 Everything a rule computes must convert to int8 ops with a range right after
 each: an op the converter puts between an op and its range (a RESHAPE before
@@ -121,6 +121,25 @@ class OutputRule(QuantizeRule):
     def call(self, wrapper, layer, inputs, training, **kwargs):
         return keras.tree.map_structure(lambda output: wrapper.ranges["output"](output, training),
                                         layer(inputs, **kwargs))
+
+
+@register_serializable
+class AddRule(QuantizeRule):
+    """Add of n inputs as the n - 1 int8 ADDs it becomes, each sum on a range (BERT's embeddings: token,
+    position and segment, where one range on the last sum would leave the first ADD float)."""
+
+    def build(self, wrapper, layer):
+        for index in range(1, len(wrapper.layer_input_shape) - 1):
+            wrapper.add_activation_range(f"sum_{index}")
+        wrapper.add_activation_range("output")
+
+    def call(self, wrapper, layer, inputs, training, **kwargs):
+        total = inputs[0]
+        for index, addend in enumerate(inputs[1:], start=1):
+            total = total + addend
+            name = f"sum_{index}" if index < len(inputs) - 1 else "output"
+            total = wrapper.ranges[name](total, training)
+        return total
 
 
 @register_serializable
@@ -575,7 +594,10 @@ class EmbeddingRule(QuantizeRule):
                              f"would not reach the layers after it). Received: mask_zero=True")
         wrapper.add_constant_range("embeddings", layer.embeddings)
 
-    def call(self, wrapper, layer, inputs, training, **kwargs):
+    def call(self, wrapper, layer, inputs, training, reverse=False, **kwargs):
+        if reverse:
+            raise ValueError(f"{type(layer).__name__} {layer.name}: the int8 rule covers the table lookup, not "
+                             f"the reverse projection onto the table. Received: reverse=True")
         table = wrapper.ranges["embeddings"](layer.embeddings, training)
         return keras.ops.take(table, keras.ops.cast(inputs, "int32"), axis=0)
 
@@ -689,13 +711,21 @@ UNCHANGED_VALUES = (keras.layers.InputLayer, keras.layers.Dropout, keras.layers.
                     keras.layers.Cropping2D)
 
 
+# Layers of libraries keras_gelu does not import, by (module, class name): their rules apply to such a layer
+# when a model holds one. keras-hub's PositionEmbedding's output is a slice of its table, a constant to the
+# converter, on a range as it is.
+_LIBRARY_RULES = {
+    ("keras_hub.src.layers.modeling.position_embedding", "PositionEmbedding"): OutputRule(),
+}
+
+
 def rule_for(layer, mode, exact_as):
     """The rule for this layer: a GELU rule for the conversion's mode, a registered one, or None."""
     if type(layer) is GELU:
         return GELURule(mode, exact_as)
     if type(layer) is LearnableGELU:
         return LearnableGELURule()
-    return _RULES.get(type(layer))
+    return _RULES.get(type(layer)) or _LIBRARY_RULES.get((type(layer).__module__, type(layer).__name__))
 
 
 _CONVOLUTIONS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D,
@@ -709,9 +739,11 @@ for _layer_class, _rule in ((keras.layers.Dense, DenseRule()),
                             (keras.layers.LayerNormalization, LayerNormalizationRule()),
                             (keras.layers.MultiHeadAttention, MultiHeadAttentionRule()),
                             (keras.layers.Embedding, EmbeddingRule()),
+                            # an Embedding tied to an output projection (keras-hub's BERT); in reverse, refused
+                            (keras.layers.ReversibleEmbedding, EmbeddingRule()),
                             (keras.layers.AveragePooling1D, AveragePoolingRule()),
                             (keras.layers.AveragePooling2D, AveragePoolingRule()),
                             (keras.layers.Activation, ActivationRule()), (keras.layers.ReLU, ActivationRule()),
-                            (keras.layers.Add, OutputRule()),
+                            (keras.layers.Add, AddRule()),
                             *((affine, ChannelAffineRule()) for affine in CHANNEL_AFFINE)):
     register_rule(_layer_class, _rule)

@@ -2,6 +2,7 @@
 
 from keras_gelu.flavour import keras
 from keras_gelu.flavour import register_serializable
+from keras_gelu.qat.keras3 import copies
 from keras_gelu.qat.keras3 import ranges as ranges_module
 
 
@@ -46,6 +47,13 @@ class QuantizeWrapper(keras.layers.Wrapper):
         kwargs = {key: value for key, value in kwargs.items() if not (key == "mask" and _all_none(value))}
         return self.rule.call(self, self.layer, inputs, bool(training), **kwargs)
 
+    def compute_output_spec(self, *args, **kwargs):
+        if getattr(self.rule, "traces_call", False):
+            # A symbolic run of call(), with the very arguments of this call: a composite layer's stand-in
+            # sublayers make their ranges at their first call, when the QAT model is built and when it loads.
+            return keras.Operation.compute_output_spec(self, *args, **kwargs)
+        return super().compute_output_spec(*args, **kwargs)
+
     def compute_output_shape(self, input_shape):
         arguments = self.rule.layer_arguments(input_shape)
         try:
@@ -55,7 +63,9 @@ class QuantizeWrapper(keras.layers.Wrapper):
             return keras.tree.map_structure(lambda tensor: tensor.shape, spec)
 
     def get_config(self):
-        config = super().get_config()
+        # The base Layer's config (Wrapper's would call the layer's get_config, which may fail: see `copies`)
+        config = keras.layers.Layer.get_config(self)
+        config["layer"] = copies.serialized(self.layer)  # as the class's constructor takes it
         config["rule"] = keras.saving.serialize_keras_object(self.rule)
         return config
 

@@ -1,0 +1,215 @@
+"""Composite layers, quantized through their sublayers: keras-hub's TransformerEncoder, ViT's patching and
+embedding, and any custom layer of yours whose computation is made of layers that have rules.
+
+A layer with no rule of its own whose sublayers (attributes, lists of them
+too) all have rules, or are composite in turn, is quantized by
+`CompositeRule`: in the QAT model's copy of it, each sublayer is replaced by
+a `QuantizeSublayer` holding it and its rule, called by the composite's own
+`call` exactly as the sublayer was (keywords, masks, `training`). What the
+composite computes between its sublayers (a residual `x + y`, a class token
+concatenated) is left as it is, and gets its range where it is read: a
+sublayer's float input that does not come straight from another sublayer's
+range (or from the composite's input) is fake-quantized on a range of its
+own, and so is the composite's output. The int8 model then has a range on
+every tensor an op computes, save those that only move values (a reshape, a
+concatenation, which keep their inputs' grids).
+
+Arithmetic that chains two operations with no sublayer between them (an
+`(x + p) * s`) leaves the first result without a range: the converter's
+report names the float ops that remain, and a rule for the layer
+(`register_rule`) is the way out.
+"""
+
+import contextlib
+
+from keras_gelu.flavour import keras
+from keras_gelu.flavour import register_serializable
+from keras_gelu.qat.keras3 import ranges as ranges_module
+from keras_gelu.qat.keras3 import splitting
+from keras_gelu.qat.keras3.rules import UNCHANGED_VALUES
+from keras_gelu.qat.keras3.rules import QuantizeRule
+from keras_gelu.qat.keras3.rules import rule_for
+from keras_gelu.qat.keras3.wrapper import QuantizeWrapper
+from keras_gelu.qat.keras3.wrapper import is_float
+
+# The tensors on an int8 grid in the composite calls under way (innermost last): those a sublayer's range
+# produced, and the composite's inputs. Kept as tensors, compared by identity.
+_on_grid = []
+
+
+@contextlib.contextmanager
+def _composite_call(inputs):
+    _on_grid.append(list(keras.tree.flatten(inputs)))
+    try:
+        yield
+    finally:
+        _on_grid.pop()
+
+
+def _is_on_grid(tensor):
+    return bool(_on_grid) and any(tensor is known for known in _on_grid[-1])
+
+
+def _mark_on_grid(outputs):
+    if _on_grid:
+        _on_grid[-1].extend(keras.tree.flatten(outputs))
+    return outputs
+
+
+def sublayer_slots(layer):
+    """(container, key, sublayer) for each layer `layer` holds as an attribute, or in a list attribute."""
+    slots = []
+    for name, value in vars(layer).items():
+        if name == "_layers":  # Keras's own list of every tracked sublayer, held a second time
+            continue
+        if isinstance(value, keras.layers.Layer):
+            slots.append((layer, name, value))
+        elif isinstance(value, list) and value and all(isinstance(item, keras.layers.Layer) for item in value):
+            slots.extend((value, index, item) for index, item in enumerate(value))
+    return slots
+
+
+def _proxy(sublayer, mode, exact_as, apply=False):
+    """The QuantizeSublayer that stands for `sublayer` (with `apply`, its fused activation is split out of it
+    on the way); None where there is no rule for it. Without `apply`, nothing is made or changed."""
+    if isinstance(sublayer, UNCHANGED_VALUES):
+        return QuantizeSublayer(sublayer, KeepRule()) if apply else True
+    gelu = splitting.gelu_layer(sublayer.activation, sublayer.name) \
+        if isinstance(sublayer, keras.layers.Activation) else None
+    if gelu is not None:  # Activation("gelu") as our GELU layer, with its rule
+        return QuantizeSublayer(gelu, rule_for(gelu, mode, exact_as)) if apply else True
+    rule = rule_for(sublayer, mode, exact_as) or composite_rule(sublayer, mode, exact_as)
+    activation = splitting.split_activation(sublayer) if rule is not None else None
+    activation_rule = None if activation is None else rule_for(activation, mode, exact_as)
+    if rule is None or (activation is not None and activation_rule is None):
+        return None
+    if not apply:
+        return True
+    if activation is not None:
+        sublayer.activation = keras.activations.linear
+        activation = QuantizeWrapper(activation, activation_rule)
+    return QuantizeSublayer(sublayer, rule, activation)
+
+
+def composite_rule(layer, mode, exact_as):
+    """A CompositeRule for `layer` where it is a composite layer: sublayers, each with a rule (or composite in
+    turn, or keeping values); else None."""
+    slots = sublayer_slots(layer)
+    if not slots:
+        return None
+    if all(_proxy(sublayer, mode, exact_as) for _, _, sublayer in slots):
+        return CompositeRule(mode, exact_as)
+    return None
+
+
+@register_serializable
+class QuantizeSublayer(QuantizeWrapper):
+    """A composite layer's sublayer with its rule, called as the sublayer is; each of its float inputs that
+    is not yet on a grid on a range of its own (`input_<n>`), decided at its first call."""
+
+    def __init__(self, layer, rule, activation=None, **kwargs):
+        super().__init__(layer, rule, **kwargs)
+        self.activation = activation  # a fused activation split out of the sublayer, with its own rule
+        self.input_ranges = None
+
+    def __call__(self, *args, **kwargs):
+        paths_and_values = keras.tree.flatten_with_path((args, kwargs))
+        if self.input_ranges is None:  # first call: symbolic, when the QAT model is built or loaded
+            self.input_ranges = {}
+            for path, value in paths_and_values:
+                if _is_tensor(value) and is_float(value) and not _is_on_grid(value):
+                    key = _argument_key(path)
+                    self.input_ranges[key] = ranges_module.ActivationRange(f"input_{len(self.input_ranges)}")
+                    self.input_ranges[key].build(self)
+        training = bool(kwargs.get("training") or False)
+        values = [self.input_ranges[_argument_key(path)](value, training)
+                  if _argument_key(path) in self.input_ranges else value for path, value in paths_and_values]
+        args, kwargs = keras.tree.pack_sequence_as((args, kwargs), values)
+        inputs, kwargs = self.rule.call_arguments(self.layer, args, kwargs)
+        outputs = super().__call__(inputs, **kwargs)
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return _mark_on_grid(outputs)
+
+    def get_config(self):
+        config = super().get_config()
+        if self.activation is not None:
+            config["activation"] = keras.layers.serialize(self.activation)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if config.get("activation") is not None:
+            config["activation"] = keras.layers.deserialize(config["activation"])
+        return super().from_config(config)
+
+
+def _argument_key(path):
+    """Where in a call's (args, kwargs) a value is, as a key: (0, 0) for the first positional argument,
+    (1, 'attention_mask') for a keyword's."""
+    return "/".join(str(step) for step in path)
+
+
+def _is_tensor(value):
+    return isinstance(value, keras.KerasTensor) or keras.ops.is_tensor(value)
+
+
+@register_serializable
+class KeepRule(QuantizeRule):
+    """A sublayer whose outputs are values of its input's grid (Dropout, Reshape...): called as it is."""
+
+    def build(self, wrapper, layer):
+        pass
+
+    def call(self, wrapper, layer, inputs, training, **kwargs):
+        return layer(inputs, training=training, **kwargs)  # Keras passes `training` on where call() takes it
+
+
+@register_serializable
+class CompositeRule(QuantizeRule):
+    """A composite layer, its sublayers standing in for themselves with their rules (`QuantizeSublayer`), its
+    own computation as it is; its output on a range unless a sublayer's range gives it."""
+
+    traces_call = True  # the wrapper's output spec comes from a symbolic call(), which makes the stand-ins' ranges
+
+    def __init__(self, mode="builtin", exact_as=None):
+        self.mode, self.exact_as = mode, exact_as
+
+    def build(self, wrapper, layer):
+        layer._tracker.unlock()  # Keras locks a built layer's state; the stand-ins are state of it
+        try:
+            for container, key, sublayer in sublayer_slots(layer):
+                proxy = _proxy(sublayer, self.mode, self.exact_as, apply=True)
+                if isinstance(container, list):
+                    container[key] = proxy
+                else:
+                    setattr(container, key, proxy)
+        finally:
+            layer._lock_state()
+        wrapper.add_activation_range("output")
+
+    # A composite called on several positional tensors (keras-hub's DeiTOutput(hidden, residual)) has them
+    # packed as {"positional": [...]}; `build` takes the first one's shape, as Keras builds such a layer.
+    _POSITIONAL = "positional"
+
+    def call_arguments(self, layer, args, kwargs):
+        return (args[0] if len(args) == 1 else {self._POSITIONAL: list(args)}), kwargs
+
+    def layer_arguments(self, inputs):
+        if isinstance(inputs, dict) and list(inputs) == [self._POSITIONAL]:
+            return (inputs[self._POSITIONAL][0],)
+        return (inputs,)
+
+    def call(self, wrapper, layer, inputs, training, **kwargs):
+        positional = inputs[self._POSITIONAL] if isinstance(inputs, dict) and list(inputs) == [self._POSITIONAL] \
+            else [inputs]
+        with _composite_call(positional):
+            outputs = layer(*positional, training=training, **kwargs)
+            outputs = keras.tree.map_structure(
+                lambda output: output if not _is_tensor(output) or _is_on_grid(output) or not is_float(output)
+                else wrapper.ranges["output"](output, training), outputs)
+        return outputs
+
+    def get_config(self):
+        return {"mode": self.mode, "exact_as": self.exact_as}

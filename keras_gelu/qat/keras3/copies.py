@@ -1,0 +1,54 @@
+"""The QAT model's copies of layers, made from their configs, and the configs its saved files hold.
+
+Some layers' `get_config` gives keys their constructor does not take
+(keras-hub's `ViTPatchingAndEmbedding` and `DeiTEmbeddings` add the derived
+`num_patches` and `num_positions`), or fails (keras-hub's `DeiTEncoder`
+reads a `key_dim` it never sets). keras-hub never rebuilds such a layer from
+its own config (a backbone is rebuilt from the backbone's arguments), but the
+QAT model copies layers one by one, and saves them so: it uses, and saves,
+the config without those keys; where `get_config` fails, the constructor's
+arguments as the layer holds them, under the same names.
+"""
+
+import inspect
+
+from keras_gelu.flavour import keras
+
+# What keras.layers.Layer's constructor takes besides its named parameters.
+_LAYER_KEYWORDS = {"input_dim", "input_shape", "batch_input_shape", "batch_size", "weights"}
+
+
+def _constructor_arguments(layer_class):
+    """The keyword arguments the constructors of `layer_class` and its bases name, together."""
+    names = set(_LAYER_KEYWORDS)
+    for cls in inspect.getmro(layer_class):
+        if "__init__" in vars(cls) and cls is not object:
+            names |= {name for name, parameter in inspect.signature(cls.__init__).parameters.items()
+                      if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)}
+    return names
+
+
+def config(layer, **overrides):
+    """`layer`'s config (with `overrides`) as its class's constructor takes it."""
+    accepted = _constructor_arguments(type(layer))
+    try:
+        settings = layer.get_config()
+    except AttributeError:
+        settings = {**keras.layers.Layer.get_config(layer),
+                    **{name: getattr(layer, name) for name in accepted if name in vars(layer)}}
+    settings.update(overrides)
+    if isinstance(layer, keras.Model):  # a model's config is its graph, read by its own from_config
+        return settings
+    return {key: value for key, value in settings.items() if key in accepted}
+
+
+def copy(layer, **overrides):
+    """A new layer of `layer`'s class, from its config (with `overrides`), unbuilt."""
+    return type(layer).from_config(config(layer, **overrides))
+
+
+def serialized(layer):
+    """`keras.saving.serialize_keras_object(layer)`, holding `config(layer)` (which never calls a failing
+    get_config twice)."""
+    return {"module": type(layer).__module__, "class_name": type(layer).__name__, "config": config(layer),
+            "registered_name": keras.saving.get_registered_name(type(layer))}

@@ -1,0 +1,148 @@
+"""Keras 3 QAT of real model families as they come: keras-hub's BERT and ViT backbones (tiny random
+configs), built by keras-hub, quantized without flattening anything by hand, trained a step, saved as
+.keras, loaded, converted to a .tflite that is integer throughout and agrees with the QAT model.
+
+keras.applications' ConvNeXt runs in test_keras3_qat.py; the recipes measure accuracy on real data.
+"""
+
+import numpy as np
+import pytest
+
+import keras_gelu
+from conftest import IS_KERAS3
+from conftest import keras
+
+if not IS_KERAS3:
+    pytest.skip("Keras 3's QAT engine (keras-hub models are Keras 3 models)", allow_module_level=True)
+keras_hub = pytest.importorskip("keras_hub")
+
+from keras_gelu import converters  # noqa: E402
+import keras_gelu.qat  # noqa: E402
+from keras_gelu.qat.keras3 import composite  # noqa: E402
+
+pytestmark = pytest.mark.legs("keras3")
+
+SEQUENCE, VOCABULARY = 16, 50
+# The issue's bar for an untrained backbone: the int8 .tflite's outputs against the QAT model's.
+INT8_COSINE = 0.99
+
+
+def _bert(rng):
+    """As built: the backbone's two outputs (the sequence and the tanh pooler's), no head."""
+    model = keras_hub.models.BertBackbone(vocabulary_size=VOCABULARY, num_layers=1, num_heads=2, hidden_dim=32,
+                                          intermediate_dim=64, max_sequence_length=SEQUENCE)
+    lengths = rng.integers(4, SEQUENCE + 1, size=(64, 1))
+    mask = (np.arange(SEQUENCE) < lengths).astype(np.int32)
+    inputs = {"token_ids": (rng.integers(1, VOCABULARY, size=(64, SEQUENCE)) * mask).astype(np.int32),
+              "segment_ids": (np.arange(SEQUENCE) >= lengths // 2).astype(np.int32) * mask, "padding_mask": mask}
+    return model, inputs
+
+
+def _with_a_head(backbone, rng):
+    """An image backbone and a Dense head on its class token."""
+    head = keras.layers.Dense(4, name="head")(backbone.output[:, 0, :])
+    return keras.Model(backbone.input, head), rng.uniform(0, 1, size=(64, 32, 32, 3)).astype(np.float32)
+
+
+FAMILIES = {
+    "bert": _bert,
+    "vit": lambda rng: _with_a_head(keras_hub.models.ViTBackbone(
+        image_shape=(32, 32, 3), patch_size=8, num_layers=1, num_heads=2, hidden_dim=32, mlp_dim=64), rng),
+}
+# DeiT quantizes, trains, saves and converts integer throughout too, but its embeddings layer concatenates
+# its class and distillation tokens (its own weights) in its own code, where QAT cannot see the rounding the
+# int8 CONCATENATION gives them: on untrained weights the .tflite is then more than the converter's 10 steps
+# from the QAT graph. Left for a rule of its own, or a mechanism that sees a composite's own operations.
+
+
+def _first(values, count):
+    return {key: value[:count] for key, value in values.items()} if isinstance(values, dict) else values[:count]
+
+
+def _as_dict(outputs):
+    return {key: np.asarray(value) for key, value in outputs.items()} if isinstance(outputs, dict) \
+        else {"output_0": np.asarray(outputs)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_keras_hub_family_trains_saves_loads_and_converts_integer_throughout(family, tmp_path, rng):
+    keras.utils.set_random_seed(21)
+    model, x = FAMILIES[family](rng)
+    qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
+    wrapped = [layer for layer in qat._flatten_layers() if isinstance(layer, composite.QuantizeSublayer)]
+    assert wrapped, "the backbone's composite layers are quantized through their sublayers"
+    qat.compile(keras.optimizers.Adam(1e-3), "mse")
+    targets = keras.tree.map_structure(lambda output: np.zeros(output.shape, np.float32), qat(_first(x, 64)))
+    qat.fit(x, targets, batch_size=32, epochs=1, verbose=0)
+    qat.save(str(tmp_path / "qat.keras"))
+    keras.backend.clear_session(free_memory=False)
+    loaded = keras.models.load_model(str(tmp_path / "qat.keras"))
+    sample = _first(x, 8)
+    expected = _as_dict(loaded(sample))
+    for name, values in _as_dict(qat(sample)).items():
+        np.testing.assert_array_equal(expected[name], values)  # the ranges and weights as trained
+    loaded.export(str(tmp_path / "exported"), verbose=False)
+    np.savez(tmp_path / "inputs.npz", **sample) if isinstance(sample, dict) else np.savez(tmp_path / "inputs.npz",
+                                                                                           sample)
+    _, report = converters.convert(str(tmp_path / "exported"), int8=True, inputs=str(tmp_path / "inputs.npz"))
+    assert report.quantization_aware and report.float_ops == {}, report.op_types
+    assert not any(op.startswith("Flex") or op == "GELU" for op in report.ops), report.ops
+    assert all(entry["cosine"] >= INT8_COSINE for entry in report.drift), report.drift
+
+
+def test_a_composite_layer_without_a_rule_for_a_sublayer_is_refused_naming_it():
+    class Doubling(keras.layers.Layer):
+        def call(self, x):
+            return 2.0 * x
+
+    class Block(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.dense, self.doubling = keras.layers.Dense(8), Doubling()
+
+        def call(self, x):
+            return self.doubling(self.dense(x)) + x
+
+    inputs = keras.Input((8,))
+    with pytest.raises(ValueError, match=r"no rule for layer block \(Block\), nor for each of its sublayers"):
+        keras_gelu.qat.quantize_model(keras.Model(inputs, Block(name="block")(inputs)))
+
+
+def test_a_custom_composite_layer_is_quantized_through_and_its_own_arithmetic_gets_ranges(tmp_path, rng):
+    """A residual block of yours: sublayers with rules, a fused GELU, an `x + residual` of its own."""
+    import tflite_helpers
+    from conversions import QAT_INT8_STEPS
+
+    @keras.saving.register_keras_serializable(package="test_qat_real_models")
+    class Residual(keras.layers.Layer):
+        def __init__(self, units, **kwargs):
+            super().__init__(**kwargs)
+            self.units = units
+            self.inner = keras.layers.Dense(2 * units, activation="gelu")
+            self.outer = keras.layers.Dense(units)
+            self.norm = keras.layers.LayerNormalization()
+
+        def call(self, x):
+            return self.norm(x + self.outer(self.inner(x)))
+
+        def get_config(self):
+            return {**super().get_config(), "units": self.units}
+
+    keras.utils.set_random_seed(22)
+    inputs = keras.Input((8,), name="features")
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(Residual(8, name="residual")(inputs)))
+    x = rng.normal(size=(64, 8)).astype(np.float32)
+    qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
+    block = qat.get_layer("quant_residual").layer
+    assert isinstance(block.inner, composite.QuantizeSublayer) and block.inner.activation is not None
+    assert list(block.norm.input_ranges) == ["0/0"]  # its input is the block's own x + ..., on a range of its own
+    qat.compile(keras.optimizers.Adam(1e-2), "mse")
+    qat.fit(x, rng.normal(size=(64, 3)).astype(np.float32), epochs=1, verbose=0)
+    qat.save(str(tmp_path / "qat.keras"))
+    np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "qat.keras"))(x).numpy(), qat(x).numpy())
+    qat.export(str(tmp_path / "exported"), verbose=False)
+    tflite_model, report = converters.convert(str(tmp_path / "exported"), int8=True)
+    assert report.float_ops == {}, report.op_types
+    (scale,) = converters.report.output_scales(tflite_model)
+    assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
