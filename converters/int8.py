@@ -178,6 +178,12 @@ def biases_before_reshapes(graph_def):
     return moved
 
 
+# The ops whose outputs fake_quants_read_by_every_reader moves readers off: arithmetic, which computes new
+# values. An op that moves values (a Reshape, a ConcatV2) keeps its input's int8 scale in TFLite, and a
+# FakeQuant as its one reader would ask for another.
+_ARITHMETIC = ("Add", "AddV2", "BiasAdd", "Sub", "Mul")
+
+
 def fake_quants_read_by_every_reader(graph_def):
     """Where a computed float tensor is read by one FakeQuant and by other ops, point the others at the
     FakeQuant's output. Returns how many readers moved.
@@ -197,8 +203,8 @@ def fake_quants_read_by_every_reader(graph_def):
     for tensor, tensor_readers in readers.items():
         fake_quants = [node for node, position in tensor_readers if node.op in FAKE_QUANT_OPS and position == 0]
         producer = nodes.get(graph.split_tensor_name(tensor)[0])
-        if (len(fake_quants) != 1 or len(fake_quants) == len(tensor_readers) or producer is None
-                or producer.op in FAKE_QUANT_OPS + ("Const", "Placeholder", "ReadVariableOp", "Identity")):
+        if len(fake_quants) != 1 or len(fake_quants) == len(tensor_readers) or producer is None \
+                or producer.op not in _ARITHMETIC:
             continue
         for node, position in tensor_readers:
             if node is not fake_quants[0]:

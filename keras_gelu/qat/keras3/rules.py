@@ -210,7 +210,10 @@ def _einsum_dense(wrapper, layer, inputs, training, kernel_range="kernel", outpu
     if bias is not None:
         outputs = outputs + keras.ops.reshape(keras.ops.broadcast_to(bias, free_shape), (free_size,))
     outputs = wrapper.ranges[output_range](activation(outputs), training)
-    return _unflattened(outputs, inputs, len(form[0]), free_shape)
+    # The batch shape read from the tensor (not _unflattened's static one): TF 2.18's converter gives a static
+    # reshape here another int8 scale than its input's where a split-out GELU reads it, and fails.
+    batch_shape = [keras.ops.shape(inputs)[axis] for axis in range(len(form[0]))]
+    return keras.ops.reshape(outputs, batch_shape + list(free_shape))
 
 
 @register_serializable
