@@ -238,14 +238,11 @@ def test_keras_hub_keras_file(keras_hub_cases, name, mode, exact_as):
 
 
 # Hugging Face's TF models are tf-keras models whichever Keras is active, so
-# both Keras legs would convert the very same graphs. The whole matrix runs in
-# the tf-keras leg, under oneDNN (where the fused LayerNorm once broke the
-# reference); the Keras 3 leg, with oneDNN off, repeats BERT in two modes.
-BOTH_LEGS = {("hf_bert_gelu", "native", None), ("hf_bert_gelu", "builtin", "erf")}
-
-
-def _in_this_leg(name, mode, exact_as):
-    if IS_KERAS3 and (name, mode, exact_as) not in BOTH_LEGS:
+# both Keras legs would convert the very same graphs: they run in the tf-keras
+# leg, under oneDNN (where the fused LayerNorm once broke the reference).
+# keras-hub's transformers run with oneDNN off, in the Keras 3 leg.
+def _in_the_tf_keras_leg():
+    if IS_KERAS3:
         pytest.skip("the same tf-keras graph runs in the tf-keras leg")
 
 
@@ -253,7 +250,7 @@ def _in_this_leg(name, mode, exact_as):
 @pytest.mark.parametrize("mode, exact_as", FLOAT_CONVERSIONS + [INT8], ids=conversions.ids(FLOAT_CONVERSIONS + [INT8]))
 @pytest.mark.parametrize("name", ["hf_bert_gelu", "hf_gpt2"])
 def test_hugging_face(hugging_face_cases, name, mode, exact_as):
-    _in_this_leg(name, mode, exact_as)
+    _in_the_tf_keras_leg()
     _assert_converts_faithfully(hugging_face_cases[name], mode, exact_as)
 
 
@@ -261,12 +258,13 @@ def test_hugging_face(hugging_face_cases, name, mode, exact_as):
 @pytest.mark.parametrize("mode, exact_as", [("native", None), ("builtin", "erf")], ids=["native", "builtin-erf"])
 @pytest.mark.parametrize("name", ["hf_bert_gelu_new", "hf_bert_quick_gelu"])
 def test_hugging_face_bert_activations(hugging_face_cases, name, mode, exact_as):
-    _in_this_leg(name, mode, exact_as)
+    _in_the_tf_keras_leg()
     _assert_converts_faithfully(hugging_face_cases[name], mode, exact_as)
 
 
 def test_random_inputs_respect_embedding_tables_and_masks(hugging_face_cases):
     """Seeded random inputs (no --inputs) for a BERT: ids below the vocabulary, segment ids below 2, 0/1 masks."""
+    _in_the_tf_keras_leg()
     from keras_gelu.converters import loading
 
     source = loading.load(hugging_face_cases["hf_bert_gelu"].path)
@@ -290,7 +288,7 @@ needs_tflm = pytest.mark.skipif(not HAS_TFLM, reason="tflite-micro is not instal
 @pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
 def test_hugging_face_bert_runs_in_tflite_micro(hugging_face_cases, int8):
     """A BERT for an MCU: run in the TFLM interpreter, which agrees with LiteRT on the same .tflite."""
-    _in_this_leg("hf_bert_gelu", "tflm", int8)
+    _in_the_tf_keras_leg()
     case = hugging_face_cases["hf_bert_gelu"]
     options = {"int8": True, "calibration": case.calibration_npz} if int8 else {}
     _, report = converters.convert(case.path, target="tflm", inputs=case.inputs_npz, **options)

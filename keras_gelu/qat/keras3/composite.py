@@ -10,9 +10,12 @@ composite computes between its sublayers (a residual `x + y`, a class token
 concatenated) is left as it is, and gets its range where it is read: a
 sublayer's float input that does not come straight from another sublayer's
 range (or from the composite's input) is fake-quantized on a range of its
-own, and so is the composite's output. The int8 model then has a range on
-every tensor an op computes, save those that only move values (a reshape, a
-concatenation, which keep their inputs' grids).
+own, and so is the composite's output. Where the layer's code hands such a
+value to another operation as well, the converter points that reader at the
+rounded value too (`fake_quants_read_by_every_reader` in
+`keras_gelu.converters.int8`), as the int8 model holds it. The int8 model
+then has a range on every tensor an op computes, save those that only move
+values (a reshape, a concatenation, which keep their inputs' grids).
 
 Arithmetic that chains two operations with no sublayer between them (an
 `(x + p) * s`) leaves the first result without a range: the converter's

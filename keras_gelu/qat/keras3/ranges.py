@@ -49,10 +49,11 @@ def _range_variables(layer, name, shape, initial_magnitude=_INITIAL_RANGE):
 
 
 def _widened(low, high):
-    """`high`, at least _SMALLEST_RANGE above `low`. Zeros only (a LayerNormalization's beta as initialized, an
-    unused output) have the range [0, 0]: a zero step, which the converter's int8 scales divide by; zeros are
-    exact on any grid that holds 0. (On the variables, not in the graph: the converter reads a FakeQuant's
-    range as constants.)"""
+    """`high`, at least _SMALLEST_RANGE above `low`. An activation of zeros only (an unused output, DeiT's
+    zero-initialized tokens) has the range [0, 0]: a zero step, which fake-quant's gradient divides by (NaN
+    ranges after one training step); zeros are exact on any grid that holds 0. On the variables, not in the
+    graph: the converter reads a FakeQuant's range as constants. (A constant of zeros, as a LayerNormalization's
+    beta, keeps [0, 0]: the converter folds it into a zero constant, which a widened range would not.)"""
     return keras.ops.maximum(high, low + _SMALLEST_RANGE)
 
 
@@ -118,7 +119,7 @@ class WeightRange:
             self.high.assign(magnitude)
         else:
             self.low.assign(keras.ops.minimum(self._reduced(keras.ops.min, weight), 0.0))
-            self.high.assign(_widened(self.low, keras.ops.maximum(self._reduced(keras.ops.max, weight), 0.0)))
+            self.high.assign(keras.ops.maximum(self._reduced(keras.ops.max, weight), 0.0))
 
     def __call__(self, weight, training=False):
         if training:
