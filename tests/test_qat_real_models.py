@@ -72,6 +72,12 @@ def test_a_keras_hub_family_trains_saves_loads_and_converts_integer_throughout(f
     qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
     wrapped = [layer for layer in qat._flatten_layers() if isinstance(layer, composite.QuantizeSublayer)]
     assert wrapped, "the backbone's composite layers are quantized through their sublayers"
+    # The QAT model computes the float model's function, int8 rounding aside (its GELUs, its pooler's tanh...)
+    for name, values in _as_dict(qat(_first(x, 16))).items():
+        float_values = _as_dict(model(_first(x, 16)))[name].ravel().astype(np.float64)
+        values = values.ravel().astype(np.float64)
+        cosine = values @ float_values / (np.linalg.norm(values) * np.linalg.norm(float_values))
+        assert cosine >= INT8_COSINE, (name, cosine)
     qat.compile(keras.optimizers.Adam(1e-3), "mse")
     targets = keras.tree.map_structure(lambda output: np.zeros(output.shape, np.float32), qat(_first(x, 64)))
     qat.fit(x, targets, batch_size=32, epochs=1, verbose=0)

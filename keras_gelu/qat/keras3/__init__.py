@@ -121,16 +121,11 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
         if gelu is not None:  # Activation("gelu") as our GELU layer, with its rule
             pairs.append((layer, quantized(gelu), None, None))
             return pairs[-1][1]
-        overrides = {"dtype": "float32"}
-        if layer.name in folds:
-            overrides["use_bias"] = True  # the folded BatchNormalization's shift
-        activation = splitting.split_activation(layer)
-        if activation is not None:
-            overrides["activation"] = "linear"
-        copy = copies.copy(layer, **overrides)
         if layer.name not in keep_float and isinstance(_rule(layer, mode, exact_as), composite.CompositeRule):
             # Its weights before its rule puts QuantizeSublayers (and their ranges) in place of its sublayers;
-            # built by a symbolic call like the model's (a layer may make its sublayers' state in call()).
+            # built by a symbolic call like the model's (a layer may make its sublayers' state in call()). An
+            # `activation` it holds is its sublayers' (keras-hub's TransformerEncoder): split out of them there.
+            copy = copies.copy(layer, dtype="float32")
             node = layer._inbound_nodes[0]
             fresh = keras.tree.map_structure(
                 lambda value: keras.KerasTensor(value.shape, value.dtype) if isinstance(value, keras.KerasTensor)
@@ -138,6 +133,13 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
             copy(*fresh[0], **fresh[1])
             copy.set_weights(layer.get_weights())
             return quantized(copy)
+        overrides = {"dtype": "float32"}
+        if layer.name in folds:
+            overrides["use_bias"] = True  # the folded BatchNormalization's shift
+        activation = splitting.split_activation(layer)
+        if activation is not None:
+            overrides["activation"] = "linear"
+        copy = copies.copy(layer, **overrides)
         new = copy if isinstance(layer, UNCHANGED_VALUES) or layer.name in identities else quantized(copy)
         new_activation = None if activation is None else quantized(activation)
         if new_activation is not None:
