@@ -307,6 +307,11 @@ def _rewritten(source, options, target):
 def _int8_setup(source, options, report):
     """Check the int8 flags against the model; (calibration samples or None, int8_io), or None for float."""
     report.quantization_aware = quantization_aware = integer.is_quantization_aware(source.graph_def)
+    target = targets.TARGETS.get(options.target)
+    if quantization_aware and not options.int8 and target is not None and target.takes_int8:
+        # Trained for int8, converted for a runtime that runs int8: a float conversion would keep the FakeQuants
+        # as QUANTIZE/DEQUANTIZE pairs of its own, which TFLite Micro, for one, refuses.
+        options.int8 = True
     if not options.int8:
         if quantization_aware:
             report.warnings.append("the model is quantization-aware (FakeQuant ops): pass --int8 for an int8 model")

@@ -115,6 +115,11 @@ class Target:
     notes: tuple = ()  # what the report says about running there
 
     @property
+    def takes_int8(self):
+        """Whether the runtime runs int8 models: a quantization-aware model converts to int8 for it unasked."""
+        return self.output_types is None or "int8" in self.output_types
+
+    @property
     def keeps_non_finite_guards(self):
         """Whether the runtime has the ops of keras_gelu's inf/NaN guards (else they are dropped: NaN at +-inf)."""
         return self.ops is None or all(op in self.ops or TWINS.get(op) in self.ops for op in GUARD_OPS)
