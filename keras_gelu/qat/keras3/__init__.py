@@ -18,11 +18,11 @@ from keras_gelu.qat.keras3 import folding
 from keras_gelu.qat.keras3 import nesting
 from keras_gelu.qat.keras3 import ranges
 from keras_gelu.qat.keras3 import splitting
+from keras_gelu.qat.keras3.composite import rule_or_composite
 from keras_gelu.qat.keras3.keras_classes import VALUE_KEEPING_OPERATIONS
 from keras_gelu.qat.keras3.rules import UNCHANGED_VALUES
 from keras_gelu.qat.keras3.rules import QuantizeRule
 from keras_gelu.qat.keras3.rules import register_rule
-from keras_gelu.qat.keras3.rules import rule_for
 from keras_gelu.qat.keras3.wrapper import QuantizeInput
 from keras_gelu.qat.keras3.wrapper import QuantizeOperation
 from keras_gelu.qat.keras3.wrapper import QuantizeWrapper
@@ -47,14 +47,9 @@ def _identity_at_inference(layer):
     return not keras.tree.is_nested(outputs) and np.array_equal(keras.ops.convert_to_numpy(outputs), probe)
 
 
-def _rule(layer, mode, exact_as):
-    """The rule for `layer`: its own, or CompositeRule for a layer made of sublayers that have rules; or None."""
-    return rule_for(layer, mode, exact_as) or composite.composite_rule(layer, mode, exact_as)
-
-
 def _check_rules(model, mode, exact_as, skipped):
     for layer in model.layers:
-        if isinstance(layer, UNCHANGED_VALUES) or layer.name in skipped or _rule(layer, mode, exact_as):
+        if isinstance(layer, UNCHANGED_VALUES) or layer.name in skipped or rule_or_composite(layer, mode, exact_as):
             continue
         if isinstance(layer, keras.Model):
             raise ValueError(f"quantize_model quantizes Sequential and functional models, nested ones too; "
@@ -101,7 +96,7 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
     folds = folding.scales_to_fold(model, keep_float)  # {Conv/Dense name: the BatchNorm or LayerScale after it}
     folded_away = {scaling.name for scaling in folds.values()}
     identities = {layer.name for layer in model.layers
-                  if _rule(layer, mode, exact_as) is None and _identity_at_inference(layer)}
+                  if rule_or_composite(layer, mode, exact_as) is None and _identity_at_inference(layer)}
     _check_rules(model, mode, exact_as, set(keep_float) | folded_away | identities)
     pairs = []  # (float layer, its QAT copy, the split-out activation's float and QAT copies or None)
     split_out = {}  # id(QAT copy) -> the QAT activation layer to call after it
@@ -109,19 +104,19 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
     def quantized(layer):
         if layer.name in keep_float:
             return layer
-        return QuantizeWrapper(layer, _rule(layer, mode, exact_as))
+        return QuantizeWrapper(layer, rule_or_composite(layer, mode, exact_as))
 
     def clone_function(layer):
         if layer.name in folded_away:
             return keras.layers.Identity(name=layer.name)  # a stand-in call_function never calls
         if not isinstance(layer, keras.layers.Layer):  # an operation on the model's tensors; see call_function
             return type(layer).from_config(layer.get_config())
-        gelu = splitting.gelu_layer(layer.activation, layer.name) \
-            if isinstance(layer, keras.layers.Activation) else None
+        gelu = splitting.activation_layer_as_gelu(layer)
         if gelu is not None:  # Activation("gelu") as our GELU layer, with its rule
             pairs.append((layer, quantized(gelu), None, None))
             return pairs[-1][1]
-        if layer.name not in keep_float and isinstance(_rule(layer, mode, exact_as), composite.CompositeRule):
+        rule = None if layer.name in keep_float else rule_or_composite(layer, mode, exact_as)
+        if isinstance(rule, composite.CompositeRule):
             # Its weights before its rule puts QuantizeSublayers (and their ranges) in place of its sublayers;
             # built by a symbolic call like the model's (a layer may make its sublayers' state in call()). An
             # `activation` it holds is its sublayers' (keras-hub's TransformerEncoder): split out of them there.

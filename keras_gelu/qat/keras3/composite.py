@@ -77,11 +77,10 @@ def _proxy(sublayer, mode, exact_as, apply=False):
     on the way); None where there is no rule for it. Without `apply`, nothing is made or changed."""
     if isinstance(sublayer, UNCHANGED_VALUES):
         return QuantizeSublayer(sublayer, KeepRule()) if apply else True
-    gelu = splitting.gelu_layer(sublayer.activation, sublayer.name) \
-        if isinstance(sublayer, keras.layers.Activation) else None
+    gelu = splitting.activation_layer_as_gelu(sublayer)
     if gelu is not None:  # Activation("gelu") as our GELU layer, with its rule
         return QuantizeSublayer(gelu, rule_for(gelu, mode, exact_as)) if apply else True
-    rule = rule_for(sublayer, mode, exact_as) or composite_rule(sublayer, mode, exact_as)
+    rule = rule_or_composite(sublayer, mode, exact_as)
     activation = splitting.split_activation(sublayer) if rule is not None else None
     activation_rule = None if activation is None else rule_for(activation, mode, exact_as)
     if rule is None or (activation is not None and activation_rule is None):
@@ -92,6 +91,11 @@ def _proxy(sublayer, mode, exact_as, apply=False):
         sublayer.activation = keras.activations.linear
         activation = QuantizeWrapper(activation, activation_rule)
     return QuantizeSublayer(sublayer, rule, activation)
+
+
+def rule_or_composite(layer, mode, exact_as):
+    """The rule for `layer`: its own, or CompositeRule for a layer made of sublayers that have rules; or None."""
+    return rule_for(layer, mode, exact_as) or composite_rule(layer, mode, exact_as)
 
 
 def composite_rule(layer, mode, exact_as):

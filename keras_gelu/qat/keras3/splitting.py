@@ -36,3 +36,9 @@ def split_activation(layer):
     if name in ActivationRule.FIXED_GRIDS:
         return keras.layers.Activation(name, name=f"{layer.name}_{name}")
     return None
+
+
+def activation_layer_as_gelu(layer):
+    """Our GELU layer (of the same name) for an Activation layer that computes a GELU (`Activation("gelu")`);
+    None for other layers and activations."""
+    return gelu_layer(layer.activation, layer.name) if isinstance(layer, keras.layers.Activation) else None
