@@ -20,11 +20,16 @@ An activation is found where Keras keeps one:
 * a stand-alone activation layer: `Activation`, `ReLU`, `LeakyReLU`, `PReLU`,
   `ELU`, `Softmax`, our `GELU` and `LearnableGELU`, and instances of any
   layer class used as a mapping key;
-* inside nested Sequential and functional models, at any depth.
+* inside nested Sequential and functional models, at any depth;
+* inside a layer's own code: a sublayer it makes itself (keras-hub's ViT
+  makes its MLP's `Dense(..., activation="gelu")` in `build`), held as an
+  attribute or in a list of them. No argument reaches it, so the rebuilt
+  layer is wrapped in `InnerActivations`, which holds the new activations
+  by attribute path and puts them back whenever the layer is built: the
+  swap survives a `.keras` save.
 
-An activation built inside another layer's own code (a custom layer that
-creates `Dense(64, activation="relu")` in `build`) has no argument to change;
-such leftovers are named in a warning.
+What is still out of reach (an activation called as a function in `call`,
+a sublayer in a dict) is named in a warning.
 """
 
 import functools
@@ -36,8 +41,12 @@ import warnings
 import tensorflow as tf
 
 from keras_gelu import activations
+from keras_gelu import layer_configs
 from keras_gelu.flavour import KERAS_FLAVOUR
 from keras_gelu.flavour import keras
+from keras_gelu.inner_activations import InnerActivations
+from keras_gelu.inner_activations import sublayers_by_path
+from keras_gelu.inner_activations import value_at
 from keras_gelu.layers import GELU
 from keras_gelu.layers import LearnableGELU
 
@@ -274,7 +283,7 @@ def _activation_sites(layer, stand_alone_classes):
     if isinstance(layer, stand_alone_classes):
         activation = layer.activation if isinstance(layer, keras.layers.Activation) else layer
         return [(None, activation, True)]
-    config = layer.get_config()
+    config = layer_configs.config(layer)
     return [(key, getattr(layer, key), False) for key in ACTIVATION_CONFIG_KEYS
             if key in config and callable(getattr(layer, key, None))]
 
@@ -328,45 +337,83 @@ class _Swapper:
                 return self.model(layer, f"{path}{layer.name}/")
             if not isinstance(layer, keras.layers.Layer):  # a Keras 3 operation on tensors (x[:, 0]): no weights
                 return type(layer).from_config(layer.get_config())
-            new_layer, replaced = self.layer(layer, path)
-            rebuilt.append((layer, new_layer, replaced))
+            new_layer, replaced, inner = self.layer(layer, path)
+            rebuilt.append((layer, new_layer, replaced, inner))
             return new_layer
 
         new_model = keras.models.clone_model(model, clone_function=clone_function)
-        for old_layer, new_layer, replaced in rebuilt:
+        for old_layer, new_layer, replaced, inner in rebuilt:
             _check_output_shapes(old_layer, new_layer, path)
             if None not in replaced:  # a replaced stand-alone layer starts afresh
-                _copy_weights(old_layer, new_layer, replaced)
+                _copy_weights(old_layer, new_layer, replaced, inner)
         return new_model
 
+    def _replacement(self, layer, activation, stand_alone, where, attribute):
+        """The new activation for one site, the swap recorded; None where no rule changes it.
+
+        A stand-alone replacement is a layer, named as the one it replaces."""
+        rule = self.rule_for(layer, activation, stand_alone)
+        if rule is None or rule.new_function == computed_function(activation):
+            return None  # no match, or already what was asked for
+        dtype = layer_configs.config(layer).get("dtype")  # the host's policy: a float16 layer stays float16
+        new = rule.make(dtype, layer.name if stand_alone else None)
+        if stand_alone and not isinstance(new, keras.layers.Layer):
+            new = keras.layers.Activation(new, name=layer.name, dtype=dtype)
+        rule.matched += 1
+        self.created.add(id(new))
+        swap = Swap(where, attribute, describe(activation), rule.new_description)
+        self.swaps.append(swap)
+        logger.info("swapped %s", swap)
+        return new
+
     def layer(self, layer, path):
-        """(the new layer, the attributes whose activations it replaced: None for the whole layer)."""
-        config = layer.get_config()
+        """(the new layer, the attributes whose activations it replaced: None for the whole layer, and the
+        attribute paths of those its own code built)."""
+        config = layer_configs.config(layer)  # as its constructor takes it (keras-hub's ViT layers give more)
         replaced = []
-        stand_alone_replacement = None
         for attribute, activation, stand_alone in _activation_sites(layer, self.stand_alone_classes):
-            rule = self.rule_for(layer, activation, stand_alone)
-            if rule is None:
+            new = self._replacement(layer, activation, stand_alone, f"{path}{layer.name}", attribute)
+            if new is None:
                 continue
             if stand_alone:
-                new = rule.make(config.get("dtype"), layer.name)
-                stand_alone_replacement = new if isinstance(new, keras.layers.Layer) else keras.layers.Activation(
-                    new, name=layer.name, dtype=config.get("dtype"))
-                new_activation = stand_alone_replacement
-            else:
-                new_activation = rule.make(config.get("dtype"), None)
-                config[attribute] = new_activation
-            if rule.new_function == computed_function(activation):
-                continue  # already what was asked for
-            rule.matched += 1
+                return new, [None], []
+            config[attribute] = new
             replaced.append(attribute)
-            self.created.add(id(new_activation))
-            swap = Swap(f"{path}{layer.name}", attribute, describe(activation), rule.new_description)
-            self.swaps.append(swap)
-            logger.info("swapped %s", swap)
-        if stand_alone_replacement is not None and replaced:
-            return stand_alone_replacement, replaced
-        return type(layer).from_config(config), replaced
+        new_layer = type(layer).from_config(config)
+        if config != _plain_get_config(layer):
+            # Save the config the constructor takes: keras-hub's ViT layers give keys theirs refuses, which
+            # keras-hub's backbone never reads back but a .keras file of this model would.
+            new_layer.get_config = functools.partial(layer_configs.config, new_layer)
+        inner = self._inner_replacements(layer, new_layer, f"{path}{layer.name}.")
+        return (InnerActivations(new_layer, inner) if inner else new_layer), replaced, list(inner)
+
+    def _inner_replacements(self, layer, new_layer, where):
+        """{attribute path: new activation} for the activations `new_layer`'s own code builds (keras-hub's ViT
+        MLP), found once it is built as `layer` was; {} for a layer without sublayers.
+
+        The rules are asked about `layer`'s activations, and a site that `new_layer`'s constructor already
+        changed (keras-hub's TransformerEncoder passes its `activation` on) is left as it is."""
+        sublayers = sublayers_by_path(layer)
+        new_sublayers = sublayers_by_path(new_layer)
+        if sublayers.keys() - new_sublayers.keys():  # made in build(), as keras-hub's layers make theirs
+            build_config = layer.get_build_config() if hasattr(layer, "get_build_config") else None
+            if not layer.built or not build_config:
+                return {}
+            new_layer.build_from_config(build_config)
+            new_sublayers = sublayers_by_path(new_layer)
+        inner = {}
+        for sub_path, sublayer in sublayers.items():
+            if sub_path not in new_sublayers:
+                continue
+            new_sites = _activation_sites(new_sublayers[sub_path], self.stand_alone_classes)
+            for (attribute, activation, stand_alone), (_, built, _) in zip(
+                    _activation_sites(sublayer, self.stand_alone_classes), new_sites):
+                if computed_function(built) != computed_function(activation):
+                    continue
+                new = self._replacement(sublayer, activation, stand_alone, f"{where}{sub_path}", attribute)
+                if new is not None:
+                    inner[sub_path if stand_alone else f"{sub_path}.{attribute}"] = new
+        return inner
 
     def leftovers(self, model, path=""):
         """Paths of activations in `model` that match a rule but were out of reach."""
@@ -385,6 +432,13 @@ class _Swapper:
         return found
 
 
+def _plain_get_config(layer):
+    try:
+        return layer.get_config()
+    except (AttributeError, NotImplementedError):
+        return None
+
+
 def _output_shapes(layer):
     return sorted({tuple(tensor.shape) for node in layer._inbound_nodes
                    for tensor in tf.nest.flatten(node.output_tensors) if hasattr(tensor, "shape")}, key=repr)
@@ -398,11 +452,15 @@ def _check_output_shapes(old_layer, new_layer, path):
                          f"Received: layer={path}{old_layer.name}")
 
 
-def _copy_weights(old_layer, new_layer, replaced):
-    """Copy the layer's own weights in order, then those of the activation layers it kept."""
+def _copy_weights(old_layer, new_layer, replaced, inner):
+    """Copy the layer's own weights in order, then those of the activation layers it kept. The activations
+    replaced at the `inner` attribute paths (new_layer is then their InnerActivations) start afresh."""
     old_activations, new_activations = _activation_layers(old_layer), _activation_layers(new_layer)
     _build_activation_layers(new_layer)
-    pairs = [(_own_weights(old_layer, old_activations), _own_weights(new_layer, new_activations))]
+    old_inner = [value_at(old_layer, path) for path in inner]
+    new_inner = [value_at(new_layer.layer, path) for path in inner]
+    pairs = [(_own_weights(old_layer, [*old_activations.values(), *old_inner]),
+              _own_weights(new_layer, [*new_activations.values(), *new_inner]))]
     pairs += [(activation.weights, new_activations[attribute].weights)
               for attribute, activation in old_activations.items() if attribute not in replaced]
     for old_weights, new_weights in pairs:
@@ -415,8 +473,10 @@ def _copy_weights(old_layer, new_layer, replaced):
             new_weight.assign(old_weight.numpy())
 
 
-def _own_weights(layer, activation_layers):
-    theirs = {id(weight) for activation in activation_layers.values() for weight in activation.weights}
+def _own_weights(layer, activations):
+    """`layer`'s weights but those of `activations` (the layers among them)."""
+    theirs = {id(weight) for activation in activations if isinstance(activation, keras.layers.Layer)
+              for weight in activation.weights}
     return [weight for weight in layer.weights if id(weight) not in theirs]
 
 
@@ -469,6 +529,9 @@ def swap_activations(model, mapping, *, return_swaps=False):
 
     >>> import keras_gelu
     >>> from keras_gelu.flavour import keras
+from keras_gelu.inner_activations import InnerActivations
+from keras_gelu.inner_activations import sublayers_by_path
+from keras_gelu.inner_activations import value_at
     >>> relu_model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu", name="hidden")])
     >>> gelu_model, swaps = keras_gelu.swap_activations(relu_model, {"relu": "gelu_tanh"}, return_swaps=True)
     >>> [str(swap) for swap in swaps]

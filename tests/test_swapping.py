@@ -444,9 +444,46 @@ class _BlockWithOwnRelu(keras.layers.Layer):
         return self.inner(inputs)
 
 
+@keras.saving.register_keras_serializable(package="keras_gelu_tests")
+class _BlockWithLayersInADict(keras.layers.Layer):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.by_name = {"inner": keras.layers.Dense(4, activation="relu")}
+
+    def call(self, inputs):
+        return self.by_name["inner"](inputs)
+
+
+def _learnable_gelu(x, alpha, beta):
+    return x / (1.0 + np.exp(-(alpha * x + beta)))
+
+
+def test_an_activation_built_in_a_layers_own_code_is_swapped_and_saves_and_loads(tmp_path, rng):
+    inputs = keras.Input((4,))
+    first = keras.layers.Dense(4, activation="relu", name="first")
+    model = keras.Model(inputs, _BlockWithOwnRelu(name="block")(first(inputs)))
+    template = keras_gelu.LearnableGELU(alpha_initializer=keras.initializers.Constant(1.5),
+                                        beta_initializer=keras.initializers.Constant(0.25))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is left out of reach
+        swapped, swaps = keras_gelu.swap_activations(model, {"relu": template}, return_swaps=True)
+    assert [str(swap) for swap in swaps] == ["first.activation: relu -> LearnableGELU",
+                                             "block.inner.activation: relu -> LearnableGELU"]
+    # The reference: NumPy, on the original's weights (the swap copies them; the new activations start afresh)
+    x = rng.normal(size=(8, 4))
+    kernel_1, bias_1, kernel_2, bias_2 = (np.asarray(w, np.float64) for w in model.get_weights())
+    expected = _learnable_gelu(_learnable_gelu(x @ kernel_1 + bias_1, 1.5, 0.25) @ kernel_2 + bias_2, 1.5, 0.25)
+    np.testing.assert_allclose(_outputs(swapped, x.astype(np.float32)), expected, atol=SAME_FUNCTION_ATOL)
+    path = str(tmp_path / "swapped.keras")
+    swapped.save(path)
+    np.testing.assert_allclose(_outputs(keras.models.load_model(path), x.astype(np.float32)), expected,
+                               atol=SAME_FUNCTION_ATOL)
+
+
 def test_an_activation_out_of_reach_is_named_in_a_warning():
     inputs = keras.Input((4,))
-    model = keras.Model(inputs, _BlockWithOwnRelu(name="block")(keras.layers.Dense(4, activation="relu")(inputs)))
+    model = keras.Model(inputs, _BlockWithLayersInADict(name="block")(keras.layers.Dense(4, activation="relu")(
+        inputs)))
     with pytest.warns(UserWarning, match=r"built by their layer's own code.*\(inside block\)"):
         _, swaps = keras_gelu.swap_activations(model, {"relu": "gelu"}, return_swaps=True)
     assert len(swaps) == 1
@@ -534,3 +571,25 @@ def test_keras_hub_bert_backbone_tanh_gelu_swaps_to_sigmoid_and_saves(tmp_path, 
     swapped.save(path)
     np.testing.assert_allclose(keras.models.load_model(path)(inputs)["sequence_output"].numpy(), expected,
                                atol=SAME_FUNCTION_ATOL)
+
+
+@keras3_only
+def test_keras_hub_vit_gelu_built_in_its_mlp_code_swaps_and_saves(tmp_path, rng):
+    """ViT's MLP makes its Dense(activation="gelu") in its own build(): no argument reaches it."""
+    keras_hub = pytest.importorskip("keras_hub")
+    backbone = keras_hub.models.ViTBackbone(image_shape=(16, 16, 3), patch_size=8, num_layers=2, num_heads=2,
+                                            hidden_dim=8, mlp_dim=16)
+    swapped, swaps = keras_gelu.swap_activations(backbone, {"gelu": keras_gelu.gelu_sigmoid}, return_swaps=True)
+    assert [str(swap) for swap in swaps] == [
+        f"vit_encoder.encoder_layers.{block}.mlp.dense_1.activation: gelu_exact -> gelu_sigmoid" for block in (0, 1)]
+    # The reference: the backbone itself, its MLPs' activations patched by hand after a first call built them
+    x = rng.uniform(size=(2, 16, 16, 3)).astype(np.float32)
+    backbone(x)
+    encoder = backbone.get_layer("vit_encoder")
+    for block in encoder.encoder_layers:
+        block.mlp.dense_1.activation = keras_gelu.gelu_sigmoid
+    expected = backbone(x).numpy()
+    np.testing.assert_allclose(_outputs(swapped, x), expected, atol=SAME_FUNCTION_ATOL)
+    path = str(tmp_path / "vit_sigmoid_gelu.keras")  # keras-hub's ViT layers' own configs do not load back
+    swapped.save(path)
+    np.testing.assert_allclose(_outputs(keras.models.load_model(path), x), expected, atol=SAME_FUNCTION_ATOL)

@@ -13,7 +13,7 @@ import numpy as np
 
 from keras_gelu.flavour import keras
 from keras_gelu.qat.keras3 import composite
-from keras_gelu.qat.keras3 import copies
+from keras_gelu import layer_configs
 from keras_gelu.qat.keras3 import folding
 from keras_gelu.qat.keras3 import nesting
 from keras_gelu.qat.keras3 import ranges
@@ -120,7 +120,7 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
             # Its weights before its rule puts QuantizeSublayers (and their ranges) in place of its sublayers;
             # built by a symbolic call like the model's (a layer may make its sublayers' state in call()). An
             # `activation` it holds is its sublayers' (keras-hub's TransformerEncoder): split out of them there.
-            copy = copies.copy(layer, dtype="float32")
+            copy = layer_configs.copy(layer, dtype="float32")
             node = layer._inbound_nodes[0]
             fresh = keras.tree.map_structure(
                 lambda value: keras.KerasTensor(value.shape, value.dtype) if isinstance(value, keras.KerasTensor)
@@ -134,7 +134,7 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
         activation = splitting.split_activation(layer)
         if activation is not None:
             overrides["activation"] = "linear"
-        copy = copies.copy(layer, **overrides)
+        copy = layer_configs.copy(layer, **overrides)
         new = copy if isinstance(layer, UNCHANGED_VALUES) or layer.name in identities else quantized(copy)
         new_activation = None if activation is None else quantized(activation)
         if new_activation is not None:

@@ -26,6 +26,7 @@ report names the float ops that remain, and a rule for the layer
 import contextlib
 
 from keras_gelu.flavour import keras
+from keras_gelu.inner_activations import sublayer_slots
 from keras_gelu.flavour import register_serializable
 from keras_gelu.qat.keras3 import ranges as ranges_module
 from keras_gelu.qat.keras3 import splitting
@@ -57,19 +58,6 @@ def _mark_on_grid(outputs):
     if _on_grid:
         _on_grid[-1].extend(keras.tree.flatten(outputs))
     return outputs
-
-
-def sublayer_slots(layer):
-    """(container, key, sublayer) for each layer `layer` holds as an attribute, or in a list attribute."""
-    slots = []
-    for name, value in vars(layer).items():
-        if name == "_layers":  # Keras's own list of every tracked sublayer, held a second time
-            continue
-        if isinstance(value, keras.layers.Layer):
-            slots.append((layer, name, value))
-        elif isinstance(value, list) and value and all(isinstance(item, keras.layers.Layer) for item in value):
-            slots.extend((value, index, item) for index, item in enumerate(value))
-    return slots
 
 
 def _proxy(sublayer, mode, exact_as, apply=False):

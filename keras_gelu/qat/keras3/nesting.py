@@ -16,7 +16,7 @@ the user's model is neither changed nor shared. A nested model named in
 """
 
 from keras_gelu.flavour import keras
-from keras_gelu.qat.keras3 import copies
+from keras_gelu import layer_configs
 from keras_gelu.swapping import is_rebuildable
 
 
@@ -53,7 +53,7 @@ def flattened(model, keep_float=()):
             if within is not model and name in names:
                 name = f"{within.name}_{name}"
             names.add(name)
-            copy = copies.copy(operation, name=name) if isinstance(operation, keras.layers.Layer) \
+            copy = layer_configs.copy(operation, name=name) if isinstance(operation, keras.layers.Layer) \
                 else type(operation).from_config({**operation.get_config(), "name": name})
         made[id(operation)] = (operation, copy)
         return copy

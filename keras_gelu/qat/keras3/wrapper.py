@@ -2,7 +2,7 @@
 
 from keras_gelu.flavour import keras
 from keras_gelu.flavour import register_serializable
-from keras_gelu.qat.keras3 import copies
+from keras_gelu import layer_configs
 from keras_gelu.qat.keras3 import ranges as ranges_module
 
 
@@ -63,9 +63,9 @@ class QuantizeWrapper(keras.layers.Wrapper):
             return keras.tree.map_structure(lambda tensor: tensor.shape, spec)
 
     def get_config(self):
-        # The base Layer's config (Wrapper's would call the layer's get_config, which may fail: see `copies`)
+        # The base Layer's config (Wrapper's would call the layer's get_config, which may fail: see `layer_configs`)
         config = keras.layers.Layer.get_config(self)
-        config["layer"] = copies.serialized(self.layer)  # as the class's constructor takes it
+        config["layer"] = layer_configs.serialized(self.layer)  # as the class's constructor takes it
         config["rule"] = keras.saving.serialize_keras_object(self.rule)
         return config
 

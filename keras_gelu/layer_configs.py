@@ -1,12 +1,13 @@
-"""The QAT model's copies of layers, made from their configs, and the configs its saved files hold.
+"""Copies of layers made from their configs, and the configs saved files hold (QAT models, swapped layers).
 
 Some layers' `get_config` gives keys their constructor does not take
 (keras-hub's `ViTPatchingAndEmbedding` and `DeiTEmbeddings` add the derived
 `num_patches` and `num_positions`), or fails (keras-hub's `DeiTEncoder`
-reads a `key_dim` it never sets). keras-hub never rebuilds such a layer from
-its own config (a backbone is rebuilt from the backbone's arguments), but the
-QAT model copies layers one by one, and saves them so: it uses, and saves,
-the config without those keys; where `get_config` fails, the constructor's
+reads a `key_dim` it never sets; its ViT `MLP` has none, which Keras's
+default refuses). keras-hub never rebuilds such a layer from its own config
+(a backbone is rebuilt from the backbone's arguments), but the QAT model and
+`swap_activations` copy layers one by one, and save them so: with the config
+without those keys; where `get_config` fails, with the constructor's
 arguments as the layer holds them, under the same names.
 """
 
@@ -28,14 +29,21 @@ def _constructor_arguments(layer_class):
     return names
 
 
+def _base_config(layer):
+    """What keras.layers.Layer's constructor takes, as `layer` holds it."""
+    try:
+        return keras.layers.Layer.get_config(layer)
+    except NotImplementedError:  # Keras 3's, for a constructor taking arguments it did not record
+        return {"name": layer.name, "trainable": layer.trainable, "dtype": layer.dtype_policy.name}
+
+
 def config(layer, **overrides):
     """`layer`'s config (with `overrides`) as its class's constructor takes it."""
     accepted = _constructor_arguments(type(layer))
     try:
-        settings = layer.get_config()
-    except AttributeError:
-        settings = {**keras.layers.Layer.get_config(layer),
-                    **{name: getattr(layer, name) for name in accepted if name in vars(layer)}}
+        settings = type(layer).get_config(layer)  # the class's (swap_activations sets an instance's to this)
+    except (AttributeError, NotImplementedError):  # reads an attribute never set; Keras's default refuses
+        settings = {**_base_config(layer), **{name: getattr(layer, name) for name in accepted if name in vars(layer)}}
     settings.update(overrides)
     if isinstance(layer, keras.Model):  # a model's config is its graph, read by its own from_config
         return settings
