@@ -132,8 +132,10 @@ def _check_flags(parser, args):
     if args.dynamic_size < 1:
         parser.error("--dynamic-size must be >= 1")
     if not args.int8:
+        # A quantization-aware model converts to int8 for a target that runs int8, unasked: its limit may be set
+        int8_implied = args.target is not None and targets.TARGETS[args.target].takes_int8
         for flag, given in (("--calibration", args.calibration is not None), ("--int8-io", args.int8_io),
-                            ("--max-steps", args.max_steps is not None)):
+                            ("--max-steps", args.max_steps is not None and not int8_implied)):
             if given:
                 parser.error(f"{flag} applies to --int8 only")
     elif args.float16_weights:

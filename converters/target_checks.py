@@ -77,16 +77,19 @@ def per_sample(run, arrays):
 
 def check(tflite_model, target, allow_cpu_fallback):
     """{"on_target": {op: count}, "cpu_fallback": {op: count}}, or DoesNotFitTarget naming what does not run."""
-    on_target, fallback, missing, wrong_type = (collections.Counter() for _ in range(4))
+    on_target, fallback, missing, wrong_type, unsupported = (collections.Counter() for _ in range(5))
     for operator in reporting.operators(tflite_model):
         if target.ops is None or operator.name in target.ops:
             on_target[operator.name] += 1
             if target.output_types is not None and operator.output_type not in target.output_types:
                 wrong_type[f"{operator.name} ({operator.output_type})"] += 1
+            elif operator.output_type not in target.op_output_types.get(operator.name, {operator.output_type}):
+                unsupported[f"{operator.name} ({operator.output_type})"] += 1
         elif allow_cpu_fallback and target.fallback is not None and operator.name in target.fallback:
             fallback[operator.name] += 1
         else:
             missing[operator.name] += 1
+    missing += unsupported  # an op it has, on a type its kernel refuses
     if missing:
         hint = ""
         if target.fallback is not None and not allow_cpu_fallback and set(missing) <= target.fallback:

@@ -3,6 +3,8 @@
 Quantization-aware models are tested in test_quantization.py (tfmot, tf-keras).
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -186,5 +188,11 @@ def test_a_tight_max_steps_fails_and_writes_nothing(every_layer, tmp_path, capsy
     output = tmp_path / "model.tflite"
     code = cli.main([path, "--int8", "--calibration", "random:16", "--max-steps", "0", "-o", str(output)])
     assert code == converters.errors.ParityFailure.exit_code
-    assert "int8 steps" in capsys.readouterr().err
+    message = capsys.readouterr().err
     assert not output.exists()
+    # The message gives the measured steps and cosine, and the limit that accepts them: which does
+    steps = re.search(r"\((\d+) int8 steps at cosine 0\.\d{4} > 0\.0 int8 steps; pass --max-steps (\d+) to accept it\)",
+                      message)
+    assert steps and steps.group(1) == steps.group(2), message
+    code = cli.main([path, "--int8", "--calibration", "random:16", "--max-steps", steps.group(2), "-o", str(output)])
+    assert code == 0 and output.exists()

@@ -243,6 +243,43 @@ def test_a_model_that_does_not_fit_exits_13_and_writes_nothing(tmp_path, capsys)
     assert not output.exists()
 
 
+def test_an_op_on_a_type_its_kernel_refuses_does_not_fit(tmp_path):
+    """TFLite Micro has SELECT_V2 for int8, int16 and float32 (keras.ops.take's negative-index wrap is int32)."""
+
+    class Selects(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([1, 8], tf.int32, name="ids"),
+                                      tf.TensorSpec([1, 8], tf.float32, name="x")])
+        def __call__(self, ids, x):
+            # A scalar branch: the converter makes equal shapes a SELECT, which TFLite Micro lacks outright
+            return {"ids": tf.raw_ops.SelectV2(condition=ids < 0, t=ids + 8, e=tf.constant(0)),
+                    "x": tf.raw_ops.SelectV2(condition=x > 0.5, t=x, e=tf.constant(0.5))}
+
+    module = Selects()
+    tf.saved_model.save(module, str(tmp_path / "selects"), signatures={"serving_default": module.__call__})
+    tflite_model, _ = converters.convert(str(tmp_path / "selects"))
+    with pytest.raises(errors.DoesNotFitTarget) as refusal:
+        target_checks.check(tflite_model, targets.TARGETS["tflm"], allow_cpu_fallback=False)
+    assert "lacks 1 x SELECT_V2 (int32)" in refusal.value.message  # the float one runs there: not named
+
+
+def test_max_steps_goes_with_a_target_that_may_make_int8_but_not_with_a_float_conversion(tmp_path, capsys):
+    model_dir = str(tmp_path / "double")
+    module = _Double()
+    tf.saved_model.save(module, model_dir, signatures={"serving_default": module.__call__})
+    code = cli.main([model_dir, "--target", "tflm", "--max-steps", "3", "-o", str(tmp_path / "double.tflite")])
+    assert code == errors.BadInputs.exit_code
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "--max-steps applies to int8 conversions, and this one is float (the model is not quantization-aware): "
+        "pass --int8")
+    assert not (tmp_path / "double.tflite").exists()
+
+
+class _Double(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([1, 8], tf.float32, name="x")])
+    def __call__(self, x):
+        return {"y": 2.0 * x}
+
+
 class _TopK(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([1, 8], tf.float32, name="x")])
     def __call__(self, x):
