@@ -25,6 +25,7 @@ report names the float ops that remain, and a rule for the layer
 
 import contextlib
 
+from keras_gelu import layer_configs
 from keras_gelu.flavour import keras
 from keras_gelu.inner_activations import sublayer_slots
 from keras_gelu.flavour import register_serializable
@@ -86,10 +87,19 @@ def rule_or_composite(layer, mode, exact_as):
     return rule_for(layer, mode, exact_as) or composite_rule(layer, mode, exact_as)
 
 
+def _stood_in_for(layer):
+    """The sublayer slots of `layer` its QAT copy replaces with stand-ins: not those holding a constructor
+    argument (keras-hub's TransformerEncoder keeps its `activation` layer, which it hands to a Dense): a
+    stand-in there would be saved in the layer's config, and built into the Dense when the model loads."""
+    arguments = layer_configs.config(layer)
+    return [(container, key, sublayer) for container, key, sublayer in sublayer_slots(layer)
+            if not (container is layer and key in arguments)]
+
+
 def composite_rule(layer, mode, exact_as):
     """A CompositeRule for `layer` where it is a composite layer: sublayers, each with a rule (or composite in
     turn, or keeping values); else None."""
-    slots = sublayer_slots(layer)
+    slots = _stood_in_for(layer)
     if not slots:
         return None
     if all(_proxy(sublayer, mode, exact_as) for _, _, sublayer in slots):
@@ -174,7 +184,7 @@ class CompositeRule(QuantizeRule):
     def build(self, wrapper, layer):
         layer._tracker.unlock()  # Keras locks a built layer's state; the stand-ins are state of it
         try:
-            for container, key, sublayer in sublayer_slots(layer):
+            for container, key, sublayer in _stood_in_for(layer):
                 proxy = _proxy(sublayer, self.mode, self.exact_as, apply=True)
                 if isinstance(container, list):
                     container[key] = proxy
