@@ -149,7 +149,7 @@ def parse(argv=None):
     parser = _parser()
     args = parser.parse_args(argv)
     _check_flags(parser, args)
-    args.output = args.output or paths.default_output(args.model)
+    args.output = args.output or paths.default_output(args.model, args.mode or "builtin")
     return args
 
 

@@ -2,10 +2,8 @@
 
 import collections
 import contextlib
-import dataclasses
 import gc
 import logging
-import math
 import re
 import time
 import types
@@ -29,6 +27,7 @@ from . import signatures
 from . import target_checks
 from . import targets
 from . import tf_ops_as_builtins
+from . import tflite_input
 from . import trust
 from . import verify as parity
 
@@ -176,6 +175,9 @@ def convert(model, **options):
     a parity failure, in which case nothing is returned.
     """
     options = conversion_options.Options(**options)
+    tflite = tflite_input.read(model)
+    if tflite is not None:
+        return tflite_input.convert(*tflite, options)
     started = time.perf_counter()
     stages = dict.fromkeys(("load", "rewrite", "convert", "verify"), 0.0)  # where the time goes
     target = targets.TARGETS.get(options.target)
@@ -336,13 +338,6 @@ def _int8_setup(source, options, report):
     return samples, options.int8_io
 
 
-def _with_steps(comparison, scale):
-    """A comparison as a dict, with its max abs error in int8 output steps (None for float outputs)."""
-    entry = dataclasses.asdict(comparison)
-    entry["steps"] = None if scale is None else comparison.max_abs / scale
-    return entry
-
-
 def _verify(tflite_model, source, reference, options, report, target, arrays, source_outputs, batch_fixed):
     """Fill in the parity figures; `reference` is the rewritten graph as TFLite should compute it.
 
@@ -380,13 +375,14 @@ def _verify(tflite_model, source, reference, options, report, target, arrays, so
     for info, scale, (atol, rtol) in zip(source.outputs, scales, limits):
         fidelity = parity.compare(info.name, tflite_outputs[info.name], graph_outputs[info.name], atol, rtol)
         drift = parity.compare(info.name, tflite_outputs[info.name], source_outputs[info.name], drift_limit, 0.0)
-        report.fidelity.append(_with_steps(fidelity, scale))
-        report.drift.append(_with_steps(drift, scale))
+        report.fidelity.append(parity.with_steps(fidelity, scale))
+        report.drift.append(parity.with_steps(drift, scale))
     report.verified = True
     limit = f"atol {options.atol} + rtol {options.rtol}"
     if options.int8:
         limit = f"{report.tolerance['max_steps']} int8 steps"
-    _fail_unless_passed(report.fidelity, source, report, "the .tflite differs from the rewritten graph", limit)
+    parity.fail_unless_passed(report.fidelity, source.path, report, "the .tflite differs from the rewritten graph",
+                              limit)
     drifted = [c["output"] for c in report.drift if not c["passed"]]
     if drifted:
         worst = max(c["max_abs"] for c in report.drift)
@@ -400,25 +396,9 @@ def _verify(tflite_model, source, reference, options, report, target, arrays, so
             for info, scale, (atol, rtol), value in zip(source.outputs, scales, limits, on_target):
                 fidelity = parity.compare(info.name, value, graph_outputs[info.name], atol, rtol)
                 agreement = parity.compare(info.name, value, tflite_outputs[info.name], atol, rtol)
-                report.target["fidelity"].append(_with_steps(fidelity, scale))
-                report.target["agreement"].append(_with_steps(agreement, scale))
-            _fail_unless_passed(report.target["fidelity"], source, report,
+                report.target["fidelity"].append(parity.with_steps(fidelity, scale))
+                report.target["agreement"].append(parity.with_steps(agreement, scale))
+            parity.fail_unless_passed(report.target["fidelity"], source.path, report,
                                 f"{target.runtime} differs from the rewritten graph", limit)
-            _fail_unless_passed(report.target["agreement"], source, report,
+            parity.fail_unless_passed(report.target["agreement"], source.path, report,
                                 f"{target.runtime} differs from {report.runtime} on the same .tflite", limit)
-
-
-def _fail_unless_passed(comparisons, source, report, what, limit):
-    failures = [c for c in comparisons if not c["passed"]]
-    if not failures:
-        return
-    worst = max(comparisons, key=lambda c: c["max_abs"])
-    measured = f"max abs {worst['max_abs']:.3g}"
-    if worst.get("steps") is not None:
-        # A deep int8 model's roundings add up (measured: 19 steps at cosine 0.999 on an untrained DeiT): the
-        # user decides, knowing the cosine
-        steps = math.ceil(worst["steps"] - 1e-6)
-        measured = f"{steps} int8 steps at cosine {min(c['cosine'] for c in failures):.4f}"
-        limit = f"{limit}; pass --max-steps {steps} to accept it"
-    raise errors.ParityFailure(report, f"{source.path}: {what} on output(s) "
-                               f"{', '.join(c['output'] for c in failures)} ({measured} > {limit}); nothing written")

@@ -4,7 +4,7 @@ import flatbuffers
 from tensorflow.lite.python import schema_py_generated as schema
 from tensorflow.lite.tools import flatbuffer_utils
 
-_TFLITE_FILE_IDENTIFIER = b"TFL3"
+from . import paths
 
 
 def as_object(tflite_model):
@@ -24,5 +24,5 @@ def as_object(tflite_model):
 def as_bytes(model, size_hint):
     """Serialize a ModelT: the builder is sized for the model up front and its bytes copied out once."""
     builder = flatbuffers.Builder(size_hint + (1 << 20))
-    builder.Finish(model.Pack(builder), file_identifier=_TFLITE_FILE_IDENTIFIER)
+    builder.Finish(model.Pack(builder), file_identifier=paths.TFLITE_FILE_IDENTIFIER)
     return bytes(memoryview(builder.Bytes)[builder.Head():])

@@ -38,12 +38,12 @@ class Source:
     promoted_to_float32: bool
 
 
-def _first_line(error):
+def first_line(error):
     """The first line of an exception's message (at most 200 characters), or its type's name."""
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
-def _choose_signature(path, available, requested):
+def choose_signature(path, available, requested):
     """The signature to convert: `requested`, else serving_default, else the only one."""
     available = sorted(available)
     if not available:
@@ -68,8 +68,8 @@ def _saved_model_signature(path, directory, signature, trust_model):
     try:
         loaded = tf.saved_model.load(directory)
     except Exception as error:  # TF raises many types for a bad file
-        raise errors.CorruptModel(f"{path}: cannot read the SavedModel ({_first_line(error)})") from error
-    return loaded, _choose_signature(path, loaded.signatures.keys(), signature)
+        raise errors.CorruptModel(f"{path}: cannot read the SavedModel ({first_line(error)})") from error
+    return loaded, choose_signature(path, loaded.signatures.keys(), signature)
 
 
 def _quantize_scope_if_needed(path):
@@ -110,7 +110,7 @@ def _keras_to_saved_model(path, directory, trust_model):
             hint = " (a .keras file from Keras 3 needs TF_USE_LEGACY_KERAS unset)"
         elif KERAS_FLAVOUR == "keras3" and _mentions(path, "QuantizeWrapper"):
             hint = " (a tf-keras quantization-aware model: set TF_USE_LEGACY_KERAS=1, or convert its SavedModel)"
-        raise errors.CorruptModel(f"{path}: cannot load the Keras model{hint} ({_first_line(error)})") from error
+        raise errors.CorruptModel(f"{path}: cannot load the Keras model{hint} ({first_line(error)})") from error
     _export_keras_model(model, directory, path)
 
 
@@ -137,7 +137,7 @@ def _export_keras_model(model, directory, description):
         else:
             tf.saved_model.save(model, directory)
     except Exception as error:  # Keras raises many types for a model it cannot trace
-        raise errors.NotAModel(f"{description}: cannot export the Keras model for conversion ({_first_line(error)})") \
+        raise errors.NotAModel(f"{description}: cannot export the Keras model for conversion ({first_line(error)})") \
             from error
 
 

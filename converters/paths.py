@@ -9,6 +9,7 @@ import tempfile
 from . import errors
 
 KERAS_FILE_SUFFIXES = {".keras": ".keras", ".h5": ".h5", ".hdf5": ".h5"}
+TFLITE_FILE_IDENTIFIER = b"TFL3"
 
 
 def model_kind(path):
@@ -22,12 +23,22 @@ def model_kind(path):
     for suffix, kind in KERAS_FILE_SUFFIXES.items():
         if path.endswith(suffix):
             return kind
-    raise errors.NotAModel(f"{path}: not a SavedModel directory, .keras or .h5 file")
+    if path.endswith(".tflite") or is_tflite_file(path):
+        return ".tflite"
+    raise errors.NotAModel(f"{path}: not a SavedModel directory, .keras, .h5 or .tflite file")
 
 
-def default_output(model_path):
-    """<model>.tflite beside the input, without a Keras file's suffix."""
+def is_tflite_file(path):
+    """Whether the file at `path` is a TFLite flatbuffer, by its identifier: bytes 4 to 8 are "TFL3"."""
+    with open(path, "rb") as file:
+        return file.read(8)[4:8] == TFLITE_FILE_IDENTIFIER
+
+
+def default_output(model_path, mode="builtin"):
+    """<model>.tflite beside the input, without a Keras file's suffix; <model>_<mode>.tflite for a .tflite."""
     stripped = os.path.normpath(model_path)
+    if os.path.isfile(stripped) and model_kind(stripped) == ".tflite":
+        return (stripped[: -len(".tflite")] if stripped.endswith(".tflite") else stripped) + f"_{mode}.tflite"
     for suffix in KERAS_FILE_SUFFIXES:
         if stripped.endswith(suffix):
             stripped = stripped[: -len(suffix)]

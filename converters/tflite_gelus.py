@@ -1,0 +1,228 @@
+"""A .tflite's GELU ops, in every subgraph, replaced with the builtin ops of `replacements.RULES`.
+
+The route: each replacement is built in TensorFlow by the very function the
+graph path splices (`replacements.replacement_for`), converted by the stock
+TFLite converter into a one-GELU "snippet" model, and its operators, tensors
+and buffers are spliced into the .tflite in the GELU op's place (the schema's
+object API). So every op is the one the converter makes for that spelling,
+with the quantization its kernels want (LOGISTIC's fixed k/256 output grid),
+and no op semantics are written twice.
+
+An int8 GELU's snippet is quantized from the GELU op's own tensors: its input
+takes 256 values, on which the replacement's intermediates are evaluated for
+their ranges (as `int8.marker` does for a QAT graph); its output is the GELU
+op's output, scale and zero point. No calibration data is needed.
+"""
+
+import collections
+import dataclasses
+import math
+import warnings
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.lite.python import schema_py_generated as schema
+
+from keras_gelu import replacements
+from keras_gelu import vocabulary
+
+from . import flatbuffer_model
+from . import paths
+from . import int8 as integer
+
+_GELU = schema.BuiltinOperator.GELU
+_TYPES = {schema.TensorType.FLOAT32: tf.float32, schema.TensorType.INT8: tf.int8}
+
+
+def is_tflite(data):
+    """Whether `data` (bytes) is a TFLite flatbuffer, by its file identifier: bytes 4 to 8 are "TFL3"."""
+    return len(data) >= 8 and bytes(data[4:8]) == paths.TFLITE_FILE_IDENTIFIER
+
+
+@dataclasses.dataclass(frozen=True)
+class GeluOp:
+    subgraph: int
+    position: int  # in the subgraph's operators
+    approximate: bool
+    input: int  # tensor indices
+    output: int
+
+    @property
+    def function(self):
+        return "tanh" if self.approximate else "exact"
+
+
+def builtin_code(operator_code):
+    """An OperatorCodeT's builtin op (the schema keeps codes below 127 in a deprecated byte too)."""
+    return max(operator_code.builtinCode, operator_code.deprecatedBuiltinCode)
+
+
+def gelu_ops(model):
+    """Every GELU op of a ModelT, subgraph by subgraph."""
+    found = []
+    for subgraph_index, subgraph in enumerate(model.subgraphs or ()):
+        for position, operator in enumerate(subgraph.operators or ()):
+            if builtin_code(model.operatorCodes[operator.opcodeIndex]) == _GELU:
+                options = operator.builtinOptions
+                found.append(GeluOp(subgraph_index, position, bool(options is not None and options.approximate),
+                                    operator.inputs[0], operator.outputs[0]))
+    return found
+
+
+def _quantization(tensor):
+    """(scale, zero point) of a per-tensor quantized tensor, else None."""
+    parameters = tensor.quantization
+    if parameters is None or parameters.scale is None or len(parameters.scale) != 1:
+        return None
+    return float(parameters.scale[0]), int(parameters.zeroPoint[0])
+
+
+def _range(scale, zero_point):
+    """The float range an int8 tensor covers, as a FakeQuant's min and max."""
+    return (-128 - zero_point) * scale, (127 - zero_point) * scale
+
+
+def _converter(function, spec):
+    module = tf.Module()
+    module.function = tf.function(function, input_signature=[spec])
+    return tf.lite.TFLiteConverter.from_concrete_functions([module.function.get_concrete_function()], module)
+
+
+def _snippet(replacement, shape, quantized_input, quantized_output):
+    """A one-GELU .tflite computing `replacement` on a float32 (or, quantized, int8) tensor of `shape`."""
+    spec = tf.TensorSpec([None if size < 0 else size for size in shape], tf.float32)
+    if quantized_input is None:
+        return _converter(lambda x: replacement.build(x, 1.0), spec).convert()
+    low, high = _range(*quantized_input)
+    grid = ((np.arange(-128, 128) - quantized_input[1]) * quantized_input[0]).astype(np.float32)
+    mark = integer.fake_quantizer(replacements.intermediate_ranges(replacement.build, 1.0, grid))
+    out_low, out_high = _range(*quantized_output)
+
+    def quantized(x):
+        x = tf.quantization.fake_quant_with_min_max_args(x, min=low, max=high, num_bits=8)
+        y = replacement.build(x, 1.0, mark=mark)
+        return tf.quantization.fake_quant_with_min_max_args(y, min=out_low, max=out_high, num_bits=8)
+
+    converter = _converter(quantized, spec)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.inference_input_type = converter.inference_output_type = tf.int8
+    with warnings.catch_warnings():  # the ranges are the FakeQuants' own: there are no statistics to give
+        warnings.filterwarnings("ignore", message="Statistics for quantized inputs were expected")
+        return converter.convert()
+
+
+def _name(tensor):
+    return tensor.name.decode() if isinstance(tensor.name, bytes) else str(tensor.name)
+
+
+def gelu_table(approximate, input_quantization, output_quantization):
+    """The int8 GELU op's own lookup table, as TFLite's kernel fills it (LUTPopulate, in float32): the output
+    for each of the 256 inputs, indexed by input + 128."""
+    (input_scale, input_zero), (output_scale, output_zero) = input_quantization, output_quantization
+    x = np.float32(input_scale) * (np.arange(-128, 128, dtype=np.float32) - np.float32(input_zero))
+    if approximate:
+        gate = np.tanh(np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x * x * x))
+    else:
+        gate = np.array([math.erf(value) for value in (x * np.float32(math.sqrt(0.5))).astype(np.float64)])
+    scaled = np.float32(0.5) * x * (np.float32(1.0) + gate.astype(np.float32)) * (np.float32(1.0) /
+                                                                                 np.float32(output_scale))
+    whole = np.trunc(scaled)
+    rounded = whole + np.where(np.abs(scaled - whole) >= 0.5, np.sign(scaled), 0.0)  # std::round: half away
+    return np.clip(rounded + output_zero, -128, 127).astype(np.int8)
+
+
+def _table_snippet(table, shape):
+    """A .tflite looking an int8 tensor of `shape` up in `table` (256 int8 values, indexed by value + 128):
+    CAST, ADD, GATHER, exactly the GELU op's outputs."""
+    spec = tf.TensorSpec([None if size < 0 else size for size in shape], tf.int8)
+    constant = tf.constant(table, tf.int8)
+    return _converter(lambda x: tf.gather(constant, tf.cast(x, tf.int32) + 128), spec).convert()
+
+
+def _same_code(a, b):
+    return (builtin_code(a), a.customCode, a.version) == (builtin_code(b), b.customCode, b.version)
+
+
+def _splice(model, gelu, snippet):
+    """Replace the GELU op `gelu` of `model` by the operators of `snippet` (a ModelT of one subgraph)."""
+    subgraph, piece = model.subgraphs[gelu.subgraph], snippet.subgraphs[0]
+    (snippet_input,), (snippet_output,) = piece.inputs, piece.outputs
+    tensor_map = {snippet_input: gelu.input, snippet_output: gelu.output}
+    for index, tensor in enumerate(piece.tensors):
+        if index in tensor_map:
+            continue
+        if tensor.buffer:  # 0 is the schema's empty buffer
+            model.buffers.append(snippet.buffers[tensor.buffer])
+            tensor.buffer = len(model.buffers) - 1
+        tensor.name = _name(subgraph.tensors[gelu.output]) + f"/gelu_replacement/{index}"
+        subgraph.tensors.append(tensor)
+        tensor_map[index] = len(subgraph.tensors) - 1
+    code_map = {}
+    for index, code in enumerate(snippet.operatorCodes):
+        existing = [position for position, known in enumerate(model.operatorCodes) if _same_code(known, code)]
+        if not existing:
+            model.operatorCodes.append(code)
+            existing = [len(model.operatorCodes) - 1]
+        code_map[index] = existing[0]
+    operators = []
+    for operator in piece.operators:
+        operator.opcodeIndex = code_map[operator.opcodeIndex]
+        operator.inputs = [tensor_map[index] if index >= 0 else index for index in operator.inputs]
+        operator.outputs = [tensor_map[index] for index in operator.outputs]
+        operators.append(operator)
+    subgraph.operators[gelu.position:gelu.position + 1] = operators
+
+
+@dataclasses.dataclass
+class Rewritten:
+    tflite_model: bytes
+    gelus: list  # [{"pattern", "alpha", "became", "count"}], as the graph path reports
+    int8: bool  # an int8 GELU was among them
+    replaced: set  # {(function, Replacement)} of the GELUs replaced
+
+
+TABLE_OPS = frozenset({"CAST", "ADD", "GATHER"})
+TABLE_DESCRIPTION = "int8 table lookup (CAST/ADD/GATHER): the GELU op's own 256 outputs"
+
+
+def rewrite(tflite_model, mode, exact_as, table=True):
+    """(bytes of the .tflite with every GELU op replaced as `mode` and `exact_as` call for, the report's GELUs).
+
+    An int8 GELU op becomes, with `table`, a lookup of its own 256 outputs
+    (exact: the op's kernel is that very table); without, the int8 form of
+    the RULES replacement, whose LOGISTIC rounds onto TFLite's fixed k/256
+    grid: within a step of the op where its input's range is no wider than
+    its output's, a few more where it is (measured: 2 at [-3, 1]).
+    `tflite_model` must parse (a corrupt file raises from the object API)."""
+    model = flatbuffer_model.as_object(tflite_model)
+    found = gelu_ops(model)
+    became = collections.Counter()
+    replaced = set()
+    snippets = {}
+    quantized_any = False
+    # From the last op of each subgraph back: splicing one keeps the positions of those before it
+    for gelu in sorted(found, key=lambda op: (op.subgraph, -op.position)):
+        tensors = model.subgraphs[gelu.subgraph].tensors
+        source, destination = tensors[gelu.input], tensors[gelu.output]
+        quantized = source.type == schema.TensorType.INT8
+        quantized_any |= quantized
+        conversion_mode = vocabulary.conversion_mode(mode, int8=quantized)
+        replacement = replacements.replacement_for(gelu.function, conversion_mode, exact_as, quantized)
+        pattern = f"GELU op ({'approximate' if gelu.approximate else 'exact'}, {'int8' if quantized else 'float32'})"
+        if replacement.fused:  # native mode: the GELU op is what it would become
+            became[(pattern, "kept: GELU op")] += 1
+            continue
+        shape = tuple(int(size) for size in (source.shapeSignature if source.shapeSignature is not None
+                                             else source.shape))
+        quantizations = (_quantization(source), _quantization(destination)) if quantized else (None, None)
+        description = TABLE_DESCRIPTION if quantized and table else replacement.description
+        key = (gelu.function, shape, quantizations, description)
+        if key not in snippets:
+            snippets[key] = (_table_snippet(gelu_table(gelu.approximate, *quantizations), shape)
+                             if description == TABLE_DESCRIPTION else _snippet(replacement, shape, *quantizations))
+        _splice(model, gelu, flatbuffer_model.as_object(snippets[key]))
+        became[(pattern, description)] += 1
+        replaced.add((gelu.function, replacement))
+    gelus = [{"pattern": pattern, "alpha": 1.0, "became": description, "count": count}
+             for (pattern, description), count in sorted(became.items())]
+    return Rewritten(flatbuffer_model.as_bytes(model, len(tflite_model)), gelus, quantized_any, replaced)

@@ -1,0 +1,211 @@
+"""A .tflite as keras-gelu-convert's input: checked, its GELU ops rewritten (`tflite_gelus`), run against
+itself, fitted to --target and reported, as a TensorFlow graph is.
+
+A .tflite is known by its content (the flatbuffer identifier "TFL3"), and
+read through LiteRT's own flatbuffer verifier first, so that a truncated or
+corrupt file is refused in one line (exit 5) before the object API reads it.
+The original .tflite has the GELU op and runs in LiteRT: it is the
+reference. A rewrite that computes the GELU op's own function (the erf form
+of an exact GELU, the tanh form of a tanh GELU) is held to the float
+tolerance; an approximation (the sigmoid form) is measured and reported, and
+--max-drift bounds it. An int8 GELU becomes a lookup of its own 256 outputs
+(exact), or where the runtime lacks GATHER, LOGISTIC/MUL/ADD within a step or
+two; the model is held to --max-steps (default 1).
+"""
+
+import os
+import time
+
+import tensorflow as tf
+from tensorflow.lite.python import schema_py_generated as schema
+
+from keras_gelu import replacements
+from keras_gelu import vocabulary
+
+from . import errors
+from . import flatbuffer_model
+from . import integer_inputs
+from . import loading
+from . import report as reporting
+from . import target_checks
+from . import targets
+from . import tflite_gelus
+from . import verify as parity
+
+# An int8 GELU's replacement is within a step of the GELU op on all 256 inputs (tests/test_tflite_input.py).
+DEFAULT_INT8_STEPS = 1.0
+# The forms that compute the GELU op's own function, to float32 rounding: held to --atol/--rtol.
+_SAME_FUNCTION = {("exact", replacements.ERF_FORM), ("tanh", replacements.TANH_FORM)}
+
+
+def read(model):
+    """(bytes, the name the report gives it) where `model` is a .tflite (bytes, or a path to one), else None."""
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        data = bytes(model)
+        return (data, "<.tflite bytes>") if tflite_gelus.is_tflite(data) or not data else None
+    if not isinstance(model, (str, os.PathLike)) or not os.path.isfile(model):
+        return None
+    path = os.fspath(model)
+    with open(path, "rb") as file:
+        head = file.read(8)
+    if not tflite_gelus.is_tflite(head) and not path.endswith(".tflite"):
+        return None
+    with open(path, "rb") as file:
+        return file.read(), path
+
+
+def _checked(data, path):
+    """The model as LiteRT's verifier accepts it, else CorruptModel (exit 5)."""
+    if not tflite_gelus.is_tflite(data):
+        raise errors.CorruptModel(f"{path}: not a .tflite (no TFL3 flatbuffer identifier)")
+    interpreter_type, _ = parity.interpreter_class()
+    try:
+        interpreter_type(model_content=data)
+    except (ValueError, RuntimeError) as error:
+        raise errors.CorruptModel(f"{path}: not a valid .tflite ({loading.first_line(error)})") from error
+
+
+def _refuse_graph_flags(options, path, quantized, target):
+    """Flags that only make sense for a TensorFlow graph, refused in one line each (not what --target implies:
+    an Ethos-U's int8 inputs and outputs are the .tflite's business)."""
+    for given, flag, why in (
+            (options.trust_model, "--trust-model", "a .tflite runs no code of its own"),
+            (options.calibration, "--calibration", "its int8 ranges are in the file; requantizing is not in scope"),
+            (options.float16_weights, "--float16-weights", "its weights are kept as they are"),
+            (options.int8_io and not (target and target.int8_io), "--int8-io",
+             "its inputs and outputs are kept as they are"),
+            (options.mode == "select", "--mode select", "GELU ops become builtin (--mode builtin) or stay "
+                                                        "(--mode native)")):
+        if given:
+            raise errors.BadInputs(f"{path}: {flag} does not apply to a .tflite: {why}")
+    if options.int8 and not quantized:
+        who = f"--target {target.name} runs int8 models only, and" if target and target.int8 else "--int8 on"
+        raise errors.BadInputs(f"{path}: {who} a float .tflite: requantizing a .tflite is not in scope; convert "
+                               "the model it came from with --int8")
+
+
+def _signature(interpreter, path, requested):
+    """The signature the report names (the stock converter's from_concrete_functions writes none: None)."""
+    available = list(interpreter.get_signature_list())
+    if not available and requested is None:
+        return None
+    return loading.choose_signature(path, available, requested)
+
+
+def _names(interpreter, signature, details, key):
+    """Each tensor of `details` by its signature name, else by its tensor name."""
+    by_index = {}
+    if signature is not None:
+        runner = interpreter.get_signature_runner(signature)
+        runner_details = runner.get_input_details() if key == "inputs" else runner.get_output_details()
+        by_index = {detail["index"]: name for name, detail in runner_details.items()}
+    return [by_index.get(detail["index"], detail["name"]) for detail in details]
+
+
+def _input_infos(model, details, names):
+    """TensorInfos of the model's inputs: quantized ones as floats (the parity inputs are then quantized with
+    their own scales), integer ones with the values a GATHER reading them allows."""
+    subgraph = model.subgraphs[0]
+    bounds = {}
+    for operator in subgraph.operators or ():
+        code = tflite_gelus.builtin_code(model.operatorCodes[operator.opcodeIndex])
+        if code == schema.BuiltinOperator.GATHER and len(operator.inputs) > 1:
+            rows = int(subgraph.tensors[operator.inputs[0]].shape[0])
+            bounds[operator.inputs[1]] = min(rows, bounds.get(operator.inputs[1], rows))
+    infos = []
+    for name, detail in zip(names, details):
+        dtype = tf.as_dtype(detail["dtype"])
+        quantized = bool(detail["quantization"][0])
+        shape = tuple(None if size < 0 else int(size) for size in detail["shape_signature"])
+        values = None
+        if dtype.is_integer and not quantized and detail["index"] in bounds:
+            values = integer_inputs.IntegerValues(bounds[detail["index"]], mask=False)
+        infos.append(loading.TensorInfo(name, name, tf.float32 if quantized else dtype, shape, values))
+    return infos
+
+
+def _limits(options, rewritten, scales):
+    """(atol, rtol) per output, and the tolerance for the report."""
+    if rewritten.int8:
+        steps = DEFAULT_INT8_STEPS if options.max_steps is None else options.max_steps
+        # a step's worth of float32 rounding in the dequantized difference: 1 step is (1 + 1e-7) steps
+        return [((steps + 1e-3) * scale if scale else options.atol, 0.0) for scale in scales], {"max_steps": steps}
+    if rewritten.replaced <= _SAME_FUNCTION:
+        return [(options.atol, options.rtol)] * len(scales), {"atol": options.atol, "rtol": options.rtol}
+    return [(float("inf"), 0.0)] * len(scales), {"approximation": "measured, bounded by --max-drift only"}
+
+
+def convert(data, path, options):
+    """(the rewritten .tflite, Report) for a .tflite's bytes; `options` as for any input."""
+    started = time.perf_counter()
+    _checked(data, path)
+    model = flatbuffer_model.as_object(data)
+    quantized = any(tensor.type == schema.TensorType.INT8 for subgraph in model.subgraphs
+                    for tensor in subgraph.tensors or ())
+    target = targets.TARGETS.get(options.target)
+    _refuse_graph_flags(options, path, quantized, target)
+    interpreter_type, runtime = parity.interpreter_class()
+    signature = _signature(interpreter_type(model_content=data), path, options.signature)
+    report = reporting.Report(path, ".tflite", signature or "(none)", options.mode,
+                              vocabulary.resolve_exact_as(options.mode, options.exact_as))
+    # The int8 GELU's own table where the runtime has its three ops (not Ethos-U's NPU: LOGISTIC/MUL/ADD there)
+    table = target is None or target.ops is None or tflite_gelus.TABLE_OPS <= target.ops
+    rewritten = tflite_gelus.rewrite(data, options.mode, report.exact_as, table)
+    tflite_model = rewritten.tflite_model
+    report.gelus = rewritten.gelus
+    if not rewritten.gelus:
+        report.warnings.append("no GELU found: the .tflite is written as it was")
+    report.int8 = quantized
+    report.int8_ranges = "the .tflite's own"
+    report.ops = reporting.op_histogram(tflite_model)
+    if quantized:
+        report.op_types = reporting.typed_op_histogram(tflite_model)
+        report.float_ops = reporting.float_islands(tflite_model)
+    report.size_bytes = len(tflite_model)
+    if target is not None:
+        report.target = target_checks.section(target, options)
+        report.target["ops"] = target_checks.check(tflite_model, target, options.allow_cpu_fallback)
+    if options.verify:
+        _verify(data, tflite_model, model, signature, options, report, rewritten, target, runtime)
+    else:
+        report.not_verified_reason = "verification switched off (--no-verify)"
+    report.seconds = time.perf_counter() - started
+    return tflite_model, report
+
+
+def _verify(original, tflite_model, model, signature, options, report, rewritten, target, runtime):
+    interpreter_type, _ = parity.interpreter_class()
+    interpreter = interpreter_type(model_content=original)
+    input_details, output_details = interpreter.get_input_details(), interpreter.get_output_details()
+    names = _names(interpreter, signature, input_details, "inputs")
+    output_names = _names(interpreter, signature, output_details, "outputs")
+    arrays = parity.make_inputs(_input_infos(model, input_details, names), options.seed, options.dynamic_size,
+                                options.inputs)
+    ordered = [arrays[name] for name in names]
+    expected = dict(zip(output_names, parity.invoke(original, ordered)))
+    actual = dict(zip(output_names, parity.invoke(tflite_model, ordered)))
+    scale_of = dict(zip(model.subgraphs[0].outputs, reporting.output_scales(original)))
+    scales = [scale_of.get(detail["index"]) for detail in output_details]
+    limits, report.tolerance = _limits(options, rewritten, scales)
+    drift_limit = float("inf") if options.max_drift is None else options.max_drift
+    report.runtime = runtime
+    report.inputs_used = (f"inputs from {options.inputs}" if options.inputs
+                          else f"seeded random inputs (seed {options.seed})")
+    for (name, value), scale, (atol, rtol) in zip(expected.items(), scales, limits):
+        report.fidelity.append(parity.with_steps(parity.compare(name, actual[name], value, atol, rtol), scale))
+        report.drift.append(parity.with_steps(parity.compare(name, actual[name], value, drift_limit, 0.0), scale))
+    report.verified = True
+    limit = (f"{report.tolerance['max_steps']} int8 steps" if "max_steps" in report.tolerance
+             else f"atol {options.atol} + rtol {options.rtol}")
+    parity.fail_unless_passed(report.fidelity, report.input, report, "the rewritten .tflite differs from the "
+                              "original", limit)
+    parity.fail_unless_passed(report.drift, report.input, report, "the rewritten .tflite drifts from the original",
+                              f"--max-drift {options.max_drift}")
+    if target is not None:
+        on_target = target_checks.run_on_target(tflite_model, target, options, report, ordered, batch_fixed=False)
+        if on_target is not None:
+            for (name, value), scale, (atol, rtol), result in zip(expected.items(), scales, limits, on_target):
+                report.target["fidelity"].append(parity.with_steps(parity.compare(name, result, value, atol, rtol),
+                                                                   scale))
+            parity.fail_unless_passed(report.target["fidelity"], report.input, report,
+                                      f"{target.runtime} differs from the original .tflite", limit)

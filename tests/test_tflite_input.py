@@ -1,0 +1,201 @@
+""".tflite in, .tflite out: GELU ops from other tools replaced with builtin ops, checked against the GELU op.
+
+The sources are made here: the stock TFLite converter on tf.nn.gelu (float and
+full-integer int8) and Keras 3's own LiteRT export. The references are the
+original .tflite (its GELU op runs in LiteRT) and float64 math.erf.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+import tflite_helpers
+from conftest import IS_KERAS3
+from conftest import keras
+from keras_gelu.converters import cli
+from keras_gelu.converters import errors
+from keras_gelu.converters import tflite_gelus
+
+pytestmark = pytest.mark.legs("keras3")
+
+# float32 against float64 math.erf: the erf form's fit (6.5e-7) plus float32 rounding, on |x| <= 8.
+ERF_FORM_ATOL = 2e-6
+# The tanh form computes tanh GELU itself (Horner's form): float32 rounding only.
+TANH_FORM_ATOL = 2e-6
+# x sigmoid(1.702 x) against exact GELU: the approximation's own error, 0.0203 at |x| = 2.
+SIGMOID_FORM_ATOL = 0.021
+
+
+def _gelu64(x, approximate):
+    if approximate:
+        return [0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3))) for v in x]
+    return [0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x]
+
+
+def stock_gelu(approximate, int8=False, low=-6.0, high=6.0, width=256):
+    """The stock converter's .tflite of tf.nn.gelu on a (1, width) float input; int8: full-integer, inputs and
+    outputs int8, calibrated on [low, high]."""
+    module = tf.Module()
+    module.gelu = tf.function(lambda x: tf.nn.gelu(x, approximate=approximate),
+                              input_signature=[tf.TensorSpec([1, width], tf.float32)])
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.gelu.get_concrete_function()], module)
+    if int8:
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = lambda: ([np.linspace(low, high, width, dtype=np.float32)[None]]
+                                                     for _ in range(2))
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        converter.inference_input_type = converter.inference_output_type = tf.int8
+    return converter.convert()
+
+
+def _run_int8(tflite_model, values):
+    interpreter_type, _ = tflite_helpers.verify.interpreter_class()
+    interpreter = interpreter_type(model_content=tflite_model)
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], values)
+    interpreter.invoke()
+    return interpreter.get_tensor(interpreter.get_output_details()[0]["index"]).astype(np.int64)
+
+
+@pytest.mark.parametrize("approximate", [False, True], ids=["exact", "tanh"])
+@pytest.mark.parametrize("form", ["sigmoid", "tanh", "erf"])
+def test_float_gelu_ops_become_the_builtin_form_asked_for(approximate, form):
+    original = stock_gelu(approximate)
+    assert tflite_helpers.ops(original) == {"GELU": 1}
+    rewritten = tflite_gelus.rewrite(original, "builtin", form)
+    assert "GELU" not in tflite_helpers.ops(rewritten.tflite_model)
+    x = np.linspace(-8, 8, 256, dtype=np.float32)[None]
+    (actual,) = tflite_helpers.run(rewritten.tflite_model, x)
+    # tanh GELU has one builtin form whatever --form says (RULES): the tanh form
+    atol = TANH_FORM_ATOL if approximate else {"sigmoid": SIGMOID_FORM_ATOL, "tanh": 5e-4, "erf": ERF_FORM_ATOL}[form]
+    np.testing.assert_allclose(actual[0], _gelu64(x[0].astype(np.float64), approximate), atol=atol)
+
+
+@settings(max_examples=4)
+@given(low=st.floats(-12.0, -0.5), high=st.floats(0.5, 12.0), approximate=st.booleans())
+def test_an_int8_gelu_op_becomes_its_own_table_exact_on_all_256_inputs(low, high, approximate):
+    """Every value an int8 GELU's input takes, for input ranges drawn at random (the stock converter's
+    calibration on [low, high]): CAST, ADD and GATHER of the op's own outputs, step for step."""
+    original = stock_gelu(approximate, int8=True, low=low, high=high)
+    assert tflite_helpers.ops(original) == {"GELU": 1}
+    table = tflite_gelus.rewrite(original, "builtin", "tanh").tflite_model
+    assert set(tflite_helpers.ops(table)) == tflite_gelus.TABLE_OPS
+    values = np.arange(-128, 128, dtype=np.int8)[None]
+    np.testing.assert_array_equal(_run_int8(table, values), _run_int8(original, values))
+
+
+def test_without_gather_an_int8_gelu_becomes_logistic_mul_add_within_a_step_on_a_symmetric_range():
+    """For runtimes without GATHER (Ethos-U's NPU): the RULES form in int8, its intermediate ranges from the
+    256 input values. Input calibrated on [-6, 6], all 256 inputs. LOGISTIC's output sits on TFLite's fixed
+    k/256 grid, so x * sigmoid(...) is off by up to |x| / 512: within a step while the input's range is no
+    wider than the output's (measured elsewhere: 2 steps at [-3, 1], 8 at [-11, 1], where the table is exact)."""
+    values = np.arange(-128, 128, dtype=np.int8)[None]
+    worst = {}
+    for approximate in (False, True):
+        original = stock_gelu(approximate, int8=True)
+        for form in ("sigmoid", "tanh"):
+            rewritten = tflite_gelus.rewrite(original, "builtin", form, table=False).tflite_model
+            assert set(tflite_helpers.ops(rewritten)) <= {"MUL", "ADD", "LOGISTIC"}
+            steps = np.abs(_run_int8(rewritten, values) - _run_int8(original, values))
+            worst[("tanh" if approximate else "exact", form)] = (int(steps.max()), int((steps > 0).sum()))
+    assert all(maximum <= 1 for maximum, _ in worst.values()), worst
+
+
+def test_keras_litert_export_converts_with_the_cli(tmp_path, capsys):
+    if not IS_KERAS3:
+        pytest.skip("Keras 3's export(format='litert')")
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="gelu"), keras.layers.Dense(4)])
+    path = str(tmp_path / "dense_gelu.tflite")
+    model.export(path, format="litert", verbose=False)
+    with open(path, "rb") as file:
+        assert "GELU" in tflite_helpers.ops(file.read())
+    output = tmp_path / "dense_gelu_builtin.tflite"
+    assert cli.main([path, "--form", "erf"]) == 0  # the default output: beside it, named for the mode
+    report = capsys.readouterr().err
+    assert "1 x GELU op (exact, float32) -> exact, polynomial in LOGISTIC from builtins" in report
+    rewritten = output.read_bytes()
+    assert "GELU" not in tflite_helpers.ops(rewritten)
+    x = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32)
+    np.testing.assert_allclose(tflite_helpers.run(rewritten, x)[0], model(x).numpy(), atol=1e-5)
+
+
+def test_a_tflite_is_known_by_its_content_and_taken_as_bytes(tmp_path):
+    from keras_gelu import converters
+
+    original = stock_gelu(approximate=False)
+    path = tmp_path / "model.bin"
+    path.write_bytes(original)
+    from_file, report = converters.convert(str(path), exact_as="tanh")
+    from_bytes, _ = converters.convert(original, exact_as="tanh")
+    assert from_file == from_bytes and report.kind == ".tflite" and report.verified
+
+
+def test_a_tflite_without_gelu_is_written_as_it_was(tmp_path, capsys):
+    module = tf.Module()
+    module.f = tf.function(lambda x: tf.nn.relu(x) * 2.0, input_signature=[tf.TensorSpec([1, 4], tf.float32)])
+    original = tf.lite.TFLiteConverter.from_concrete_functions([module.f.get_concrete_function()], module).convert()
+    (tmp_path / "relu.tflite").write_bytes(original)
+    assert cli.main([str(tmp_path / "relu.tflite"), "-o", str(tmp_path / "out.tflite"), "--target", "tflm"]) == 0
+    assert "warning: no GELU found: the .tflite is written as it was" in capsys.readouterr().err
+    assert tflite_helpers.ops((tmp_path / "out.tflite").read_bytes()) == tflite_helpers.ops(original)
+
+
+@pytest.mark.parametrize("case, exit_code, message", [
+    ("truncated", errors.CorruptModel.exit_code, "not a valid .tflite"),
+    ("not a flatbuffer", errors.CorruptModel.exit_code, "not a .tflite (no TFL3 flatbuffer identifier)"),
+    ("--trust-model", errors.BadInputs.exit_code, "--trust-model does not apply to a .tflite"),
+    ("--calibration", errors.BadInputs.exit_code, "--calibration does not apply to a .tflite"),
+    ("--int8", errors.BadInputs.exit_code, "--int8 on a float .tflite: requantizing a .tflite is not in scope"),
+])
+def test_bad_tflite_input_is_one_line_and_writes_nothing(case, exit_code, message, tmp_path, capsys):
+    original = stock_gelu(approximate=False)
+    path = tmp_path / "model.tflite"
+    path.write_bytes({"truncated": original[: len(original) // 2], "not a flatbuffer": b"\x00" * 64}.get(
+        case, original))
+    flags = {"--trust-model": ["--trust-model"], "--calibration": ["--int8", "--calibration", "random:4"],
+             "--int8": ["--int8"]}.get(case, [])
+    assert cli.main([str(path), "-o", str(tmp_path / "out.tflite"), *flags]) == exit_code
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("keras-gelu-convert")]
+    assert message in line
+    assert not (tmp_path / "out.tflite").exists()
+
+
+def _stock_int8_model():
+    """A small model the stock converter quantizes to full int8 (int8 inputs and outputs): Dense, GELU, Dense."""
+    module = tf.Module()
+    rng = np.random.default_rng(3)
+    first, second = (tf.constant(rng.normal(0, 0.5, size=shape).astype(np.float32)) for shape in ((8, 32), (32, 4)))
+    module.f = tf.function(lambda x: tf.matmul(tf.nn.gelu(tf.matmul(x, first), approximate=False), second),
+                           input_signature=[tf.TensorSpec([1, 8], tf.float32)])
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.f.get_concrete_function()], module)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: ([rng.normal(0, 1, size=(1, 8)).astype(np.float32)] for _ in range(64))
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    converter.inference_input_type = converter.inference_output_type = tf.int8
+    return converter.convert()
+
+
+def test_an_int8_model_converts_bit_for_bit_and_runs_on_tflite_micro_and_the_ethos_u_npu(tmp_path):
+    """The stock converter's PTQ model: its GELU as its own table is the op itself, output for output. The
+    Ethos-U55 (Vela 5.2) runs the GELU op itself; in builtin mode, as its NPU has no GATHER, LOGISTIC/MUL."""
+    import importlib.util
+
+    from keras_gelu import converters
+
+    original = _stock_int8_model()
+    assert tflite_helpers.ops(original)["GELU"] == 1
+    rewritten, report = converters.convert(original, target="tflm", max_steps=0)
+    assert "GELU" not in report.ops and report.float_ops == {} and report.fidelity[0]["max_abs"] == 0.0
+    if importlib.util.find_spec("tflite_micro") is not None:
+        assert report.target["figures"]["arena_bytes"] > 0 and report.target["fidelity"][0]["max_abs"] == 0.0
+    if importlib.util.find_spec("ethosu") is not None:
+        for mode, became in (("native", "kept: GELU op"), ("builtin", "x*sigmoid(1.702x) from LOGISTIC/MUL")):
+            _, report = converters.convert(original, target="ethos-u55", mode=mode, max_steps=1)
+            assert report.gelus[0]["became"] == became  # Vela 5.2 runs the GELU op; builtin: no GATHER there
+            figures = report.target["figures"]
+            assert figures["cpu_operators"] == 0 < figures["npu_operators"], report.target
