@@ -165,7 +165,8 @@ class Report:
         for kind, comparisons in (("fidelity", target["fidelity"]), ("agreement", target["agreement"])):
             for c in comparisons:
                 steps = "" if c.get("steps") is None else f" ({c['steps']:.2f} int8 steps)"
-                against = "the rewritten graph" if kind == "fidelity" else self.runtime
+                reference = "the original .tflite" if self.kind == ".tflite" else "the rewritten graph"
+                against = reference if kind == "fidelity" else self.runtime
                 lines.append(f"  {c['output']} on the target vs {against}: max abs {c['max_abs']:.3g}{steps} "
                              + ("ok" if c["passed"] else "FAIL"))
         lines.extend(f"  note: {note}" for note in target["notes"])

@@ -4,8 +4,9 @@
   empty folder (a block that needs tf-keras sets TF_USE_LEGACY_KERAS itself,
   as a reader would).
 * Each `keras-gelu-convert` line of a ```sh block runs against the bundled
-  models it names (`bundled`: a SavedModel, a .keras and an .h5 file, int8
-  samples, and a quantization-aware model, as .keras and exported).
+  models it names (`bundled`: a SavedModel, a .keras and an .h5 file, Keras's
+  LiteRT export of the same model, int8 samples, and a quantization-aware
+  model, as .keras and exported).
 * `mkdocs build --strict` fails on a broken link, a missing anchor or a page
   left out of the nav.
 """
@@ -89,6 +90,7 @@ def bundled(tmp_path_factory):
     model.export(str(folder / "saved_model_dir"), verbose=False)
     model.save(str(folder / "model.keras"))
     model.save(str(folder / "model.h5"))
+    model.export(str(folder / "gelu_op.tflite"), format="litert", verbose=False)  # a .tflite with a GELU op
     np.savez(folder / "samples.npz", x[:64])
     qat_model = qat.quantize_model(model, calibration_data=x)
     qat_model.compile("adam", "mse")
