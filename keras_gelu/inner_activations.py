@@ -100,6 +100,7 @@ class InnerActivations(keras.layers.Wrapper):
             raise ValueError(f"InnerActivations needs at least one replacement. Received: activations={activations}")
         self.activations = {path: keras.activations.get(activation) if isinstance(activation, str) else activation
                             for path, activation in activations.items()}
+        self.replaced = False
         if self._reachable():
             self._replace()
 
@@ -114,19 +115,24 @@ class InnerActivations(keras.layers.Wrapper):
     def _replace(self):
         for path, activation in self.activations.items():
             replace_at(self.layer, path, activation)
+        self.replaced = True
 
     def build(self, input_shape=None):
-        if not self._reachable():  # the layer makes its sublayers in its build(), as keras-hub's layers do
-            self.layer.build(input_shape)  # as Keras builds a layer: on its first input's shape
+        if not self._reachable() and input_shape is not None and not self.layer.built:
+            # the layer makes its sublayers in build(), as keras-hub's do: built as Keras would, on the shape
+            self.layer.build(input_shape)
             self.layer.built = True
-        self._replace()  # again: a build() may have made its sublayers afresh
+        if self._reachable():
+            self._replace()  # again: the layer may have made its sublayers afresh
         self.built = True
 
     def call(self, *args, **kwargs):
+        if not self.replaced:
+            # Built without a shape (Keras gives none to a call(*args)): the layer makes its sublayers at its
+            # first call, then the replacements, then the call that counts
+            self.layer(*args, **kwargs)
+            self._replace()
         return self.layer(*args, **kwargs)
-
-    def compute_output_spec(self, *args, **kwargs):  # Keras 3's symbolic call (not every layer has a shape method)
-        return self.layer.compute_output_spec(*args, **kwargs)
 
     def get_config(self):
         # The base Layer's config: Wrapper's would call the layer's get_config, which may fail (`layer_configs`).

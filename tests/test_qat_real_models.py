@@ -192,7 +192,8 @@ def test_a_custom_composite_layer_is_quantized_through_and_its_own_arithmetic_ge
 
 def test_a_composite_keeps_the_activation_layer_it_takes_as_an_argument_through_save_and_load(tmp_path, rng):
     """As keras-hub's TransformerEncoder after swap_activations gives it our GELU layer: the layer holds its
-    `activation` argument and hands it to a Dense. The QAT copy must save that argument, not a stand-in."""
+    `activation` argument and hands it to a Dense. The QAT copy must save that argument, not the stand-in its
+    QAT copy holds (which, on load, was built into the Dense). A Wrapper's `layer` is such an argument too."""
 
     @keras.saving.register_keras_serializable(package="test_qat_real_models")
     class FeedForward(keras.layers.Layer):
@@ -216,6 +217,34 @@ def test_a_composite_keeps_the_activation_layer_it_takes_as_an_argument_through_
     model = keras.Model(inputs, FeedForward(keras_gelu.GELU("tanh"), name="ffn")(inputs))
     x = rng.normal(size=(32, 8)).astype(np.float32)
     qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
-    assert isinstance(qat.get_layer("quant_ffn").layer.activation, keras_gelu.GELU)  # the argument, as it was
+    saved = qat.get_layer("quant_ffn").get_config()["layer"]["config"]["activation"]
+    assert saved["class_name"] == "GELU", saved  # the argument as it was given, not the QAT stand-in
+    qat.save(str(tmp_path / "qat.keras"))
+    np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "qat.keras"))(x).numpy(), qat(x).numpy())
+
+
+def test_a_layer_whose_own_gelu_was_swapped_quantizes_saves_and_loads(tmp_path, rng):
+    """swap_activations wraps a layer whose own code builds its activation (keras-hub ViT's MLP) in
+    InnerActivations: QAT goes through the wrapper to the layer and its Dense, whose LearnableGELU gets its rule."""
+
+    @keras.saving.register_keras_serializable(package="test_qat_real_models")
+    class Block(keras.layers.Layer):
+        def build(self, input_shape):
+            self.inner = keras.layers.Dense(16, activation="gelu")  # made in build(), as keras-hub's MLP does
+            self.inner.build(input_shape)
+            self.outer = keras.layers.Dense(4)
+            self.outer.build((*input_shape[:-1], 16))
+
+        def call(self, x):
+            return self.outer(self.inner(x)) + x[..., :4]
+
+    inputs = keras.Input((8,))
+    model = keras.Model(inputs, Block(name="block")(inputs))
+    swapped = keras_gelu.swap_activations(model, {"gelu": keras_gelu.LearnableGELU})
+    x = rng.normal(size=(32, 8)).astype(np.float32)
+    qat = keras_gelu.qat.quantize_model(swapped, calibration_data=x)
+    names = [weight.path for weight in qat.weights]
+    assert any(name.endswith("_gelu/alpha_min") for name in names), names  # the LearnableGELU, quantized through
+    assert "quant_block/output_min" in names  # ... and the block's own `... + x[..., :4]` on a range
     qat.save(str(tmp_path / "qat.keras"))
     np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "qat.keras"))(x).numpy(), qat(x).numpy())

@@ -65,3 +65,26 @@ def test_the_multi_head_encoder_is_refused_under_tfmot_before_anything_is_writte
     assert exit_info.value.code == 2
     assert "needs Keras 3's QAT engine (TF_USE_LEGACY_KERAS=0)" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_real_model_recipe_checks_its_flags_before_anything_is_written(tmp_path, capsys):
+    """examples/qat_real_models.py trains for minutes: its flags and outputs are checked first. (Its steps run in
+    the suite on their own: test_swapping's keras-hub ViT swap, test_qat_real_models, test_keras3_qat's ConvNeXt.)"""
+    import qat_real_models
+
+    with pytest.raises(SystemExit) as exit_info:
+        qat_real_models.main(["--families", "vit,swin", "--output-dir", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err
+    if IS_KERAS3:
+        assert "unknown family swin; choose from convnext, vit, bert" in message
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "vit_learnable_qat.keras").write_bytes(b"trained for an hour")
+        with pytest.raises(SystemExit) as exit_info:
+            qat_real_models.main(["--families", "vit", "--output-dir", str(tmp_path / "out")])
+        assert exit_info.value.code == 7
+        assert "already holds vit_learnable_qat.keras; pass --force" in capsys.readouterr().err
+        assert (tmp_path / "out" / "vit_learnable_qat.keras").read_bytes() == b"trained for an hour"
+    else:
+        assert "needs Keras 3 (TF_USE_LEGACY_KERAS=0)" in message
+    assert not (tmp_path / "out" / "vit_exact_int8.tflite").exists()

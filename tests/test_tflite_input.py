@@ -15,13 +15,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import tflite_helpers
-from conftest import IS_KERAS3
 from conftest import keras
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
 from keras_gelu.converters import tflite_gelus
 
-pytestmark = pytest.mark.legs("keras3")
+# Flavour-independent (tf.Module sources): in the tf-keras leg, which has the time to spare; Keras 3's own export
+# in the Keras 3 leg.
+pytestmark = pytest.mark.legs("tf_keras")
 
 # float32 against float64 math.erf: the erf form's fit (6.5e-7) plus float32 rounding, on |x| <= 8.
 ERF_FORM_ATOL = 2e-6
@@ -106,9 +107,8 @@ def test_without_gather_an_int8_gelu_becomes_logistic_mul_add_within_a_step_on_a
     assert all(maximum <= 1 for maximum, _ in worst.values()), worst
 
 
+@pytest.mark.legs("keras3")
 def test_keras_litert_export_converts_with_the_cli(tmp_path, capsys):
-    if not IS_KERAS3:
-        pytest.skip("Keras 3's export(format='litert')")
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="gelu"), keras.layers.Dense(4)])
     path = str(tmp_path / "dense_gelu.tflite")
     model.export(path, format="litert", verbose=False)

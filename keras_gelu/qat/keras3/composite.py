@@ -25,7 +25,6 @@ report names the float ops that remain, and a rule for the layer
 
 import contextlib
 
-from keras_gelu import layer_configs
 from keras_gelu.flavour import keras
 from keras_gelu.inner_activations import sublayer_slots
 from keras_gelu.flavour import register_serializable
@@ -82,24 +81,39 @@ def _proxy(sublayer, mode, exact_as, apply=False):
     return QuantizeSublayer(sublayer, rule, activation)
 
 
+@contextlib.contextmanager
+def _stand_ins_withdrawn(layer):
+    """The sublayers of `layer` as they were, where QuantizeSublayers stand in for them, for the duration."""
+    stand_ins = [(container, key, sublayer) for container, key, sublayer in sublayer_slots(layer)
+                 if isinstance(sublayer, QuantizeSublayer)]
+
+    def put(values):
+        layer._tracker.unlock()
+        try:
+            for (container, key, _), value in zip(stand_ins, values):
+                if isinstance(container, list):
+                    container[key] = value
+                else:
+                    setattr(container, key, value)
+        finally:
+            layer._lock_state()
+
+    put([stand_in.layer for _, _, stand_in in stand_ins])
+    try:
+        yield
+    finally:
+        put([stand_in for _, _, stand_in in stand_ins])
+
+
 def rule_or_composite(layer, mode, exact_as):
     """The rule for `layer`: its own, or CompositeRule for a layer made of sublayers that have rules; or None."""
     return rule_for(layer, mode, exact_as) or composite_rule(layer, mode, exact_as)
 
 
-def _stood_in_for(layer):
-    """The sublayer slots of `layer` its QAT copy replaces with stand-ins: not those holding a constructor
-    argument (keras-hub's TransformerEncoder keeps its `activation` layer, which it hands to a Dense): a
-    stand-in there would be saved in the layer's config, and built into the Dense when the model loads."""
-    arguments = layer_configs.config(layer)
-    return [(container, key, sublayer) for container, key, sublayer in sublayer_slots(layer)
-            if not (container is layer and key in arguments)]
-
-
 def composite_rule(layer, mode, exact_as):
     """A CompositeRule for `layer` where it is a composite layer: sublayers, each with a rule (or composite in
     turn, or keeping values); else None."""
-    slots = _stood_in_for(layer)
+    slots = sublayer_slots(layer)
     if not slots:
         return None
     if all(_proxy(sublayer, mode, exact_as) for _, _, sublayer in slots):
@@ -184,7 +198,7 @@ class CompositeRule(QuantizeRule):
     def build(self, wrapper, layer):
         layer._tracker.unlock()  # Keras locks a built layer's state; the stand-ins are state of it
         try:
-            for container, key, sublayer in _stood_in_for(layer):
+            for container, key, sublayer in sublayer_slots(layer):
                 proxy = _proxy(sublayer, self.mode, self.exact_as, apply=True)
                 if isinstance(container, list):
                     container[key] = proxy
@@ -193,6 +207,13 @@ class CompositeRule(QuantizeRule):
         finally:
             layer._lock_state()
         wrapper.add_activation_range("output")
+
+    def layer_config(self, layer):
+        """The layer's config as it was before its stand-ins: one held as a constructor argument (keras-hub's
+        TransformerEncoder keeps the `activation` layer it hands its Dense; a Wrapper its `layer`) would
+        otherwise be saved, and built into the layer when the model loads."""
+        with _stand_ins_withdrawn(layer):
+            return super().layer_config(layer)
 
     # A composite called on several positional tensors (keras-hub's DeiTOutput(hidden, residual)) has them
     # packed as {"positional": [...]}; `build` takes the first one's shape, as Keras builds such a layer.

@@ -33,6 +33,7 @@ import math
 
 import numpy as np
 
+from keras_gelu import layer_configs
 from keras_gelu import replacements
 from keras_gelu.flavour import keras
 from keras_gelu.flavour import register_serializable
@@ -84,6 +85,10 @@ class QuantizeRule:
     def layer_arguments(self, inputs):
         """The wrapper's `inputs` (or their shapes) as the positional arguments of the layer's `build`."""
         return (inputs,)
+
+    def layer_config(self, layer):
+        """The layer as the QAT model's file saves it (`keras.saving.serialize_keras_object`'s form)."""
+        return layer_configs.serialized(layer)
 
     def get_config(self):
         return {}

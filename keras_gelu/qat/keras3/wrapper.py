@@ -2,7 +2,6 @@
 
 from keras_gelu.flavour import keras
 from keras_gelu.flavour import register_serializable
-from keras_gelu import layer_configs
 from keras_gelu.qat.keras3 import ranges as ranges_module
 
 
@@ -65,7 +64,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
     def get_config(self):
         # The base Layer's config (Wrapper's would call the layer's get_config, which may fail: see `layer_configs`)
         config = keras.layers.Layer.get_config(self)
-        config["layer"] = layer_configs.serialized(self.layer)  # as the class's constructor takes it
+        config["layer"] = self.rule.layer_config(self.layer)  # as the class's constructor takes it
         config["rule"] = keras.saving.serialize_keras_object(self.rule)
         return config
 
