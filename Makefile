@@ -78,6 +78,7 @@ recipes: $(INSTALLED)
 	done
 	TF_USE_LEGACY_KERAS=0 $(VENV_PYTHON) examples/qat_transformer.py --attention multi_head --force \
 	  --output-dir qat_transformer_output/keras3_multi_head
+	TF_USE_LEGACY_KERAS=0 $(VENV_PYTHON) examples/qat_real_models.py --force --output-dir qat_real_models_output
 
 # The ReLU -> GELU study (swap_activations on trained models, 5 seeds, two tasks; ~5 minutes).
 study: $(INSTALLED)

@@ -34,16 +34,21 @@ FUNCTIONS = keras_gelu.GELU_LAYER_FUNCTIONS
 class EpochProgress(keras.callbacks.Callback):
     """One line per epoch, rewritten in place on a terminal."""
 
-    def __init__(self, label, epochs):
+    def __init__(self, label, epochs, epoch_seconds=None):
         super().__init__()
         self.label, self.epochs = label, epochs
-        self.started = None
+        self.started = self.epoch_started = None
+        self.epoch_seconds = [] if epoch_seconds is None else epoch_seconds
         self.interactive = sys.stdout.isatty()
 
     def on_train_begin(self, logs=None):
         self.started = time.perf_counter()
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch_started = time.perf_counter()
+
     def on_epoch_end(self, epoch, logs=None):
+        self.epoch_seconds.append(time.perf_counter() - self.epoch_started)
         logs = logs or {}
         figures = "  ".join(f"{key} {value:.4f}" for key, value in logs.items())
         line = f"  {self.label}: epoch {epoch + 1}/{self.epochs}  {figures}  ({time.perf_counter() - self.started:.0f} s)"
@@ -59,11 +64,12 @@ def set_seed(seed):
     tf.config.experimental.enable_op_determinism()
 
 
-def train(model, x, y, epochs, learning_rate, label, batch_size=32):
+def train(model, x, y, epochs, learning_rate, label, batch_size=32, epoch_seconds=None):
+    """Train `model` on (x, y); each epoch's wall time is appended to `epoch_seconds`, where given."""
     model.compile(optimizer=keras.optimizers.Adam(learning_rate),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     model.fit(x, y, epochs=epochs, batch_size=batch_size, verbose=0, shuffle=True,
-              callbacks=[EpochProgress(label, epochs)])
+              callbacks=[EpochProgress(label, epochs, epoch_seconds)])
     return model
 
 
@@ -100,22 +106,25 @@ def save(tflite_model, path, force):
     write_atomically(tflite_model, path, force)
 
 
-def argument_parser(description, output_dir, epochs, qat_epochs, qat_learning_rate, width):
-    """The flags every recipe has, with its own defaults."""
+def argument_parser(description, output_dir, epochs, qat_epochs, qat_learning_rate, width=None, functions=FUNCTIONS):
+    """The flags every recipe has, with its own defaults (`epochs=None`: each model's own; `width=None`: no
+    --width flag)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--functions", default=",".join(FUNCTIONS),
+    parser.add_argument("--functions", default=",".join(functions),
                         help=f"GELU functions, comma-separated, of {', '.join(FUNCTIONS)}")
     parser.add_argument("--mode", choices=vocabulary.INT8_MODE_NAMES, default="builtin",
                         help="keras-gelu-convert mode of the int8 models (default builtin: no GELU op)")
     parser.add_argument("--form", choices=vocabulary.EXACT_AS, dest="exact_as",
                         help="how builtin mode computes exact GELU (default sigmoid; int8 computes erf as tanh)")
-    parser.add_argument("--epochs", type=int, default=epochs, help=f"float training epochs (default {epochs})")
+    parser.add_argument("--epochs", type=int, default=epochs,
+                        help=f"float training epochs (default {epochs or 'per model'})")
     parser.add_argument("--qat-epochs", type=int, default=qat_epochs,
                         help=f"quantization-aware epochs (default {qat_epochs})")
     parser.add_argument("--qat-learning-rate", type=float, default=qat_learning_rate,
                         help=f"quantization-aware learning rate (default {qat_learning_rate:g}: a fine-tune, "
                              "not a retrain)")
-    parser.add_argument("--width", type=int, default=width, help=f"model width (default {width})")
+    if width is not None:
+        parser.add_argument("--width", type=int, default=width, help=f"model width (default {width})")
     parser.add_argument("--calibration-samples", type=int, default=256,
                         help="samples that calibrate PTQ and start QAT's ranges (default 256)")
     parser.add_argument("--seed", type=int, default=0)
@@ -124,9 +133,10 @@ def argument_parser(description, output_dir, epochs, qat_epochs, qat_learning_ra
     return parser
 
 
-def parse_arguments(parser, argv, file_prefix, positive=(), check=None):
+def parse_arguments(parser, argv, file_prefix, positive=(), check=None, outputs=None):
     """Parsed flags, with `functions` as a list; exits with a one-line error on bad flags (`check(parser, args)`
-    checks a recipe's own) or existing outputs, before anything is written."""
+    checks a recipe's own) or existing outputs, before anything is written. The outputs are
+    `<file_prefix>_<function>_int8.tflite`, or the file names `outputs(args)` gives."""
     args = parser.parse_args(argv)
     if check is not None:
         check(parser, args)
@@ -135,23 +145,24 @@ def parse_arguments(parser, argv, file_prefix, positive=(), check=None):
     if unknown:
         parser.error(f"unknown GELU function(s) {', '.join(unknown)}; choose from {', '.join(FUNCTIONS)}")
     for name in ("epochs", "qat_epochs", "width", "calibration_samples", *positive):
-        if getattr(args, name) < 1:
+        if getattr(args, name, None) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.exact_as is not None and not vocabulary.MODES[args.mode].exact_as:
         parser.error(f"--form applies to --mode builtin only (got --mode {args.mode})")
     if not args.qat_learning_rate > 0:
         parser.error("--qat-learning-rate must be > 0")
     args.file_prefix = file_prefix
-    existing = [function for function in args.functions if os.path.exists(_output_path(args, function))]
+    names = outputs(args) if outputs is not None else [_output_name(args, function) for function in args.functions]
+    existing = [name for name in names if os.path.exists(os.path.join(args.output_dir, name))]
     if existing and not args.force:
-        parser.exit(7, f"{parser.prog}: error: {args.output_dir} already holds int8 models for "
-                       f"{', '.join(existing)}; pass --force to overwrite them\n")
+        parser.exit(7, f"{parser.prog}: error: {args.output_dir} already holds {', '.join(existing)}; pass --force "
+                       "to overwrite them\n")
     os.makedirs(args.output_dir, exist_ok=True)
     return args
 
 
-def _output_path(args, function):
-    return os.path.join(args.output_dir, f"{args.file_prefix}_{function}_int8.tflite")
+def _output_name(args, function):
+    return f"{args.file_prefix}_{function}_int8.tflite"
 
 
 def compare_float_ptq_qat(function, build_model, data, args, input_name, learning_rate, batch_size=32,
@@ -175,7 +186,7 @@ def compare_float_ptq_qat(function, build_model, data, args, input_name, learnin
     qat_logits = qat_model.predict(x_test, verbose=0)
     int8_model, report = to_int8(qat_model, args.mode, args.exact_as, check_inputs=check_inputs)
     int8_logits = tflite_outputs(int8_model, x_test)
-    save(int8_model, _output_path(args, function), args.force)
+    save(int8_model, os.path.join(args.output_dir, _output_name(args, function)), args.force)
     return {
         "function": function,
         "float": float_accuracy,

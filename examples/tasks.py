@@ -22,16 +22,19 @@ def load_digits_split(seed):
     return x_train, y_train, x_test, y_test
 
 
-def make_sequence_task(count, seed):
-    """(features, labels): one-hot tokens and one-hot positions; the most frequent of tokens 0 to CLASSES - 1.
-
-    Sequences of SEQUENCE_LENGTH tokens out of VOCABULARY; ties go to the
-    smaller token. Counting across the sequence is what attention is for.
-    """
+def make_token_task(count, seed):
+    """(tokens, labels): sequences of SEQUENCE_LENGTH token ids out of VOCABULARY; the label is the most frequent
+    of tokens 0 to CLASSES - 1, ties going to the smaller token. Counting across the sequence is what attention
+    is for."""
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, VOCABULARY, size=(count, SEQUENCE_LENGTH))
     counts = np.stack([(tokens == token).sum(axis=1) for token in range(CLASSES)], axis=1)
-    labels = np.argmax(counts, axis=1)  # argmax takes the first maximum: ties go to the smaller token
+    return tokens.astype(np.int32), np.argmax(counts, axis=1)  # argmax takes the first maximum
+
+
+def make_sequence_task(count, seed):
+    """(features, labels): the token task (`make_token_task`) as one-hot tokens and one-hot positions."""
+    tokens, labels = make_token_task(count, seed)
     features = np.concatenate([np.eye(VOCABULARY, dtype=np.float32)[tokens],
                                np.broadcast_to(np.eye(SEQUENCE_LENGTH, dtype=np.float32),
                                                (count, SEQUENCE_LENGTH, SEQUENCE_LENGTH))], axis=-1)
