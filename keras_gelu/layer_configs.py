@@ -29,6 +29,12 @@ def _constructor_arguments(layer_class):
     return names
 
 
+def _reads_its_own_config(layer_class):
+    """Whether the class overrides from_config (tf-keras's MultiHeadAttention pops the shapes it saved)."""
+    return getattr(layer_class.from_config, "__func__", None) is not getattr(keras.layers.Layer.from_config,
+                                                                             "__func__", None)
+
+
 def _base_config(layer):
     """What keras.layers.Layer's constructor takes, as `layer` holds it."""
     try:
@@ -45,8 +51,8 @@ def config(layer, **overrides):
     except (AttributeError, NotImplementedError):  # reads an attribute never set; Keras's default refuses
         settings = {**_base_config(layer), **{name: getattr(layer, name) for name in accepted if name in vars(layer)}}
     settings.update(overrides)
-    if isinstance(layer, keras.Model):  # a model's config is its graph, read by its own from_config
-        return settings
+    if isinstance(layer, keras.Model) or _reads_its_own_config(type(layer)):
+        return settings  # a model's config is its graph; a class with its own from_config reads what it wrote
     return {key: value for key, value in settings.items() if key in accepted}
 
 

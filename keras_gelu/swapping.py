@@ -394,12 +394,19 @@ class _Swapper:
         The rules are asked about `layer`'s activations, and a site that `new_layer`'s constructor already
         changed (keras-hub's TransformerEncoder passes its `activation` on) is left as it is."""
         sublayers = sublayers_by_path(layer)
+        if not any(self.would_change(sublayer, activation, stand_alone) for sublayer in sublayers.values()
+                   for _, activation, stand_alone in _activation_sites(sublayer, self.stand_alone_classes)):
+            return {}
         new_sublayers = sublayers_by_path(new_layer)
         if sublayers.keys() - new_sublayers.keys():  # made in build(), as keras-hub's layers make theirs
             build_config = layer.get_build_config() if hasattr(layer, "get_build_config") else None
             if not layer.built or not build_config:
                 return {}
-            new_layer.build_from_config(build_config)
+            try:
+                new_layer.build_from_config(build_config)
+            except Exception:  # noqa: BLE001 - a layer that cannot build from its own build config: out of reach
+                logger.debug("could not build %s from its build config", layer.name)
+                return {}
             new_sublayers = sublayers_by_path(new_layer)
         inner = {}
         for sub_path, sublayer in sublayers.items():

@@ -303,11 +303,11 @@ def test_hugging_face_bert_runs_in_tflite_micro(hugging_face_cases, int8):
 
 @pytest.mark.slow
 @needs_tflm
-def test_keras_hub_bert_is_refused_by_tflite_micro_in_its_own_words(keras_hub_cases):
-    """keras-hub's BERT selects on its int32 padding mask; TFLM's SELECT_V2 takes int8/int16/float32 only.
-    The op table cannot see types per op: the run in TFLM does, and the refusal is TFLM's own line."""
+def test_keras_hub_bert_is_refused_by_tflite_micro_before_it_runs(keras_hub_cases):
+    """keras-hub's BERT selects on its int32 padding mask; TFLM's SELECT_V2 takes int8/int16/float32 only
+    (tflite-micro's kernels/select.cc, which the op table now holds per op): refused before TFLM runs it."""
     case = keras_hub_cases["keras_hub_bert-exported"]
     shapes = {name: (1, SEQUENCE) for name in case.arrays}  # --input-shape: exported with open axes
-    with pytest.raises(errors.TargetRejected, match=r"TFLite Micro failed to run the model: Does not support type "
-                                                     r"other than int8\|int16\|float32, but got INT32"):
+    with pytest.raises(errors.DoesNotFitTarget, match=r"TensorFlow Lite for Microcontrollers lacks \d+ x "
+                                                      r"SELECT_V2 \(int32\)"):
         converters.convert(case.path, target="tflm", input_shapes=shapes, inputs=case.inputs_npz)
