@@ -47,7 +47,10 @@ demo: $(INSTALLED)
 # tf-keras's LayerNormalization is the pattern oneDNN fuses.
 # The legs run two at a time, as do the two installs: each leg is one pytest
 # process, mostly single-threaded Python, so a 2-core machine runs two at once.
+# The installs come first, so that the two long legs start together and the short one takes the first free core
+# (started beside them, it held back the tf-keras leg by its whole length).
 test:
+	$(MAKE) --jobs=2 install install-tf218
 	$(MAKE) --jobs=2 --output-sync=target test-keras3 test-tf-keras test-tf218
 
 test-keras3: $(INSTALLED)
