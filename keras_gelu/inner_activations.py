@@ -53,33 +53,41 @@ def sublayers_by_path(layer):
     return found
 
 
-def _container_and_key(layer, path):
+def _slot_at(layer, path):
+    """(the layer whose state it is, container, key) of the slot at attribute path `path` under `layer`."""
     *steps, last = path.split(".")
-    container = layer
+    owner = container = layer
     for step in steps:
         container = container[int(step)] if isinstance(container, list) else getattr(container, step)
-    return container, (int(last) if isinstance(container, list) else last)
+        if isinstance(container, keras.layers.Layer):
+            owner = container
+    return owner, container, (int(last) if isinstance(container, list) else last)
+
+
+def set_slot(owner, container, key, value):
+    """Put `value` in `container` (`owner` itself, or a list it holds) at `key`, as state of `owner`: Keras 3
+    locks a built layer's state, which a new sublayer is."""
+    tracker = getattr(owner, "_tracker", None)
+    locked = tracker is not None and owner.built
+    if locked:
+        tracker.unlock()
+    try:
+        if isinstance(container, list):
+            container[key] = value
+        else:
+            setattr(container, key, value)
+    finally:
+        if locked:
+            owner._lock_state()
 
 
 def replace_at(layer, path, value):
     """Set what `layer` holds at attribute path `path` to `value`, as state of the layer holding it."""
-    container, key = _container_and_key(layer, path)
-    if isinstance(container, list):
-        container[key] = value
-        return
-    tracker = getattr(container, "_tracker", None)  # Keras 3 locks a built layer's state
-    if tracker is None or not container.built:
-        setattr(container, key, value)
-        return
-    tracker.unlock()
-    try:
-        setattr(container, key, value)
-    finally:
-        container._lock_state()
+    set_slot(*_slot_at(layer, path), value)
 
 
 def value_at(layer, path):
-    container, key = _container_and_key(layer, path)
+    _, container, key = _slot_at(layer, path)
     return container[key] if isinstance(container, list) else getattr(container, key)
 
 
@@ -94,8 +102,6 @@ class InnerActivations(keras.layers.Wrapper):
     def __init__(self, layer, activations, **kwargs):
         kwargs.setdefault("name", layer.name)
         super().__init__(layer, **kwargs)
-        # Its constructor's arguments, fixed: `self.layer` may be stood in for later (by QAT's CompositeRule)
-        self.layer_config = layer_configs.serialized(layer)
         if not activations:
             raise ValueError(f"InnerActivations needs at least one replacement. Received: activations={activations}")
         self.activations = {path: keras.activations.get(activation) if isinstance(activation, str) else activation
@@ -107,7 +113,7 @@ class InnerActivations(keras.layers.Wrapper):
     def _reachable(self):
         try:
             for path in self.activations:
-                _container_and_key(self.layer, path)
+                _slot_at(self.layer, path)
         except (AttributeError, IndexError):
             return False
         return True
@@ -136,7 +142,7 @@ class InnerActivations(keras.layers.Wrapper):
 
     def get_config(self):
         # The base Layer's config: Wrapper's would call the layer's get_config, which may fail (`layer_configs`).
-        return {**keras.layers.Layer.get_config(self), "layer": self.layer_config,
+        return {**keras.layers.Layer.get_config(self), "layer": layer_configs.serialized(self.layer),
                 "activations": {path: keras.saving.serialize_keras_object(activation)
                                 for path, activation in self.activations.items()}}
 

@@ -536,9 +536,6 @@ def swap_activations(model, mapping, *, return_swaps=False):
 
     >>> import keras_gelu
     >>> from keras_gelu.flavour import keras
-from keras_gelu.inner_activations import InnerActivations
-from keras_gelu.inner_activations import sublayers_by_path
-from keras_gelu.inner_activations import value_at
     >>> relu_model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu", name="hidden")])
     >>> gelu_model, swaps = keras_gelu.swap_activations(relu_model, {"relu": "gelu_tanh"}, return_swaps=True)
     >>> [str(swap) for swap in swaps]

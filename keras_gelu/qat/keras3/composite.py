@@ -26,6 +26,7 @@ report names the float ops that remain, and a rule for the layer
 import contextlib
 
 from keras_gelu.flavour import keras
+from keras_gelu.inner_activations import set_slot
 from keras_gelu.inner_activations import sublayer_slots
 from keras_gelu.flavour import register_serializable
 from keras_gelu.qat.keras3 import ranges as ranges_module
@@ -83,26 +84,24 @@ def _proxy(sublayer, mode, exact_as, apply=False):
 
 @contextlib.contextmanager
 def _stand_ins_withdrawn(layer):
-    """The sublayers of `layer` as they were, where QuantizeSublayers stand in for them, for the duration."""
-    stand_ins = [(container, key, sublayer) for container, key, sublayer in sublayer_slots(layer)
-                 if isinstance(sublayer, QuantizeSublayer)]
+    """The sublayers of `layer` as they were, where QuantizeSublayers stand in for them (at any depth: a
+    composite's stand-in holds a composite with stand-ins of its own), for the duration."""
+    stand_ins = []
 
-    def put(values):
-        layer._tracker.unlock()
-        try:
-            for (container, key, _), value in zip(stand_ins, values):
-                if isinstance(container, list):
-                    container[key] = value
-                else:
-                    setattr(container, key, value)
-        finally:
-            layer._lock_state()
+    def collect(owner):
+        for container, key, sublayer in sublayer_slots(owner):
+            if isinstance(sublayer, QuantizeSublayer):
+                stand_ins.append((owner, container, key, sublayer))
+                collect(sublayer.layer)
 
-    put([stand_in.layer for _, _, stand_in in stand_ins])
+    collect(layer)
+    for owner, container, key, stand_in in stand_ins:
+        set_slot(owner, container, key, stand_in.layer)
     try:
         yield
     finally:
-        put([stand_in for _, _, stand_in in stand_ins])
+        for owner, container, key, stand_in in stand_ins:
+            set_slot(owner, container, key, stand_in)
 
 
 def rule_or_composite(layer, mode, exact_as):
@@ -196,16 +195,8 @@ class CompositeRule(QuantizeRule):
         self.mode, self.exact_as = mode, exact_as
 
     def build(self, wrapper, layer):
-        layer._tracker.unlock()  # Keras locks a built layer's state; the stand-ins are state of it
-        try:
-            for container, key, sublayer in sublayer_slots(layer):
-                proxy = _proxy(sublayer, self.mode, self.exact_as, apply=True)
-                if isinstance(container, list):
-                    container[key] = proxy
-                else:
-                    setattr(container, key, proxy)
-        finally:
-            layer._lock_state()
+        for container, key, sublayer in sublayer_slots(layer):
+            set_slot(layer, container, key, _proxy(sublayer, self.mode, self.exact_as, apply=True))
         wrapper.add_activation_range("output")
 
     def layer_config(self, layer):
