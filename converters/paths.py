@@ -23,15 +23,22 @@ def model_kind(path):
     for suffix, kind in KERAS_FILE_SUFFIXES.items():
         if path.endswith(suffix):
             return kind
-    if path.endswith(".tflite") or is_tflite_file(path):
+    if is_tflite_path(path):
         return ".tflite"
     raise errors.NotAModel(f"{path}: not a SavedModel directory, .keras, .h5 or .tflite file")
 
 
-def is_tflite_file(path):
-    """Whether the file at `path` is a TFLite flatbuffer, by its identifier: bytes 4 to 8 are "TFL3"."""
+def is_tflite(data):
+    """Whether `data` (bytes) is a TFLite flatbuffer, by its file identifier: bytes 4 to 8 are "TFL3"."""
+    return len(data) >= 8 and bytes(data[4:8]) == TFLITE_FILE_IDENTIFIER
+
+
+def is_tflite_path(path):
+    """Whether the file at `path` is given as a .tflite: by its name, or by its content."""
+    if path.endswith(".tflite"):
+        return True
     with open(path, "rb") as file:
-        return file.read(8)[4:8] == TFLITE_FILE_IDENTIFIER
+        return is_tflite(file.read(8))
 
 
 def default_output(model_path, mode="builtin"):

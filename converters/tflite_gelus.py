@@ -27,16 +27,10 @@ from keras_gelu import replacements
 from keras_gelu import vocabulary
 
 from . import flatbuffer_model
-from . import paths
 from . import int8 as integer
 
 _GELU = schema.BuiltinOperator.GELU
 _TYPES = {schema.TensorType.FLOAT32: tf.float32, schema.TensorType.INT8: tf.int8}
-
-
-def is_tflite(data):
-    """Whether `data` (bytes) is a TFLite flatbuffer, by its file identifier: bytes 4 to 8 are "TFL3"."""
-    return len(data) >= 8 and bytes(data[4:8]) == paths.TFLITE_FILE_IDENTIFIER
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ from . import errors
 from . import flatbuffer_model
 from . import integer_inputs
 from . import loading
+from . import paths
 from . import report as reporting
 from . import target_checks
 from . import targets
@@ -42,25 +43,23 @@ def read(model):
     """(bytes, the name the report gives it) where `model` is a .tflite (bytes, or a path to one), else None."""
     if isinstance(model, (bytes, bytearray, memoryview)):
         data = bytes(model)
-        return (data, "<.tflite bytes>") if tflite_gelus.is_tflite(data) or not data else None
+        return (data, "<.tflite bytes>") if paths.is_tflite(data) or not data else None
     if not isinstance(model, (str, os.PathLike)) or not os.path.isfile(model):
         return None
     path = os.fspath(model)
-    with open(path, "rb") as file:
-        head = file.read(8)
-    if not tflite_gelus.is_tflite(head) and not path.endswith(".tflite"):
+    if not paths.is_tflite_path(path):
         return None
     with open(path, "rb") as file:
         return file.read(), path
 
 
-def _checked(data, path):
-    """The model as LiteRT's verifier accepts it, else CorruptModel (exit 5)."""
-    if not tflite_gelus.is_tflite(data):
+def _interpreter(data, path):
+    """A LiteRT interpreter of the model, which its flatbuffer verifier accepted, else CorruptModel (exit 5)."""
+    if not paths.is_tflite(data):
         raise errors.CorruptModel(f"{path}: not a .tflite (no TFL3 flatbuffer identifier)")
     interpreter_type, _ = parity.interpreter_class()
     try:
-        interpreter_type(model_content=data)
+        return interpreter_type(model_content=data)
     except (ValueError, RuntimeError) as error:
         raise errors.CorruptModel(f"{path}: not a valid .tflite ({loading.first_line(error)})") from error
 
@@ -138,14 +137,14 @@ def _limits(options, rewritten, scales):
 def convert(data, path, options):
     """(the rewritten .tflite, Report) for a .tflite's bytes; `options` as for any input."""
     started = time.perf_counter()
-    _checked(data, path)
+    interpreter = _interpreter(data, path)
     model = flatbuffer_model.as_object(data)
     quantized = any(tensor.type == schema.TensorType.INT8 for subgraph in model.subgraphs
                     for tensor in subgraph.tensors or ())
     target = targets.TARGETS.get(options.target)
     _refuse_graph_flags(options, path, quantized, target)
-    interpreter_type, runtime = parity.interpreter_class()
-    signature = _signature(interpreter_type(model_content=data), path, options.signature)
+    _, runtime = parity.interpreter_class()
+    signature = _signature(interpreter, path, options.signature)
     report = reporting.Report(path, ".tflite", signature or "(none)", options.mode,
                               vocabulary.resolve_exact_as(options.mode, options.exact_as))
     # The int8 GELU's own table where the runtime has its three ops (not Ethos-U's NPU: LOGISTIC/MUL/ADD there)
@@ -166,16 +165,14 @@ def convert(data, path, options):
         report.target = target_checks.section(target, options)
         report.target["ops"] = target_checks.check(tflite_model, target, options.allow_cpu_fallback)
     if options.verify:
-        _verify(data, tflite_model, model, signature, options, report, rewritten, target, runtime)
+        _verify(data, interpreter, tflite_model, model, signature, options, report, rewritten, target, runtime)
     else:
         report.not_verified_reason = "verification switched off (--no-verify)"
     report.seconds = time.perf_counter() - started
     return tflite_model, report
 
 
-def _verify(original, tflite_model, model, signature, options, report, rewritten, target, runtime):
-    interpreter_type, _ = parity.interpreter_class()
-    interpreter = interpreter_type(model_content=original)
+def _verify(original, interpreter, tflite_model, model, signature, options, report, rewritten, target, runtime):
     input_details, output_details = interpreter.get_input_details(), interpreter.get_output_details()
     names = _names(interpreter, signature, input_details, "inputs")
     output_names = _names(interpreter, signature, output_details, "outputs")
