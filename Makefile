@@ -19,21 +19,26 @@ TF218_INSTALLED := $(TF218_VENV)/.installed
 
 install: $(INSTALLED)
 
+# uv installs what pip would (the same resolution from the same registry) in seconds rather than minutes:
+# the install is a quarter of `make test`'s budget with pip. --native-tls: the system's certificates, as pip's.
+UV_INSTALL = uv pip install --quiet --native-tls --compile-bytecode
+
 $(INSTALLED): setup.cfg pyproject.toml
 	test -x $(VENV_PYTHON) || $(PYTHON) -m venv $(VENV)
-	$(VENV_PYTHON) -m pip install --quiet --upgrade pip
-	$(VENV_PYTHON) -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(VENV_PYTHON) -m pip install --quiet uv
+	$(VENV)/bin/$(UV_INSTALL) --python $(VENV_PYTHON) -e ".[$(EXTRAS)]"
 	touch $@
 
-# tensorflow-cpu provides the same `tensorflow` module; --no-deps keeps pip from
+# tensorflow-cpu provides the same `tensorflow` module; --no-deps keeps the installer from
 # pulling the full tensorflow wheel in beside it for our `tensorflow` requirement.
 install-tf218: $(TF218_INSTALLED)
 
 $(TF218_INSTALLED): setup.cfg pyproject.toml
 	test -x $(TF218_PYTHON) || $(PYTHON) -m venv $(TF218_VENV)
-	$(TF218_PYTHON) -m pip install --quiet --upgrade pip
-	$(TF218_PYTHON) -m pip install --quiet "tensorflow-cpu==2.18.1" "numpy>=1.26,<2.1" "pytest>=7" "hypothesis>=6.80"
-	$(TF218_PYTHON) -m pip install --quiet --no-deps -e .
+	$(TF218_PYTHON) -m pip install --quiet uv
+	$(TF218_VENV)/bin/$(UV_INSTALL) --python $(TF218_PYTHON) "tensorflow-cpu==2.18.1" "numpy>=1.26,<2.1" "pytest>=7" \
+	  "hypothesis>=6.80"
+	$(TF218_VENV)/bin/$(UV_INSTALL) --python $(TF218_PYTHON) --no-deps -e .
 	touch $@
 
 demo: $(INSTALLED)
