@@ -270,10 +270,7 @@ def _converted(serialized, source, requested, options, int8_setup, target, repor
         report.float_ops = reporting.float_islands(tflite_model)
         if report.float_ops:
             report.warnings.append(f"not fully integer: {reporting.counted(report.float_ops)} compute in float")
-    report.flex_ops = sorted(op for op in report.ops if op.startswith("Flex"))
-    if report.flex_ops:
-        report.warnings.append("the model uses Flex ops (" + ", ".join(report.flex_ops) + "): the runtime must "
-                               "link the Flex delegate (select TF ops), which most mobile and MCU runtimes do not")
+    report.note_flex_ops()
     report.size_bytes = len(tflite_model)
     if target is not None:  # before any runtime sees the model: a refusal here names what does not fit
         report.target["ops"] = target_checks.check(tflite_model, target, options.allow_cpu_fallback)

@@ -149,6 +149,13 @@ class Report:
     seconds: float = 0.0
     stage_seconds: dict = dataclasses.field(default_factory=dict)  # load (and freeze), rewrite, convert, verify
 
+    def note_flex_ops(self):
+        """Name the Flex ops left in `ops`, with a warning: most runtimes cannot run them."""
+        self.flex_ops = sorted(op for op in self.ops if op.startswith("Flex"))
+        if self.flex_ops:
+            self.warnings.append("the model uses Flex ops (" + ", ".join(self.flex_ops) + "): the runtime must "
+                                 "link the Flex delegate (select TF ops), which most mobile and MCU runtimes do not")
+
     def to_json(self):
         return json.dumps(dataclasses.asdict(self), indent=2, default=str)
 
@@ -189,7 +196,9 @@ class Report:
             what = "kept"
             if vocabulary.conversion_mode(self.mode, self.int8).rewrites:
                 what = "rewritten from LOGISTIC/MUL/ADD" if self.int8 else "rewritten as a builtin erf polynomial"
-            lines.append(f"bare erf outside a GELU: {counted(self.leftover_erf)} ({what})")
+            # a .tflite's are Flex ops, whose GELU arithmetic (if any) stays as it is
+            label = "Flex erf ops" if self.kind == ".tflite" else "bare erf outside a GELU"
+            lines.append(f"{label}: {counted(self.leftover_erf)} ({what})")
         if self.int8:
             lines.append(f"int8: {self.int8_ranges}")
             lines.append("ops: " + ", ".join(f"{name} {kind} {count}" for name, types in self.op_types.items()

@@ -12,6 +12,12 @@ An int8 GELU's snippet is quantized from the GELU op's own tensors: its input
 takes 256 values, on which the replacement's intermediates are evaluated for
 their ranges (as `int8.marker` does for a QAT graph); its output is the GELU
 op's output, scale and zero point. No calibration data is needed.
+
+A select-mode .tflite (the stock converter with SELECT_TF_OPS on a GELU
+spelled with inexact constants) computes its erf with a Flex op, FlexErf,
+around builtin arithmetic. Each Flex erf becomes `replacements.BARE_ERF`,
+the graph path's builtin erf for a bare Erf op (within 1.5e-7): the GELU
+around it keeps its own arithmetic, and the model needs no Flex delegate.
 """
 
 import collections
@@ -30,20 +36,32 @@ from . import flatbuffer_model
 from . import int8 as integer
 
 _GELU = schema.BuiltinOperator.GELU
-_TYPES = {schema.TensorType.FLOAT32: tf.float32, schema.TensorType.INT8: tf.int8}
+_CUSTOM = schema.BuiltinOperator.CUSTOM
+# The Flex ops of TensorFlow's Erf and Erfc (TF has no Flex kernel for Erfc, but a runtime might).
+FLEX_ERF = {"FlexErf": "Erf", "FlexErfc": "Erfc"}
 
 
 @dataclasses.dataclass(frozen=True)
-class GeluOp:
+class SplicedOp:
+    """An op to replace: where it is, and its one input and one output (tensor indices)."""
     subgraph: int
     position: int  # in the subgraph's operators
-    approximate: bool
-    input: int  # tensor indices
+    input: int
     output: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GeluOp(SplicedOp):
+    approximate: bool
 
     @property
     def function(self):
         return "tanh" if self.approximate else "exact"
+
+
+@dataclasses.dataclass(frozen=True)
+class FlexErfOp(SplicedOp):
+    op: str  # "Erf" or "Erfc", a key of replacements.BARE_ERF
 
 
 def builtin_code(operator_code):
@@ -58,8 +76,26 @@ def gelu_ops(model):
         for position, operator in enumerate(subgraph.operators or ()):
             if builtin_code(model.operatorCodes[operator.opcodeIndex]) == _GELU:
                 options = operator.builtinOptions
-                found.append(GeluOp(subgraph_index, position, bool(options is not None and options.approximate),
-                                    operator.inputs[0], operator.outputs[0]))
+                found.append(GeluOp(subgraph_index, position, operator.inputs[0], operator.outputs[0],
+                                    bool(options is not None and options.approximate)))
+    return found
+
+
+def _custom_code(operator_code):
+    code = operator_code.customCode
+    return code.decode() if isinstance(code, bytes) else code
+
+
+def flex_erf_ops(model):
+    """Every float32 Flex erf op of a ModelT (one input, one output), subgraph by subgraph."""
+    found = []
+    for subgraph_index, subgraph in enumerate(model.subgraphs or ()):
+        for position, operator in enumerate(subgraph.operators or ()):
+            operator_code = model.operatorCodes[operator.opcodeIndex]
+            op = FLEX_ERF.get(_custom_code(operator_code)) if builtin_code(operator_code) == _CUSTOM else None
+            if (op is not None and len(operator.inputs) == 1 and len(operator.outputs) == 1
+                    and subgraph.tensors[operator.inputs[0]].type == schema.TensorType.FLOAT32):
+                found.append(FlexErfOp(subgraph_index, position, operator.inputs[0], operator.outputs[0], op))
     return found
 
 
@@ -82,9 +118,13 @@ def _converter(function, spec):
     return tf.lite.TFLiteConverter.from_concrete_functions([module.function.get_concrete_function()], module)
 
 
+def _spec(shape, dtype):
+    return tf.TensorSpec([None if size < 0 else size for size in shape], dtype)
+
+
 def _snippet(replacement, shape, quantized_input, quantized_output):
     """A one-GELU .tflite computing `replacement` on a float32 (or, quantized, int8) tensor of `shape`."""
-    spec = tf.TensorSpec([None if size < 0 else size for size in shape], tf.float32)
+    spec = _spec(shape, tf.float32)
     if quantized_input is None:
         return _converter(lambda x: replacement.build(x, 1.0), spec).convert()
     low, high = _range(*quantized_input)
@@ -128,27 +168,27 @@ def gelu_table(approximate, input_quantization, output_quantization):
 def _table_snippet(table, shape):
     """A .tflite looking an int8 tensor of `shape` up in `table` (256 int8 values, indexed by value + 128):
     CAST, ADD, GATHER, exactly the GELU op's outputs."""
-    spec = tf.TensorSpec([None if size < 0 else size for size in shape], tf.int8)
     constant = tf.constant(table, tf.int8)
-    return _converter(lambda x: tf.gather(constant, tf.cast(x, tf.int32) + 128), spec).convert()
+    return _converter(lambda x: tf.gather(constant, tf.cast(x, tf.int32) + 128), _spec(shape, tf.int8)).convert()
 
 
 def _same_code(a, b):
     return (builtin_code(a), a.customCode, a.version) == (builtin_code(b), b.customCode, b.version)
 
 
-def _splice(model, gelu, snippet):
-    """Replace the GELU op `gelu` of `model` by the operators of `snippet` (a ModelT of one subgraph)."""
-    subgraph, piece = model.subgraphs[gelu.subgraph], snippet.subgraphs[0]
+def _splice(model, site, snippet):
+    """Replace the op at `site` (a SplicedOp) of `model` by the operators of `snippet` (a ModelT of one
+    subgraph)."""
+    subgraph, piece = model.subgraphs[site.subgraph], snippet.subgraphs[0]
     (snippet_input,), (snippet_output,) = piece.inputs, piece.outputs
-    tensor_map = {snippet_input: gelu.input, snippet_output: gelu.output}
+    tensor_map = {snippet_input: site.input, snippet_output: site.output}
     for index, tensor in enumerate(piece.tensors):
         if index in tensor_map:
             continue
         if tensor.buffer:  # 0 is the schema's empty buffer
             model.buffers.append(snippet.buffers[tensor.buffer])
             tensor.buffer = len(model.buffers) - 1
-        tensor.name = _name(subgraph.tensors[gelu.output]) + f"/gelu_replacement/{index}"
+        tensor.name = _name(subgraph.tensors[site.output]) + f"/keras_gelu_replacement/{index}"
         subgraph.tensors.append(tensor)
         tensor_map[index] = len(subgraph.tensors) - 1
     code_map = {}
@@ -164,7 +204,23 @@ def _splice(model, gelu, snippet):
         operator.inputs = [tensor_map[index] if index >= 0 else index for index in operator.inputs]
         operator.outputs = [tensor_map[index] for index in operator.outputs]
         operators.append(operator)
-    subgraph.operators[gelu.position:gelu.position + 1] = operators
+    subgraph.operators[site.position:site.position + 1] = operators
+
+
+def _drop_unused_codes(model):
+    """Keep only the operator codes an operator uses: a replaced op's code (FlexErf above all) would
+    otherwise still name an op the runtime must resolve."""
+    used = sorted({operator.opcodeIndex for subgraph in model.subgraphs or () for operator in subgraph.operators or ()})
+    renumbered = {old: new for new, old in enumerate(used)}
+    model.operatorCodes = [model.operatorCodes[index] for index in used]
+    for subgraph in model.subgraphs or ():
+        for operator in subgraph.operators or ():
+            operator.opcodeIndex = renumbered[operator.opcodeIndex]
+
+
+def _shape(tensor):
+    return tuple(int(size) for size in (tensor.shapeSignature if tensor.shapeSignature is not None
+                                        else tensor.shape))
 
 
 @dataclasses.dataclass
@@ -173,6 +229,7 @@ class Rewritten:
     gelus: list  # [{"pattern", "alpha", "became", "count"}], as the graph path reports
     int8: bool  # an int8 GELU was among them
     replaced: set  # {(function, Replacement)} of the GELUs replaced
+    flex_erf: dict  # {Flex op: count} of the Flex erf ops made builtin
 
 
 TABLE_OPS = frozenset({"CAST", "ADD", "GATHER"})
@@ -186,37 +243,48 @@ def rewrite(tflite_model, mode, exact_as, table=True):
     (exact: the op's kernel is that very table); without, the int8 form of
     the RULES replacement, whose LOGISTIC rounds onto TFLite's fixed k/256
     grid: within a step of the op where its input's range is no wider than
-    its output's, a few more where it is (measured: 2 at [-3, 1]).
+    its output's, a few more where it is (measured: 2 at [-3, 1]). Every
+    float32 Flex erf op becomes the builtin erf (in either mode: native mode
+    has no erf op to keep).
     `tflite_model` must parse (a corrupt file raises from the object API)."""
     model = flatbuffer_model.as_object(tflite_model)
-    found = gelu_ops(model)
     became = collections.Counter()
+    flex_erf = collections.Counter()
     replaced = set()
     snippets = {}
     quantized_any = False
     # From the last op of each subgraph back: splicing one keeps the positions of those before it
-    for gelu in sorted(found, key=lambda op: (op.subgraph, -op.position)):
-        tensors = model.subgraphs[gelu.subgraph].tensors
-        source, destination = tensors[gelu.input], tensors[gelu.output]
+    for site in sorted(gelu_ops(model) + flex_erf_ops(model), key=lambda op: (op.subgraph, -op.position)):
+        tensors = model.subgraphs[site.subgraph].tensors
+        source, destination = tensors[site.input], tensors[site.output]
+        if isinstance(site, FlexErfOp):
+            key = (site.op, _shape(source))
+            if key not in snippets:
+                snippets[key] = _converter(replacements.BARE_ERF[site.op], _spec(_shape(source), tf.float32)).convert()
+            _splice(model, site, flatbuffer_model.as_object(snippets[key]))
+            flex_erf["Flex" + site.op] += 1
+            continue
         quantized = source.type == schema.TensorType.INT8
         quantized_any |= quantized
         conversion_mode = vocabulary.conversion_mode(mode, int8=quantized)
-        replacement = replacements.replacement_for(gelu.function, conversion_mode, exact_as, quantized)
-        pattern = f"GELU op ({'approximate' if gelu.approximate else 'exact'}, {'int8' if quantized else 'float32'})"
+        replacement = replacements.replacement_for(site.function, conversion_mode, exact_as, quantized)
+        pattern = f"GELU op ({'approximate' if site.approximate else 'exact'}, {'int8' if quantized else 'float32'})"
         if replacement.fused:  # native mode: the GELU op is what it would become
             became[(pattern, "kept: GELU op")] += 1
             continue
-        shape = tuple(int(size) for size in (source.shapeSignature if source.shapeSignature is not None
-                                             else source.shape))
         quantizations = (_quantization(source), _quantization(destination)) if quantized else (None, None)
         description = TABLE_DESCRIPTION if quantized and table else replacement.description
-        key = (gelu.function, shape, quantizations, description)
+        key = (site.function, _shape(source), quantizations, description)
         if key not in snippets:
-            snippets[key] = (_table_snippet(gelu_table(gelu.approximate, *quantizations), shape)
-                             if description == TABLE_DESCRIPTION else _snippet(replacement, shape, *quantizations))
-        _splice(model, gelu, flatbuffer_model.as_object(snippets[key]))
+            snippets[key] = (_table_snippet(gelu_table(site.approximate, *quantizations), _shape(source))
+                             if description == TABLE_DESCRIPTION
+                             else _snippet(replacement, _shape(source), *quantizations))
+        _splice(model, site, flatbuffer_model.as_object(snippets[key]))
         became[(pattern, description)] += 1
-        replaced.add((gelu.function, replacement))
+        replaced.add((site.function, replacement))
     gelus = [{"pattern": pattern, "alpha": 1.0, "became": description, "count": count}
              for (pattern, description), count in sorted(became.items())]
-    return Rewritten(flatbuffer_model.as_bytes(model, len(tflite_model)), gelus, quantized_any, replaced)
+    if became or flex_erf:
+        _drop_unused_codes(model)
+    return Rewritten(flatbuffer_model.as_bytes(model, len(tflite_model)), gelus, quantized_any, replaced,
+                     dict(flex_erf))

@@ -11,6 +11,12 @@ tolerance; an approximation (the sigmoid form) is measured and reported, and
 --max-drift bounds it. An int8 GELU becomes a lookup of its own 256 outputs
 (exact), or where the runtime lacks GATHER, LOGISTIC/MUL/ADD within a step or
 two; the model is held to --max-steps (default 1).
+
+A select-mode .tflite's Flex ops are TensorFlow ops, which a runtime that
+links Flex (TensorFlow 2.18's interpreter) runs when verifying: they are
+checked as a graph's ops are (`trust`), unless --trust-model. Its Flex erf
+ops become builtin; where no runtime here runs Flex, the rewritten .tflite
+runs, but the report says that parity was not checked.
 """
 
 import os
@@ -22,6 +28,7 @@ from tensorflow.lite.python import schema_py_generated as schema
 from keras_gelu import replacements
 from keras_gelu import vocabulary
 
+from . import equivalent_ops
 from . import errors
 from . import flatbuffer_model
 from . import integer_inputs
@@ -31,6 +38,7 @@ from . import report as reporting
 from . import target_checks
 from . import targets
 from . import tflite_gelus
+from . import trust
 from . import verify as parity
 
 # An int8 GELU's replacement is within a step of the GELU op on all 256 inputs (tests/test_tflite_input.py).
@@ -53,10 +61,19 @@ def read(model):
         return file.read(), path
 
 
-def _interpreter(data, path):
-    """A LiteRT interpreter of the model, which its flatbuffer verifier accepted, else CorruptModel (exit 5)."""
+def _parsed(data, path):
+    """The .tflite as a ModelT, else CorruptModel (exit 5). Read before any runtime sees it, to check its Flex
+    ops: the object API fails on a corrupt file in whatever way the bytes lead it to."""
     if not paths.is_tflite(data):
         raise errors.CorruptModel(f"{path}: not a .tflite (no TFL3 flatbuffer identifier)")
+    try:
+        return flatbuffer_model.as_object(data)
+    except Exception as error:  # noqa: BLE001 (see above)
+        raise errors.CorruptModel(f"{path}: not a valid .tflite ({type(error).__name__} reading it)") from error
+
+
+def _interpreter(data, path):
+    """A LiteRT interpreter of the model, which its flatbuffer verifier accepted, else CorruptModel (exit 5)."""
     interpreter_type, _ = parity.interpreter_class()
     try:
         return interpreter_type(model_content=data)
@@ -64,11 +81,11 @@ def _interpreter(data, path):
         raise errors.CorruptModel(f"{path}: not a valid .tflite ({loading.first_line(error)})") from error
 
 
-def _refuse_graph_flags(options, path, quantized, target):
+def _refuse_graph_flags(options, path, quantized, has_flex, target):
     """Flags that only make sense for a TensorFlow graph, refused in one line each (not what --target implies:
-    an Ethos-U's int8 inputs and outputs are the .tflite's business)."""
+    an Ethos-U's int8 inputs and outputs are the .tflite's business). --trust-model applies to Flex ops only."""
     for given, flag, why in (
-            (options.trust_model, "--trust-model", "a .tflite runs no code of its own"),
+            (options.trust_model and not has_flex, "--trust-model", "with no Flex op it runs no code of its own"),
             (options.calibration, "--calibration", "its int8 ranges are in the file; requantizing is not in scope"),
             (options.float16_weights, "--float16-weights", "its weights are kept as they are"),
             (options.int8_io and not (target and target.int8_io), "--int8-io",
@@ -137,32 +154,41 @@ def _limits(options, rewritten, scales):
 def convert(data, path, options):
     """(the rewritten .tflite, Report) for a .tflite's bytes; `options` as for any input."""
     started = time.perf_counter()
+    model = _parsed(data, path)
+    # Flex ops are TensorFlow ops, which a runtime linking Flex runs (TF 2.18's applies them as it loads)
+    if not options.trust_model:
+        trust.check_flex_ops(path, data)
     interpreter = _interpreter(data, path)
-    model = flatbuffer_model.as_object(data)
     quantized = any(tensor.type == schema.TensorType.INT8 for subgraph in model.subgraphs
                     for tensor in subgraph.tensors or ())
     target = targets.TARGETS.get(options.target)
-    _refuse_graph_flags(options, path, quantized, target)
+    has_flex = any(op.startswith("Flex") for op in reporting.op_histogram(data))
+    _refuse_graph_flags(options, path, quantized, has_flex, target)
     _, runtime = parity.interpreter_class()
     signature = _signature(interpreter, path, options.signature)
     report = reporting.Report(path, ".tflite", signature or "(none)", options.mode,
-                              vocabulary.resolve_exact_as(options.mode, options.exact_as))
+                              vocabulary.resolve_exact_as(options.mode, options.exact_as), trusted=options.trust_model)
     # The int8 GELU's own table where the runtime has its three ops (not Ethos-U's NPU: LOGISTIC/MUL/ADD there)
     table = target is None or target.ops is None or tflite_gelus.TABLE_OPS <= target.ops
     rewritten = tflite_gelus.rewrite(data, options.mode, report.exact_as, table)
     tflite_model = rewritten.tflite_model
     report.gelus = rewritten.gelus
-    if not rewritten.gelus:
+    report.leftover_erf = rewritten.flex_erf
+    if not rewritten.gelus and not rewritten.flex_erf:
         report.warnings.append("no GELU found: the .tflite is written as it was")
     report.int8 = quantized
     report.int8_ranges = "the .tflite's own"
+    if target is not None:
+        report.target = target_checks.section(target, options)
+        if target.ops is not None:
+            tflite_model, report.target["renamed_ops"] = equivalent_ops.for_target(tflite_model, target.ops)
     report.ops = reporting.op_histogram(tflite_model)
+    report.note_flex_ops()
     if quantized:
         report.op_types = reporting.typed_op_histogram(tflite_model)
         report.float_ops = reporting.float_islands(tflite_model)
     report.size_bytes = len(tflite_model)
     if target is not None:
-        report.target = target_checks.section(target, options)
         report.target["ops"] = target_checks.check(tflite_model, target, options.allow_cpu_fallback)
     if options.verify:
         _verify(data, interpreter, tflite_model, model, signature, options, report, rewritten, target, runtime)
@@ -173,38 +199,62 @@ def convert(data, path, options):
 
 
 def _verify(original, interpreter, tflite_model, model, signature, options, report, rewritten, target, runtime):
+    """Run the original and the rewritten .tflite on the same inputs (and the rewritten one on the target's
+    runtime): fidelity at the mode's tolerance. Where the original cannot run here (Flex), the target's
+    outputs are held to the rewritten .tflite's in LiteRT instead, and the report says parity was not checked."""
     input_details, output_details = interpreter.get_input_details(), interpreter.get_output_details()
     names = _names(interpreter, signature, input_details, "inputs")
     output_names = _names(interpreter, signature, output_details, "outputs")
     arrays = parity.make_inputs(_input_infos(model, input_details, names), options.seed, options.dynamic_size,
                                 options.inputs)
     ordered = [arrays[name] for name in names]
-    expected = dict(zip(output_names, parity.invoke(original, ordered)))
-    actual = dict(zip(output_names, parity.invoke(tflite_model, ordered)))
-    scale_of = dict(zip(model.subgraphs[0].outputs, reporting.output_scales(original)))
-    scales = [scale_of.get(detail["index"]) for detail in output_details]
-    limits, report.tolerance = _limits(options, rewritten, scales)
-    drift_limit = float("inf") if options.max_drift is None else options.max_drift
     report.runtime = runtime
     report.inputs_used = (f"inputs from {options.inputs}" if options.inputs
                           else f"seeded random inputs (seed {options.seed})")
+    try:
+        actual = dict(zip(output_names, parity.invoke(tflite_model, ordered)))
+    except (RuntimeError, ValueError) as error:  # Flex ops left: no runtime of TensorFlow >= 2.19 links them
+        report.not_verified_reason = f"{runtime} cannot run the rewritten .tflite: {loading.first_line(error)}"
+        return
+    scale_of = dict(zip(model.subgraphs[0].outputs, reporting.output_scales(original)))
+    scales = [scale_of.get(detail["index"]) for detail in output_details]
+    limits, report.tolerance = _limits(options, rewritten, scales)
+    limit = (f"{report.tolerance['max_steps']} int8 steps" if "max_steps" in report.tolerance
+             else f"atol {options.atol} + rtol {options.rtol}")
+    try:
+        expected = dict(zip(output_names, parity.invoke(original, ordered)))
+    except (RuntimeError, ValueError) as error:
+        flex = [op for op in reporting.op_histogram(original) if op.startswith("Flex")]
+        report.not_verified_reason = (
+            f"the rewritten .tflite runs, but {runtime} cannot run the original, which needs Flex ("
+            + ", ".join(flex) + "): TensorFlow 2.18's tf.lite.Interpreter can" if flex
+            else f"{runtime} cannot run the original .tflite: {loading.first_line(error)}")
+        _run_on_target(tflite_model, target, options, report, ordered, actual, scales, limits, limit, "agreement")
+        return
+    drift_limit = float("inf") if options.max_drift is None else options.max_drift
     for (name, value), scale, (atol, rtol) in zip(expected.items(), scales, limits):
         report.fidelity.append(parity.with_steps(parity.compare(name, actual[name], value, atol, rtol), scale))
         report.drift.append(parity.with_steps(parity.compare(name, actual[name], value, drift_limit, 0.0), scale))
     report.verified = True
-    limit = (f"{report.tolerance['max_steps']} int8 steps" if "max_steps" in report.tolerance
-             else f"atol {options.atol} + rtol {options.rtol}")
     parity.fail_unless_passed(report.fidelity, report.input, report, "the rewritten .tflite differs from the "
                               "original", limit)
     parity.fail_unless_passed(report.drift, report.input, report, "the rewritten .tflite drifts from the original",
                               f"--max-drift {options.max_drift}")
-    if target is not None:
-        # a static-shape runtime (TFLite Micro) runs each sample on its own, at the shapes the file holds
-        on_target = target_checks.run_on_target(tflite_model, target, options, report, ordered,
-                                                batch_fixed=target.static_shapes)
-        if on_target is not None:
-            for (name, value), scale, (atol, rtol), result in zip(expected.items(), scales, limits, on_target):
-                report.target["fidelity"].append(parity.with_steps(parity.compare(name, result, value, atol, rtol),
-                                                                   scale))
-            parity.fail_unless_passed(report.target["fidelity"], report.input, report,
-                                      f"{target.runtime} differs from the original .tflite", limit)
+    _run_on_target(tflite_model, target, options, report, ordered, expected, scales, limits, limit, "fidelity")
+
+
+def _run_on_target(tflite_model, target, options, report, ordered, reference, scales, limits, limit, kind):
+    """The target's runtime on the parity inputs, held to `reference` ({output name: value}): the original's
+    outputs ("fidelity") or the rewritten .tflite's in LiteRT ("agreement")."""
+    if target is None:
+        return
+    # a static-shape runtime (TFLite Micro) runs each sample on its own, at the shapes the file holds
+    on_target = target_checks.run_on_target(tflite_model, target, options, report, ordered,
+                                            batch_fixed=target.static_shapes)
+    if on_target is None:
+        return
+    for (name, value), scale, (atol, rtol), result in zip(reference.items(), scales, limits, on_target):
+        report.target[kind].append(parity.with_steps(parity.compare(name, result, value, atol, rtol), scale))
+    against = "the original .tflite" if kind == "fidelity" else f"the rewritten .tflite in {report.runtime}"
+    parity.fail_unless_passed(report.target[kind], report.input, report, f"{target.runtime} differs from {against}",
+                              limit)

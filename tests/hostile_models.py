@@ -412,6 +412,46 @@ def h5_external_link(sentinel, path):
     return path
 
 
+def _select_mode_tflite(function, path):
+    """`function` through the stock converter with SELECT_TF_OPS: its TensorFlow ops ship as Flex ops."""
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([function.get_concrete_function()])
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
+    with open(path, "wb") as stream:
+        stream.write(converter.convert())
+    return path
+
+
+def flex_write_file(sentinel, path):
+    """A select-mode .tflite of a GELU model that also writes a file: FlexWriteFile, which a runtime linking
+    Flex (TF 2.18's interpreter) runs."""
+    _, writes = _with_writer(sentinel)
+    return _select_mode_tflite(writes, path)
+
+
+def flex_read_file_named_erf(sentinel, path):
+    """FlexReadFile of the secret, its operator code renamed FlexErf: the Flex delegate runs the NodeDef the
+    op carries, whatever the code says."""
+    secret = sentinel.secret
+
+    @tf.function(input_signature=[_INPUT])
+    def reads(x):
+        length = tf.cast(tf.strings.length(tf.io.read_file(secret)), tf.float32)
+        return {"y": tf.nn.gelu(x, approximate=False) + length}
+
+    _select_mode_tflite(reads, path)
+    from keras_gelu.converters import flatbuffer_model
+
+    with open(path, "rb") as stream:
+        data = stream.read()
+    model = flatbuffer_model.as_object(data)
+    for code in model.operatorCodes:
+        if code.customCode in (b"FlexReadFile", "FlexReadFile"):
+            code.customCode = "FlexErf"
+    with open(path, "wb") as stream:
+        stream.write(flatbuffer_model.as_bytes(model, len(data)))
+    return path
+
+
 # Each builder, by name, with the Keras flavour it needs (None: either).
 SAVED_MODELS = {
     "tf1_main_op": tf1_main_op,
@@ -434,4 +474,8 @@ H5_FILES = {
     "tf_op_lambda_makedirs": tf_op_lambda_makedirs,
     "h5_external_storage": h5_external_storage,
     "h5_external_link": h5_external_link,
+}
+TFLITE_FILES = {
+    "flex_write_file": flex_write_file,
+    "flex_read_file_named_erf": flex_read_file_named_erf,
 }

@@ -5,7 +5,9 @@ full-integer int8) and Keras 3's own LiteRT export. The references are the
 original .tflite (its GELU op runs in LiteRT) and float64 math.erf.
 """
 
+import importlib.util
 import math
+import re
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ import tflite_helpers
 from conftest import keras
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
+from keras_gelu.converters import flatbuffer_model
 from keras_gelu.converters import tflite_gelus
 
 # Flavour-independent (tf.Module sources): in the tf-keras leg, which has the time to spare; Keras 3's own export
@@ -124,6 +127,44 @@ def test_keras_litert_export_converts_with_the_cli(tmp_path, capsys):
     np.testing.assert_allclose(tflite_helpers.run(rewritten, x)[0], model(x).numpy(), atol=1e-5)
 
 
+# x * 0.5 * (1 + erf(0.7071 x)): the inexact constant keeps the stock converter from fusing a GELU op, so with
+# SELECT_TF_OPS its erf ships as FlexErf (the seeds' advice for variant spellings).
+FLEX_CONSTANT = 0.7071
+# TensorFlow 2.18's tf.lite.Interpreter runs Flex ops; LiteRT and later TensorFlows do not.
+FLEX_RUNS = tf.__version__.startswith(("2.18", "2.17"))
+
+
+@pytest.mark.legs("tf_keras", "tf218")
+def test_a_flex_erf_becomes_builtin_and_the_model_drops_flex(tmp_path, capsys):
+    module = tf.Module()
+    module.f = tf.function(lambda x: x * 0.5 * (1.0 + tf.math.erf(x * FLEX_CONSTANT)),
+                           input_signature=[tf.TensorSpec([1, 256], tf.float32)])
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.f.get_concrete_function()], module)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
+    path, output = tmp_path / "flex.tflite", tmp_path / "out.tflite"
+    path.write_bytes(converter.convert())
+    assert tflite_helpers.ops(path.read_bytes())["FlexErf"] == 1
+
+    assert cli.main([str(path), "-o", str(output), "--target", "tflm"]) == 0
+    report = capsys.readouterr().err
+    assert "Flex erf ops: 1 x FlexErf (rewritten as a builtin erf polynomial)" in report
+    rewritten = output.read_bytes()
+    assert not [op for op in tflite_helpers.ops(rewritten) if op.startswith("Flex")]
+    assert not [code for code in flatbuffer_model.as_object(rewritten).operatorCodes if code.customCode]
+    x = np.linspace(-8, 8, 256, dtype=np.float32)
+    (actual,) = tflite_helpers.run(rewritten, x[None])
+    reference = [0.5 * v * (1 + math.erf(v * float(np.float32(FLEX_CONSTANT)))) for v in x.astype(np.float64)]
+    # the builtin erf is within 1.5e-7 (A&S 7.1.26), times |x|/2 <= 4, plus float32 rounding
+    np.testing.assert_allclose(actual[0], reference, atol=ERF_FORM_ATOL)
+    if FLEX_RUNS:  # held to the original, Flex and all
+        assert re.search(r"fidelity output_0: max abs \S+, max rel \S+, cosine \S+ ok", report), report
+    else:
+        assert "not verified: the rewritten .tflite runs, but ai-edge-litert cannot run the original, which " \
+               "needs Flex (FlexErf)" in report
+        if importlib.util.find_spec("tflite_micro") is not None:  # TFLM held to the rewritten .tflite in LiteRT
+            assert re.search(r"output_0 on the target vs ai-edge-litert: max abs \S+ ok", report), report
+
+
 def test_a_tflite_is_known_by_its_content_and_taken_as_bytes(tmp_path):
     from keras_gelu import converters
 
@@ -183,8 +224,6 @@ def _stock_int8_model():
 def test_an_int8_model_converts_bit_for_bit_and_runs_on_tflite_micro_and_the_ethos_u_npu(tmp_path):
     """The stock converter's PTQ model: its GELU as its own table is the op itself, output for output. The
     Ethos-U55 (Vela 5.2) runs the GELU op itself; in builtin mode, as its NPU has no GATHER, LOGISTIC/MUL."""
-    import importlib.util
-
     from keras_gelu import converters
 
     original = _stock_int8_model()

@@ -38,7 +38,7 @@ RUNS = {
     "int8": ["--int8", "--calibration", "random:4"],
     "tflm": ["--target", "tflm", "--int8", "--calibration", "random:4"],
 }
-HOSTILE = {**hostile_models.SAVED_MODELS, **hostile_models.H5_FILES}
+HOSTILE = {**hostile_models.SAVED_MODELS, **hostile_models.H5_FILES, **hostile_models.TFLITE_FILES}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def corpus(tmp_path_factory):
     for kind, build in HOSTILE.items():
         root = tmp_path_factory.mktemp(kind)
         sentinel = hostile_models.Sentinel(str(root / "sentinel"))
-        suffix = ".h5" if kind in hostile_models.H5_FILES else ""
+        suffix = ".h5" if kind in hostile_models.H5_FILES else ".tflite" if kind in hostile_models.TFLITE_FILES else ""
         built[kind] = (build(sentinel, str(root / f"model{suffix}")), sentinel)
         sentinel.effects()  # building the model is ours; from here on, nothing may happen
     yield built
@@ -95,6 +95,8 @@ REASONS = {
     "tf_op_lambda_makedirs": "calls tf.io.gfile.makedirs, which is defined in tensorflow.python.lib.io.file_io",
     "h5_external_storage": "stores its data in another file",
     "h5_external_link": "is a link into another file",
+    "flex_write_file": "would ship Flex op WriteFile",
+    "flex_read_file_named_erf": "would ship Flex op ReadFile",
 }
 
 
@@ -110,6 +112,13 @@ def test_trusted_the_tf1_main_op_does_run(corpus, tmp_path):
     """The corpus is live: trusted, the hidden effect happens (so the refusals above are what stops it)."""
     path, sentinel = corpus["tf1_main_op"]
     converters.convert(path, trust_model=True, verify=False)
+    assert "marker written" in sentinel.effects()
+
+
+@pytest.mark.skipif(not FLEX_RUNS, reason="only TF 2.18's tf.lite.Interpreter runs Flex ops")
+def test_trusted_a_select_mode_tflite_s_flex_write_file_does_run(corpus, tmp_path):
+    path, sentinel = corpus["flex_write_file"]
+    assert cli.main([path, "--trust-model", "-o", str(tmp_path / "m.tflite")]) == 0
     assert "marker written" in sentinel.effects()
 
 
