@@ -91,6 +91,8 @@ def bundled(tmp_path_factory):
     model.save(str(folder / "model.keras"))
     model.save(str(folder / "model.h5"))
     model.export(str(folder / "gelu_op.tflite"), format="litert", verbose=False)  # a .tflite with a GELU op
+    shutil.copy(os.path.join(ROOT, "tests", "data", "litert_torch", "gelu_exact.tflite"),
+                folder / "torch_gelu_exact.tflite")  # PyTorch's, through litert-torch
     np.savez(folder / "samples.npz", x[:64])
     qat_model = qat.quantize_model(model, calibration_data=x)
     qat_model.compile("adam", "mse")

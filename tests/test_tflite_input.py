@@ -7,6 +7,7 @@ original .tflite (its GELU op runs in LiteRT) and float64 math.erf.
 
 import importlib.util
 import math
+import os
 import re
 
 import numpy as np
@@ -163,6 +164,56 @@ def test_a_flex_erf_becomes_builtin_and_the_model_drops_flex(tmp_path, capsys):
                "needs Flex (FlexErf)" in report
         if importlib.util.find_spec("tflite_micro") is not None:  # TFLM held to the rewritten .tflite in LiteRT
             assert re.search(r"output_0 on the target vs ai-edge-litert: max abs \S+ ok", report), report
+
+
+LITERT_TORCH = os.path.join(os.path.dirname(__file__), "data", "litert_torch")  # made by its make.py
+
+
+@pytest.mark.parametrize("name, form, atol", [
+    # the erf form (9.6e-7 of GELU) and float32 sums in another order than PyTorch's: measured <= 7.2e-7
+    ("gelu_exact", "erf", 5e-6),
+    ("gelu_tanh", "tanh", 5e-6),
+    ("transformer_layer", "erf", 5e-6),  # LayerNorm and softmax on top
+    # x sigmoid(1.702 x) is within 0.0203 of exact GELU, carried through the second Linear (measured 0.011)
+    ("gelu_exact", "sigmoid", 0.02),
+    ("transformer_layer", "sigmoid", 0.02),
+])
+def test_litert_torch_models_convert_for_tflite_micro_and_match_pytorch(name, form, atol):
+    """PyTorch's nn.GELU through litert-torch (checked in: no TensorFlow beside it), rewritten for TFLite Micro,
+    held to PyTorch's own outputs (the reference the .tflite files never saw)."""
+    from keras_gelu import converters
+
+    with open(os.path.join(LITERT_TORCH, f"{name}.tflite"), "rb") as file:
+        original = file.read()
+    assert tflite_helpers.ops(original)["GELU"] == 1
+    rewritten, report = converters.convert(original, exact_as=form, target="tflm")
+    assert "GELU" not in report.ops and report.verified
+    assert report.signature == "serving_default"  # litert-torch's, kept
+    if importlib.util.find_spec("tflite_micro") is not None:
+        assert report.target["figures"]["arena_bytes"] > 0 and all(c["passed"] for c in report.target["fidelity"])
+    references = np.load(os.path.join(LITERT_TORCH, "torch_outputs.npz"))
+    inputs, expected = references[f"{name}/inputs"], references[f"{name}/outputs"]
+    actual = np.concatenate([tflite_helpers.run(rewritten, sample[None])[0] for sample in inputs])
+    np.testing.assert_allclose(actual, expected, atol=atol)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tflite_micro") is None, reason="needs keras-gelu[tflm]")
+def test_the_worked_example_s_report_is_what_the_converter_prints(tmp_path, capsys):
+    """docs/converter.md quotes the report of the PyTorch model through TFLite Micro: each quoted line but the
+    first (the paths) is printed as it stands, arena size included; the errors only to their exponent
+    (XNNPACK's kernels differ by CPU in the last bits)."""
+    page = open(os.path.join(os.path.dirname(LITERT_TORCH), "..", "..", "docs", "converter.md")).read()
+    quoted = page[page.index("### From PyTorch to TFLite Micro"):]
+    quoted = quoted[quoted.index("```text\n") + len("```text\n"):]
+    quoted = quoted[:quoted.index("```")].splitlines()[1:]
+    output = tmp_path / "out.tflite"
+    assert cli.main([os.path.join(LITERT_TORCH, "gelu_exact.tflite"), "-o", str(output), "--target", "tflm",
+                     "--form", "erf"]) == 0
+    def exponents_only(lines):
+        return [re.sub(r"\d\.\d+e(-\d+)", r"_e\1", line) for line in lines]
+
+    printed = exponents_only(capsys.readouterr().err.splitlines())
+    assert [line for line in exponents_only(quoted) if line not in printed] == []
 
 
 def test_a_tflite_is_known_by_its_content_and_taken_as_bytes(tmp_path):
