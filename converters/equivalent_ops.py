@@ -15,17 +15,6 @@ from .targets import TWINS
 _OPTIONS = {"SELECT": "SelectOptions", "SELECT_V2": "SelectV2Options"}
 
 
-def _opcode_index(model, name):
-    code = getattr(schema.BuiltinOperator, name)
-    for index, operator_code in enumerate(model.operatorCodes):
-        if max(operator_code.builtinCode, operator_code.deprecatedBuiltinCode) == code:
-            return index
-    operator_code = schema.OperatorCodeT()
-    operator_code.builtinCode, operator_code.deprecatedBuiltinCode, operator_code.version = code, min(code, 127), 1
-    model.operatorCodes.append(operator_code)
-    return len(model.operatorCodes) - 1
-
-
 def for_target(tflite_model, target_ops):
     """(the model with each op the target lacks renamed to a twin it has, {renamed op: count})."""
     model = flatbuffer_model.as_object(tflite_model)
@@ -40,7 +29,7 @@ def for_target(tflite_model, target_ops):
                             is not None else subgraph.tensors[index].shape) for index in operator.inputs}
             if len(shapes) != 1:
                 continue
-            operator.opcodeIndex = _opcode_index(model, twin)
+            operator.opcodeIndex = flatbuffer_model.opcode_index(model, twin)
             operator.builtinOptionsType = getattr(schema.BuiltinOptions, _OPTIONS[twin])
             operator.builtinOptions = getattr(schema, _OPTIONS[twin] + "T")()
             renamed[f"{name} -> {twin}"] = renamed.get(f"{name} -> {twin}", 0) + 1

@@ -26,3 +26,15 @@ def as_bytes(model, size_hint):
     builder = flatbuffers.Builder(size_hint + (1 << 20))
     builder.Finish(model.Pack(builder), file_identifier=paths.TFLITE_FILE_IDENTIFIER)
     return bytes(memoryview(builder.Bytes)[builder.Head():])
+
+
+def opcode_index(model, name):
+    """The index of builtin op `name`'s operator code in a ModelT, added (version 1) where it has none."""
+    code = getattr(schema.BuiltinOperator, name)
+    for index, operator_code in enumerate(model.operatorCodes):
+        if max(operator_code.builtinCode, operator_code.deprecatedBuiltinCode) == code:
+            return index
+    operator_code = schema.OperatorCodeT()
+    operator_code.builtinCode, operator_code.deprecatedBuiltinCode, operator_code.version = code, min(code, 127), 1
+    model.operatorCodes.append(operator_code)
+    return len(model.operatorCodes) - 1

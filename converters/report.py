@@ -130,7 +130,8 @@ class Report:
     gelus: list = dataclasses.field(default_factory=list)  # [{"pattern", "alpha", "became", "count"}]
     leftover_erf: dict = dataclasses.field(default_factory=dict)
     ops: dict = dataclasses.field(default_factory=dict)
-    int8: bool = False
+    int8: bool = False  # quantized: int8, or (a .tflite's) int16 activations
+    step_type: str = "int8"  # what an output step is: "int8", or "int16" for a 16x8 .tflite
     quantization_aware: bool = False
     int8_ranges: str = ""  # where the int8 ranges came from
     op_types: dict = dataclasses.field(default_factory=dict)  # {op: {output type: count}}
@@ -171,8 +172,9 @@ class Report:
         lines.append(f"  runtime: {target['runtime_check'] or 'not run (verification switched off)'}")
         for kind, comparisons in (("fidelity", target["fidelity"]), ("agreement", target["agreement"])):
             for c in comparisons:
-                steps = "" if c.get("steps") is None else f" ({c['steps']:.2f} int8 steps)"
-                reference = "the original .tflite" if self.kind == ".tflite" else "the rewritten graph"
+                steps = "" if c.get("steps") is None else f" ({c['steps']:.2f} {self.step_type} steps)"
+                reference = ("the rewritten graph" if self.kind != ".tflite" else "the original .tflite"
+                             if self.step_type != "int16" else "the original, its int16 GELUs in float32")
                 against = reference if kind == "fidelity" else self.runtime
                 lines.append(f"  {c['output']} on the target vs {against}: max abs {c['max_abs']:.3g}{steps} "
                              + ("ok" if c["passed"] else "FAIL"))
@@ -200,7 +202,7 @@ class Report:
             label = "Flex erf ops" if self.kind == ".tflite" else "bare erf outside a GELU"
             lines.append(f"{label}: {counted(self.leftover_erf)} ({what})")
         if self.int8:
-            lines.append(f"int8: {self.int8_ranges}")
+            lines.append(f"{self.step_type}: {self.int8_ranges}")
             lines.append("ops: " + ", ".join(f"{name} {kind} {count}" for name, types in self.op_types.items()
                                              for kind, count in types.items()))
             lines.append("integer throughout" if not self.float_ops else "still float: " + ", ".join(
@@ -213,7 +215,7 @@ class Report:
             for kind, comparisons in (("fidelity", self.fidelity), ("drift", self.drift)):
                 for c in comparisons:
                     status = "ok" if c["passed"] else "FAIL"
-                    steps = "" if c.get("steps") is None else f" ({c['steps']:.2f} int8 steps)"
+                    steps = "" if c.get("steps") is None else f" ({c['steps']:.2f} {self.step_type} steps)"
                     lines.append(f"  {kind:8s} {c['output']}: max abs {c['max_abs']:.3g}{steps}, max rel "
                                  f"{c['max_rel']:.3g}, cosine {c['cosine']:.9f} {status}")
             if verbose:

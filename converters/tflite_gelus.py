@@ -37,6 +37,10 @@ from . import int8 as integer
 
 _GELU = schema.BuiltinOperator.GELU
 _CUSTOM = schema.BuiltinOperator.CUSTOM
+# The integer GELU ops there are: int8, and int16 activations with int8 weights (the stock converter's 16x8)
+_INTEGER_BITS = {schema.TensorType.INT8: 8, schema.TensorType.INT16: 16}
+# A 16x8 snippet is calibrated on at most this many batches of the GELU's input values (see _snippet_16x8)
+_CALIBRATION_BATCHES = 16
 # The Flex ops of TensorFlow's Erf and Erfc (TF has no Flex kernel for Erfc, but a runtime might).
 FLEX_ERF = {"FlexErf": "Erf", "FlexErfc": "Erfc"}
 
@@ -145,6 +149,25 @@ def _snippet(replacement, shape, quantized_input, quantized_output):
         return converter.convert()
 
 
+def _snippet_16x8(replacement, shape, input_quantization):
+    """A one-GELU .tflite computing `replacement` on an int16 tensor of `shape`, quantized 16x8 by the stock
+    converter (which takes no FakeQuant at 16 bits) with every intermediate range calibrated on the input's
+    own values: all 65,536 where a few batches of `shape` hold them, else an even subsample with both ends
+    (the intermediates are smooth: their extremes move by less than a step between neighbouring inputs)."""
+    scale, zero_point = input_quantization
+    concrete = [1 if size < 0 else size for size in shape]
+    per_batch = int(np.prod(concrete))
+    count = min(65536, per_batch * _CALIBRATION_BATCHES)
+    values = ((np.round(np.linspace(-32768, 32767, count)) - zero_point) * scale).astype(np.float32)
+    batches = [np.resize(values[start:start + per_batch], concrete) for start in range(0, count, per_batch)]
+    converter = _converter(lambda x: replacement.build(x, 1.0), _spec(shape, tf.float32))
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: ([batch] for batch in batches)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
+    converter.inference_input_type = converter.inference_output_type = tf.int16
+    return converter.convert()
+
+
 def _name(tensor):
     return tensor.name.decode() if isinstance(tensor.name, bytes) else str(tensor.name)
 
@@ -207,6 +230,35 @@ def _splice(model, site, snippet):
     subgraph.operators[site.position:site.position + 1] = operators
 
 
+def with_float_gelus(tflite_model):
+    """The .tflite with each int16 GELU op computed in float32 and rounded once (DEQUANTIZE, the GELU op on
+    float32, QUANTIZE into the op's own output): the int16 GELU as it should be, against which a rewrite is
+    held. TFLite's int16 GELU kernel interpolates a table over the input's range, so it is up to 356 output
+    steps from GELU where that range is much wider than the output's (measured at [-11, 1])."""
+    model = flatbuffer_model.as_object(tflite_model)
+    for site in sorted(gelu_ops(model), key=lambda op: (op.subgraph, -op.position)):
+        subgraph = model.subgraphs[site.subgraph]
+        if subgraph.tensors[site.input].type != schema.TensorType.INT16:
+            continue
+        gelu = subgraph.operators[site.position]
+        floats = []
+        for role in ("input", "output"):
+            tensor = schema.TensorT()
+            source = subgraph.tensors[site.input]
+            tensor.shape, tensor.shapeSignature, tensor.type = source.shape, source.shapeSignature, schema.TensorType.FLOAT32
+            tensor.name = f"{_name(source)}/keras_gelu_float_reference/{role}"
+            subgraph.tensors.append(tensor)
+            floats.append(len(subgraph.tensors) - 1)
+        dequantize, quantize = schema.OperatorT(), schema.OperatorT()
+        dequantize.opcodeIndex = flatbuffer_model.opcode_index(model, "DEQUANTIZE")
+        dequantize.inputs, dequantize.outputs = [site.input], [floats[0]]
+        quantize.opcodeIndex = flatbuffer_model.opcode_index(model, "QUANTIZE")
+        quantize.inputs, quantize.outputs = [floats[1]], [site.output]
+        gelu.inputs, gelu.outputs = [floats[0]], [floats[1]]
+        subgraph.operators[site.position:site.position + 1] = [dequantize, gelu, quantize]
+    return flatbuffer_model.as_bytes(model, len(tflite_model))
+
+
 def _drop_unused_codes(model):
     """Keep only the operator codes an operator uses: a replaced op's code (FlexErf above all) would
     otherwise still name an op the runtime must resolve."""
@@ -228,6 +280,7 @@ class Rewritten:
     tflite_model: bytes
     gelus: list  # [{"pattern", "alpha", "became", "count"}], as the graph path reports
     int8: bool  # an int8 GELU was among them
+    int16: bool  # an int16 (16x8) GELU was among them
     replaced: set  # {(function, Replacement)} of the GELUs replaced
     flex_erf: dict  # {Flex op: count} of the Flex erf ops made builtin
 
@@ -252,7 +305,7 @@ def rewrite(tflite_model, mode, exact_as, table=True):
     flex_erf = collections.Counter()
     replaced = set()
     snippets = {}
-    quantized_any = False
+    integer_bits = set()
     # From the last op of each subgraph back: splicing one keeps the positions of those before it
     for site in sorted(gelu_ops(model) + flex_erf_ops(model), key=lambda op: (op.subgraph, -op.position)):
         tensors = model.subgraphs[site.subgraph].tensors
@@ -264,21 +317,27 @@ def rewrite(tflite_model, mode, exact_as, table=True):
             _splice(model, site, flatbuffer_model.as_object(snippets[key]))
             flex_erf["Flex" + site.op] += 1
             continue
-        quantized = source.type == schema.TensorType.INT8
-        quantized_any |= quantized
-        conversion_mode = vocabulary.conversion_mode(mode, int8=quantized)
-        replacement = replacements.replacement_for(site.function, conversion_mode, exact_as, quantized)
-        pattern = f"GELU op ({'approximate' if site.approximate else 'exact'}, {'int8' if quantized else 'float32'})"
+        bits = _INTEGER_BITS.get(source.type)
+        integer_bits |= {bits} - {None}
+        conversion_mode = vocabulary.conversion_mode(mode, int8=bits is not None)
+        # int16 takes the float forms: at 16 bits they are closer to GELU than the int8 ones (tests)
+        replacement = replacements.replacement_for(site.function, conversion_mode, exact_as, bits == 8)
+        pattern = (f"GELU op ({'approximate' if site.approximate else 'exact'}, "
+                   f"{'float32' if bits is None else f'int{bits}'})")
         if replacement.fused:  # native mode: the GELU op is what it would become
             became[(pattern, "kept: GELU op")] += 1
             continue
-        quantizations = (_quantization(source), _quantization(destination)) if quantized else (None, None)
-        description = TABLE_DESCRIPTION if quantized and table else replacement.description
+        quantizations = (_quantization(source), _quantization(destination)) if bits else (None, None)
+        description = {None: replacement.description, 8: TABLE_DESCRIPTION if table else replacement.description,
+                       16: replacement.description + ", int16x8"}[bits]
         key = (site.function, _shape(source), quantizations, description)
         if key not in snippets:
-            snippets[key] = (_table_snippet(gelu_table(site.approximate, *quantizations), _shape(source))
-                             if description == TABLE_DESCRIPTION
-                             else _snippet(replacement, _shape(source), *quantizations))
+            if description == TABLE_DESCRIPTION:
+                snippets[key] = _table_snippet(gelu_table(site.approximate, *quantizations), _shape(source))
+            elif bits == 16:
+                snippets[key] = _snippet_16x8(replacement, _shape(source), quantizations[0])
+            else:
+                snippets[key] = _snippet(replacement, _shape(source), *quantizations)
         _splice(model, site, flatbuffer_model.as_object(snippets[key]))
         became[(pattern, description)] += 1
         replaced.add((site.function, replacement))
@@ -286,5 +345,5 @@ def rewrite(tflite_model, mode, exact_as, table=True):
              for (pattern, description), count in sorted(became.items())]
     if became or flex_erf:
         _drop_unused_codes(model)
-    return Rewritten(flatbuffer_model.as_bytes(model, len(tflite_model)), gelus, quantized_any, replaced,
-                     dict(flex_erf))
+    return Rewritten(flatbuffer_model.as_bytes(model, len(tflite_model)), gelus, 8 in integer_bits,
+                     16 in integer_bits, replaced, dict(flex_erf))

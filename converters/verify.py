@@ -242,7 +242,7 @@ def compare(name, actual, expected, atol, rtol):
 
 
 def with_steps(comparison, scale):
-    """A comparison as a dict, with its max abs error in int8 output steps (None for float outputs)."""
+    """A comparison as a dict, with its max abs error in integer output steps (None for float outputs)."""
     entry = dataclasses.asdict(comparison)
     entry["steps"] = None if scale is None else comparison.max_abs / scale
     return entry
@@ -259,7 +259,7 @@ def fail_unless_passed(comparisons, path, report, what, limit):
         # A deep int8 model's roundings add up (measured: 19 steps at cosine 0.999 on an untrained DeiT): the
         # user decides, knowing the cosine
         steps = math.ceil(round(worst["steps"], 3))  # float32 rounding of a whole number of steps
-        measured = f"{steps} int8 steps at cosine {min(c['cosine'] for c in failures):.4f}"
+        measured = f"{steps} {report.step_type} steps at cosine {min(c['cosine'] for c in failures):.4f}"
         limit = f"{limit}; pass --max-steps {steps} to accept it"
     raise errors.ParityFailure(report, f"{path}: {what} on output(s) "
                                f"{', '.join(c['output'] for c in failures)} ({measured} > {limit}); nothing written")

@@ -13,6 +13,7 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import example
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -42,23 +43,25 @@ def _gelu64(x, approximate):
     return [0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x]
 
 
-def stock_gelu(approximate, int8=False, low=-6.0, high=6.0, width=256):
+def stock_gelu(approximate, int8=False, low=-6.0, high=6.0, width=256, int16=False):
     """The stock converter's .tflite of tf.nn.gelu on a (1, width) float input; int8: full-integer, inputs and
-    outputs int8, calibrated on [low, high]."""
+    outputs int8, calibrated on [low, high]; int16: the same with 16x8 (int16 activations)."""
     module = tf.Module()
     module.gelu = tf.function(lambda x: tf.nn.gelu(x, approximate=approximate),
                               input_signature=[tf.TensorSpec([1, width], tf.float32)])
     converter = tf.lite.TFLiteConverter.from_concrete_functions([module.gelu.get_concrete_function()], module)
-    if int8:
+    if int8 or int16:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         converter.representative_dataset = lambda: ([np.linspace(low, high, width, dtype=np.float32)[None]]
                                                      for _ in range(2))
-        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        converter.inference_input_type = converter.inference_output_type = tf.int8
+        converter.target_spec.supported_ops = [
+            tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8 if int16
+            else tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        converter.inference_input_type = converter.inference_output_type = tf.int16 if int16 else tf.int8
     return converter.convert()
 
 
-def _run_int8(tflite_model, values):
+def _run_integer(tflite_model, values):
     interpreter_type, _ = tflite_helpers.verify.interpreter_class()
     interpreter = interpreter_type(model_content=tflite_model)
     interpreter.allocate_tensors()
@@ -91,7 +94,7 @@ def test_an_int8_gelu_op_becomes_its_own_table_exact_on_all_256_inputs(low, high
     table = tflite_gelus.rewrite(original, "builtin", "tanh").tflite_model
     assert set(tflite_helpers.ops(table)) == tflite_gelus.TABLE_OPS
     values = np.arange(-128, 128, dtype=np.int8)[None]
-    np.testing.assert_array_equal(_run_int8(table, values), _run_int8(original, values))
+    np.testing.assert_array_equal(_run_integer(table, values), _run_integer(original, values))
 
 
 def test_without_gather_an_int8_gelu_becomes_logistic_mul_add_within_a_step_on_a_symmetric_range():
@@ -106,9 +109,39 @@ def test_without_gather_an_int8_gelu_becomes_logistic_mul_add_within_a_step_on_a
         for form in ("sigmoid", "tanh"):
             rewritten = tflite_gelus.rewrite(original, "builtin", form, table=False).tflite_model
             assert set(tflite_helpers.ops(rewritten)) <= {"MUL", "ADD", "LOGISTIC"}
-            steps = np.abs(_run_int8(rewritten, values) - _run_int8(original, values))
+            steps = np.abs(_run_integer(rewritten, values) - _run_integer(original, values))
             worst[("tanh" if approximate else "exact", form)] = (int(steps.max()), int((steps > 0).sum()))
     assert all(maximum <= 1 for maximum, _ in worst.values()), worst
+
+
+def _quantization(tflite_model, which):
+    details = tflite_helpers.verify.interpreter_class()[0](model_content=tflite_model)
+    (detail,) = details.get_input_details() if which == "input" else details.get_output_details()
+    return detail["quantization"]
+
+
+@settings(max_examples=3, deadline=None)
+@given(low=st.floats(-12.0, -0.5), high=st.floats(0.5, 12.0), approximate=st.booleans())
+@example(low=-11.0, high=1.0, approximate=False)  # input range much wider than the output's
+def test_an_int16_gelu_op_becomes_its_float_form_in_16x8_close_to_gelu_rounded_once(low, high, approximate):
+    """All 65,536 int16 inputs (16x8, the stock converter's). The erf form (exact GELU) and the tanh form
+    (tanh GELU) against float64 GELU rounded into the op's output: within 2 steps plus the relative rounding
+    of the gate, 2^-16 of max|x|, in output steps (measured 1.4 at [-6, 6], 3.1 at [-3, 1], 13 at [-11, 1])."""
+    width = 65536
+    original = stock_gelu(approximate, low=low, high=high, width=width, int16=True)
+    assert tflite_helpers.ops(original) == {"GELU": 1}
+    rewritten = tflite_gelus.rewrite(original, "builtin", "erf")
+    assert rewritten.int16 and "GELU" not in tflite_helpers.ops(rewritten.tflite_model)
+    (input_scale, _), (output_scale, output_zero) = (_quantization(original, "input"),
+                                                     _quantization(original, "output"))
+    values = np.arange(-32768, 32768, dtype=np.int16)[None]
+    x = values[0].astype(np.float64) * input_scale
+    ideal = np.clip(np.round(np.array(_gelu64(x, approximate)) / output_scale) + output_zero, -32768, 32767)
+    steps = np.abs(_run_integer(rewritten.tflite_model, values)[0] - ideal)
+    assert steps.max() <= 2 + 2 * np.abs(x).max() / (65536 * output_scale), steps.max()
+    # the verification reference: the op in float32, rounded once, within a step of float64 (float32 rounding)
+    reference = _run_integer(tflite_gelus.with_float_gelus(original), values)[0]
+    assert np.abs(reference - ideal).max() <= 1
 
 
 @pytest.mark.legs("keras3")
@@ -257,8 +290,9 @@ def test_bad_tflite_input_is_one_line_and_writes_nothing(case, exit_code, messag
     assert not (tmp_path / "out.tflite").exists()
 
 
-def _stock_int8_model():
-    """A small model the stock converter quantizes to full int8 (int8 inputs and outputs): Dense, GELU, Dense."""
+def _stock_integer_model(op_set=tf.lite.OpsSet.TFLITE_BUILTINS_INT8):
+    """A small model the stock converter quantizes in full (integer inputs and outputs): Dense, GELU, Dense; int8,
+    or with the 16x8 op set, int16 activations."""
     module = tf.Module()
     rng = np.random.default_rng(3)
     first, second = (tf.constant(rng.normal(0, 0.5, size=shape).astype(np.float32)) for shape in ((8, 32), (32, 4)))
@@ -267,9 +301,25 @@ def _stock_int8_model():
     converter = tf.lite.TFLiteConverter.from_concrete_functions([module.f.get_concrete_function()], module)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter.representative_dataset = lambda: ([rng.normal(0, 1, size=(1, 8)).astype(np.float32)] for _ in range(64))
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    converter.inference_input_type = converter.inference_output_type = tf.int8
+    converter.target_spec.supported_ops = [op_set]
+    converter.inference_input_type = converter.inference_output_type = (
+        tf.int8 if op_set == tf.lite.OpsSet.TFLITE_BUILTINS_INT8 else tf.int16)
     return converter.convert()
+
+
+def test_a_16x8_model_converts_for_tflite_micro_held_to_its_gelus_in_float(tmp_path, capsys):
+    """The stock converter's 16x8 PTQ of Dense, GELU, Dense: the rewrite is held to the original with its GELU
+    computed in float32 and rounded once; its drift from TFLite's int16 GELU kernel is reported."""
+    original = _stock_integer_model(tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8)
+    path, output = tmp_path / "int16.tflite", tmp_path / "out.tflite"
+    path.write_bytes(original)
+    assert cli.main([str(path), "-o", str(output), "--form", "erf", "--target", "tflm", "-v"]) == 0
+    report = capsys.readouterr().err
+    assert "1 x GELU op (exact, int16) -> exact, polynomial in LOGISTIC from builtins, int16x8" in report
+    assert "integer throughout" in report and "'reference': 'the original with its int16 GELUs" in report
+    assert re.search(r"fidelity output_0: max abs \S+ \(\d+\.\d+ int16 steps\).* ok", report), report
+    assert set(tflite_helpers.ops(output.read_bytes())) <= {"FULLY_CONNECTED", "LOGISTIC", "MUL", "ADD", "MINIMUM",
+                                                             "MAXIMUM", "QUANTIZE"}
 
 
 def test_an_int8_model_converts_bit_for_bit_and_runs_on_tflite_micro_and_the_ethos_u_npu(tmp_path):
@@ -277,7 +327,7 @@ def test_an_int8_model_converts_bit_for_bit_and_runs_on_tflite_micro_and_the_eth
     Ethos-U55 (Vela 5.2) runs the GELU op itself; in builtin mode, as its NPU has no GATHER, LOGISTIC/MUL."""
     from keras_gelu import converters
 
-    original = _stock_int8_model()
+    original = _stock_integer_model()
     assert tflite_helpers.ops(original)["GELU"] == 1
     rewritten, report = converters.convert(original, target="tflm", max_steps=0)
     assert "GELU" not in report.ops and report.float_ops == {} and report.fidelity[0]["max_abs"] == 0.0
