@@ -75,8 +75,9 @@ def per_sample(run, arrays):
     return {name: np.concatenate([result[name] for result in results]) for name in results[0]}
 
 
-def check(tflite_model, target, allow_cpu_fallback):
-    """{"on_target": {op: count}, "cpu_fallback": {op: count}}, or DoesNotFitTarget naming what does not run."""
+def check(tflite_model, target, allow_cpu_fallback, cause=""):
+    """{"on_target": {op: count}, "cpu_fallback": {op: count}}, or DoesNotFitTarget naming what does not run
+    (and `cause`, where the caller knows where such ops come from)."""
     on_target, fallback, missing, wrong_type, unsupported = (collections.Counter() for _ in range(5))
     for operator in reporting.operators(tflite_model):
         if target.ops is None or operator.name in target.ops:
@@ -95,7 +96,7 @@ def check(tflite_model, target, allow_cpu_fallback):
         if target.fallback is not None and not allow_cpu_fallback and set(missing) <= target.fallback:
             hint = " (--allow-cpu-fallback runs them on the CPU beside it)"
         raise errors.DoesNotFitTarget(f"--target {target.name}: {target.runtime} lacks "
-                                      f"{reporting.counted(missing)}{hint}; nothing written")
+                                      f"{reporting.counted(missing)}{hint}{cause}; nothing written")
     if wrong_type:
         kinds = "/".join(sorted(target.output_types - {"int32", "bool"}))
         raise errors.DoesNotFitTarget(f"--target {target.name}: {target.runtime} computes {kinds} only, and "

@@ -242,10 +242,11 @@ def with_float_gelus(tflite_model):
             continue
         gelu = subgraph.operators[site.position]
         floats = []
-        for role in ("input", "output"):
+        source = subgraph.tensors[site.input]
+        for role in ("input", "output"):  # GELU is elementwise: both have the input's shape
             tensor = schema.TensorT()
-            source = subgraph.tensors[site.input]
-            tensor.shape, tensor.shapeSignature, tensor.type = source.shape, source.shapeSignature, schema.TensorType.FLOAT32
+            tensor.shape, tensor.shapeSignature = source.shape, source.shapeSignature
+            tensor.type = schema.TensorType.FLOAT32
             tensor.name = f"{_name(source)}/keras_gelu_float_reference/{role}"
             subgraph.tensors.append(tensor)
             floats.append(len(subgraph.tensors) - 1)
