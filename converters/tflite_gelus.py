@@ -34,6 +34,7 @@ from keras_gelu import vocabulary
 
 from . import flatbuffer_model
 from . import int8 as integer
+from . import verify
 
 _GELU = schema.BuiltinOperator.GELU
 _CUSTOM = schema.BuiltinOperator.CUSTOM
@@ -290,16 +291,53 @@ TABLE_OPS = frozenset({"CAST", "ADD", "GATHER"})
 TABLE_DESCRIPTION = "int8 table lookup (CAST/ADD/GATHER): the GELU op's own 256 outputs"
 
 
-def rewrite(tflite_model, mode, exact_as, table=True):
+def _int8_steps_from(snippet, table, shape):
+    """The most int8 steps by which `snippet` (int8 in, int8 out) differs from `table` on all 256 inputs."""
+    interpreter_type, _ = verify.interpreter_class()
+    interpreter = interpreter_type(model_content=snippet)
+    (input_detail,), (output_detail,) = interpreter.get_input_details(), interpreter.get_output_details()
+    concrete = [1 if size < 0 else size for size in shape]
+    interpreter.resize_tensor_input(input_detail["index"], concrete)
+    interpreter.allocate_tensors()
+    size = int(np.prod(concrete))
+    worst = 0
+    for start in range(0, 256, size):
+        values = np.resize(np.arange(-128, 128)[start:start + size], size).astype(np.int8)
+        interpreter.set_tensor(input_detail["index"], values.reshape(concrete))
+        interpreter.invoke()
+        output = interpreter.get_tensor(output_detail["index"]).reshape(-1).astype(np.int64)
+        worst = max(worst, int(np.abs(output - table[values.astype(np.int64) + 128]).max()))
+    return worst
+
+
+def _int8_snippet(replacement, approximate, shape, quantizations, table, form_steps):
+    """(snippet, description) for an int8 GELU op: the RULES form in int8 where it is within `form_steps` of
+    the op on all 256 inputs (checked here, input by input), or where `table` is False (a runtime without
+    GATHER); else the op's own table, exact. The form is the faster: measured in an FFN block, 0.93x the int8
+    GELU op where the table costs 1.49x (benchmarks/bench_tflite_input.py)."""
+    arithmetic = _snippet(replacement, shape, *quantizations)
+    if not table:
+        return arithmetic, replacement.description
+    own_table = gelu_table(approximate, *quantizations)
+    steps = _int8_steps_from(arithmetic, own_table, shape)
+    if steps <= form_steps:
+        return arithmetic, (f"{replacement.description}, within {steps} step{'s' if steps != 1 else ''} of the op "
+                            "on all 256 inputs")
+    return (_table_snippet(own_table, shape),
+            f"{TABLE_DESCRIPTION} (the {replacement.description} form is {steps} steps from it)")
+
+
+def rewrite(tflite_model, mode, exact_as, table=True, form_steps=1):
     """(bytes of the .tflite with every GELU op replaced as `mode` and `exact_as` call for, the report's GELUs).
 
-    An int8 GELU op becomes, with `table`, a lookup of its own 256 outputs
-    (exact: the op's kernel is that very table); without, the int8 form of
-    the RULES replacement, whose LOGISTIC rounds onto TFLite's fixed k/256
-    grid: within a step of the op where its input's range is no wider than
-    its output's, a few more where it is (measured: 2 at [-3, 1]). Every
-    float32 Flex erf op becomes the builtin erf (in either mode: native mode
-    has no erf op to keep).
+    An int8 GELU op becomes the int8 form of the RULES replacement where
+    that is within `form_steps` of the op on all 256 inputs, else (with `table`,
+    where the runtime has GATHER) a lookup of its own 256 outputs, exact.
+    The form's LOGISTIC rounds onto TFLite's fixed k/256 grid: within a step
+    where the input's range is no wider than the output's, a few more where it
+    is (measured: 2 at [-3, 1], 8 at [-11, 1]). An int16 GELU op becomes the
+    float form, quantized 16x8. Every float32 Flex erf op becomes the builtin
+    erf (in either mode: native mode has no erf op to keep).
     `tflite_model` must parse (a corrupt file raises from the object API)."""
     model = flatbuffer_model.as_object(tflite_model)
     became = collections.Counter()
@@ -329,17 +367,18 @@ def rewrite(tflite_model, mode, exact_as, table=True):
             became[(pattern, "kept: GELU op")] += 1
             continue
         quantizations = (_quantization(source), _quantization(destination)) if bits else (None, None)
-        description = {None: replacement.description, 8: TABLE_DESCRIPTION if table else replacement.description,
-                       16: replacement.description + ", int16x8"}[bits]
-        key = (site.function, _shape(source), quantizations, description)
+        key = (site.function, bits, _shape(source), quantizations, replacement, table, form_steps)
         if key not in snippets:
-            if description == TABLE_DESCRIPTION:
-                snippets[key] = _table_snippet(gelu_table(site.approximate, *quantizations), _shape(source))
-            elif bits == 16:
-                snippets[key] = _snippet_16x8(replacement, _shape(source), quantizations[0])
+            if bits == 16:
+                snippets[key] = (_snippet_16x8(replacement, _shape(source), quantizations[0]),
+                                 replacement.description + ", int16x8")
+            elif bits == 8:
+                snippets[key] = _int8_snippet(replacement, site.approximate, _shape(source), quantizations, table,
+                                              form_steps)
             else:
-                snippets[key] = _snippet(replacement, _shape(source), *quantizations)
-        _splice(model, site, flatbuffer_model.as_object(snippets[key]))
+                snippets[key] = _snippet(replacement, _shape(source), None, None), replacement.description
+        snippet, description = snippets[key]
+        _splice(model, site, flatbuffer_model.as_object(snippet))
         became[(pattern, description)] += 1
         replaced.add((site.function, replacement))
     gelus = [{"pattern": pattern, "alpha": 1.0, "became": description, "count": count}

@@ -1,16 +1,17 @@
 """A .tflite as keras-gelu-convert's input: checked, its GELU ops rewritten (`tflite_gelus`), run against
 itself, fitted to --target and reported, as a TensorFlow graph is.
 
-A .tflite is known by its content (the flatbuffer identifier "TFL3"), and
-read through LiteRT's own flatbuffer verifier first, so that a truncated or
-corrupt file is refused in one line (exit 5) before the object API reads it.
-The original .tflite has the GELU op and runs in LiteRT: it is the
-reference. A rewrite that computes the GELU op's own function (the erf form
-of an exact GELU, the tanh form of a tanh GELU) is held to the float
-tolerance; an approximation (the sigmoid form) is measured and reported, and
---max-drift bounds it. An int8 GELU becomes a lookup of its own 256 outputs
-(exact), or where the runtime lacks GATHER, LOGISTIC/MUL/ADD within a step or
-two; the model is held to --max-steps (default 1).
+A .tflite is known by its content (the flatbuffer identifier "TFL3"); a
+truncated or corrupt file is refused in one line (exit 5), by the object API
+or LiteRT's flatbuffer verifier. The original .tflite has the GELU op and
+runs in LiteRT: it is the reference. A rewrite that computes the GELU op's
+own function (the erf form of an exact GELU, the tanh form of a tanh GELU)
+is held to the float tolerance; an approximation (the sigmoid form) is
+measured and reported, and --max-drift bounds it. An int8 GELU becomes the
+int8 form where that is within a step of the op on all 256 inputs, else a
+lookup of its own 256 outputs (exact); the model is held to --max-steps
+(default 1). An int16 GELU is held to itself computed in float32 and rounded
+once, as TFLite's own int16 kernel is further from GELU than the rewrite.
 
 A select-mode .tflite's Flex ops are TensorFlow ops, which a runtime that
 links Flex (TensorFlow 2.18's interpreter) runs when verifying: they are
@@ -193,7 +194,10 @@ def convert(data, path, options):
                               vocabulary.resolve_exact_as(options.mode, options.exact_as), trusted=options.trust_model)
     # The int8 GELU's own table where the runtime has its three ops (not Ethos-U's NPU: LOGISTIC/MUL/ADD there)
     table = target is None or target.ops is None or tflite_gelus.TABLE_OPS <= target.ops
-    rewritten = tflite_gelus.rewrite(data, options.mode, report.exact_as, table)
+    # An int8 GELU's faster form where it is within a step of the op on all its inputs, else its table; a
+    # --max-steps above 1 is for the model (and the target's kernels), not a looser GELU; 0 asks for the table
+    form_steps = min(DEFAULT_INT8_STEPS, DEFAULT_INT8_STEPS if options.max_steps is None else options.max_steps)
+    rewritten = tflite_gelus.rewrite(data, options.mode, report.exact_as, table, form_steps)
     tflite_model = rewritten.tflite_model
     report.gelus = rewritten.gelus
     report.leftover_erf = rewritten.flex_erf

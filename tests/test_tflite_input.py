@@ -35,6 +35,8 @@ ERF_FORM_ATOL = 2e-6
 TANH_FORM_ATOL = 2e-6
 # x sigmoid(1.702 x) against exact GELU: the approximation's own error, 0.0203 at |x| = 2.
 SIGMOID_FORM_ATOL = 0.021
+# One int8 output step, measured on dequantized outputs: float32 rounds a whole step to (1 +- 1e-6) steps.
+ONE_STEP = 1.0 + 1e-3
 
 
 def _gelu64(x, approximate):
@@ -84,17 +86,36 @@ def test_float_gelu_ops_become_the_builtin_form_asked_for(approximate, form):
     np.testing.assert_allclose(actual[0], _gelu64(x[0].astype(np.float64), approximate), atol=atol)
 
 
-@settings(max_examples=4)
+@settings(max_examples=4, deadline=None)
 @given(low=st.floats(-12.0, -0.5), high=st.floats(0.5, 12.0), approximate=st.booleans())
-def test_an_int8_gelu_op_becomes_its_own_table_exact_on_all_256_inputs(low, high, approximate):
+def test_an_int8_gelu_op_becomes_a_form_within_a_step_or_else_its_own_table(low, high, approximate):
     """Every value an int8 GELU's input takes, for input ranges drawn at random (the stock converter's
-    calibration on [low, high]): CAST, ADD and GATHER of the op's own outputs, step for step."""
+    calibration on [low, high]): the RULES form where it is within a step of the op, else CAST, ADD and GATHER
+    of the op's own outputs, step for step. The table is the op's kernel, whichever is chosen."""
     original = stock_gelu(approximate, int8=True, low=low, high=high)
     assert tflite_helpers.ops(original) == {"GELU": 1}
-    table = tflite_gelus.rewrite(original, "builtin", "tanh").tflite_model
-    assert set(tflite_helpers.ops(table)) == tflite_gelus.TABLE_OPS
+    rewritten = tflite_gelus.rewrite(original, "builtin", "tanh").tflite_model
     values = np.arange(-128, 128, dtype=np.int8)[None]
-    np.testing.assert_array_equal(_run_integer(table, values), _run_integer(original, values))
+    expected = _run_integer(original, values)
+    steps = np.abs(_run_integer(rewritten, values) - expected)
+    if set(tflite_helpers.ops(rewritten)) == tflite_gelus.TABLE_OPS:
+        assert steps.max() == 0
+    else:
+        assert steps.max() <= 1 and set(tflite_helpers.ops(rewritten)) <= {"MUL", "ADD", "LOGISTIC"}
+    table = tflite_gelus.gelu_table(approximate, _quantization(original, "input"), _quantization(original, "output"))
+    np.testing.assert_array_equal(table[values[0].astype(np.int64) + 128], expected[0])
+
+
+def test_a_form_more_than_a_step_from_the_op_gives_way_to_the_table():
+    """Input calibrated on [-11, 1], output on GELU's [-0.17, 1]: LOGISTIC's k/256 grid puts the form steps
+    away (|x| / 512 against an output step of 1/255), so the op's own table replaces it, exact."""
+    original = stock_gelu(False, int8=True, low=-11.0, high=1.0)
+    rewritten = tflite_gelus.rewrite(original, "builtin", "sigmoid")
+    (entry,) = rewritten.gelus
+    steps = re.search(r"is (\d+) steps from it", entry["became"])
+    assert entry["became"].startswith(tflite_gelus.TABLE_DESCRIPTION) and steps and int(steps.group(1)) > 1
+    values = np.arange(-128, 128, dtype=np.int8)[None]
+    np.testing.assert_array_equal(_run_integer(rewritten.tflite_model, values), _run_integer(original, values))
 
 
 def test_without_gather_an_int8_gelu_becomes_logistic_mul_add_within_a_step_on_a_symmetric_range():
@@ -306,18 +327,18 @@ def test_a_dynamic_shape_export_is_refused_for_tflite_micro_saying_how_to_fix_it
 
 
 @pytest.mark.legs("keras3")
-def test_a_real_int8_model_s_gelus_become_their_tables_bit_for_bit(keras_hub_vit):
-    """The stock converter's PTQ of the ViT: both int8 GELU ops become their tables, so the rewritten model's
-    outputs are the original's, bit for bit. TFLite Micro's own int8 kernels (MEAN, RSQRT, SOFTMAX) round
-    otherwise than LiteRT's: it is held to LiteRT on the same file within the steps measured (5). The stock
-    converter left LayerNormalization's NEG in float: Ethos-U refuses those in one line."""
+def test_a_real_int8_model_s_gelus_are_rewritten_within_a_step(keras_hub_vit):
+    """The stock converter's PTQ of the ViT: each int8 GELU op becomes the sigmoid form where that is within
+    a step of the op on its 256 inputs, else its table. TFLite Micro's own int8 kernels (MEAN, RSQRT, SOFTMAX)
+    round otherwise than LiteRT's: it is held to LiteRT on the same file within the steps measured (5). The
+    stock converter left LayerNormalization's NEG in float: Ethos-U refuses those in one line."""
     from keras_gelu import converters
 
     _, folder = keras_hub_vit
     original = (folder / "vit_int8.tflite").read_bytes()
     assert tflite_helpers.ops(original)["GELU"] == 2
     _, report = converters.convert(original, target="tflm", max_steps=8)
-    assert "GELU" not in report.ops and report.fidelity[0]["max_abs"] == 0.0
+    assert "GELU" not in report.ops and report.fidelity[0]["steps"] <= ONE_STEP and report.gelus[0]["count"] == 2
     if importlib.util.find_spec("tflite_micro") is not None:
         assert all(c["passed"] for c in report.target["agreement"])
     if importlib.util.find_spec("ethosu") is not None:
@@ -398,17 +419,18 @@ def test_a_16x8_model_converts_for_tflite_micro_held_to_its_gelus_in_float(tmp_p
                                                              "MAXIMUM", "QUANTIZE"}
 
 
-def test_an_int8_model_converts_bit_for_bit_and_runs_on_tflite_micro_and_the_ethos_u_npu(tmp_path):
-    """The stock converter's PTQ model: its GELU as its own table is the op itself, output for output. The
-    Ethos-U55 (Vela 5.2) runs the GELU op itself; in builtin mode, as its NPU has no GATHER, LOGISTIC/MUL."""
+def test_an_int8_model_converts_within_a_step_and_runs_on_tflite_micro_and_the_ethos_u_npu(tmp_path):
+    """The stock converter's PTQ model: its GELU becomes the sigmoid form where that is within a step of the
+    op (else its table, exact). The Ethos-U55 (Vela 5.2) runs the GELU op itself; in builtin mode, as its NPU
+    has no GATHER, LOGISTIC/MUL."""
     from keras_gelu import converters
 
     original = _stock_integer_model()
     assert tflite_helpers.ops(original)["GELU"] == 1
-    rewritten, report = converters.convert(original, target="tflm", max_steps=0)
-    assert "GELU" not in report.ops and report.float_ops == {} and report.fidelity[0]["max_abs"] == 0.0
+    rewritten, report = converters.convert(original, target="tflm")
+    assert "GELU" not in report.ops and report.float_ops == {} and report.fidelity[0]["steps"] <= ONE_STEP
     if importlib.util.find_spec("tflite_micro") is not None:
-        assert report.target["figures"]["arena_bytes"] > 0 and report.target["fidelity"][0]["max_abs"] == 0.0
+        assert report.target["figures"]["arena_bytes"] > 0 and report.target["fidelity"][0]["steps"] <= ONE_STEP
     if importlib.util.find_spec("ethosu") is not None:
         for mode, became in (("native", "kept: GELU op"), ("builtin", "x*sigmoid(1.702x) from LOGISTIC/MUL")):
             _, report = converters.convert(original, target="ethos-u55", mode=mode, max_steps=1)
