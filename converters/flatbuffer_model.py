@@ -38,3 +38,18 @@ def opcode_index(model, name):
     operator_code.builtinCode, operator_code.deprecatedBuiltinCode, operator_code.version = code, min(code, 127), 1
     model.operatorCodes.append(operator_code)
     return len(model.operatorCodes) - 1
+
+
+def drop_unused_codes(model):
+    """Keep only the operator codes an operator uses: a replaced op's code (FlexErf above all) would otherwise
+    still name an op the runtime must resolve."""
+    used = sorted({operator.opcodeIndex for subgraph in model.subgraphs or () for operator in subgraph.operators or ()})
+    renumbered = {old: new for new, old in enumerate(used)}
+    model.operatorCodes = [model.operatorCodes[index] for index in used]
+    for subgraph in model.subgraphs or ():
+        for operator in subgraph.operators or ():
+            operator.opcodeIndex = renumbered[operator.opcodeIndex]
+
+
+def tensor_name(tensor):
+    return tensor.name.decode() if isinstance(tensor.name, bytes) else str(tensor.name)

@@ -136,6 +136,7 @@ class Report:
     int8_ranges: str = ""  # where the int8 ranges came from
     op_types: dict = dataclasses.field(default_factory=dict)  # {op: {output type: count}}
     float_ops: dict = dataclasses.field(default_factory=dict)  # what stayed float in an int8 model
+    islands_made_integer: dict = dataclasses.field(default_factory=dict)  # a .tflite's float ops, {op: count}
     flex_ops: list = dataclasses.field(default_factory=list)
     size_bytes: int = 0
     verified: bool = False
@@ -205,6 +206,9 @@ class Report:
             lines.append(f"{self.step_type}: {self.int8_ranges}")
             lines.append("ops: " + ", ".join(f"{name} {kind} {count}" for name, types in self.op_types.items()
                                              for kind, count in types.items()))
+            if self.islands_made_integer:
+                lines.append(f"float islands made integer: {counted(self.islands_made_integer)} "
+                             "(DEQUANTIZE/NEG/QUANTIZE as one integer MUL by -1)")
             lines.append("integer throughout" if not self.float_ops else "still float: " + ", ".join(
                 f"{name} {count}" for name, count in self.float_ops.items()))
         else:

@@ -169,10 +169,6 @@ def _snippet_16x8(replacement, shape, input_quantization):
     return converter.convert()
 
 
-def _name(tensor):
-    return tensor.name.decode() if isinstance(tensor.name, bytes) else str(tensor.name)
-
-
 def gelu_table(approximate, input_quantization, output_quantization):
     """The int8 GELU op's own lookup table, as TFLite's kernel fills it (LUTPopulate, in float32): the output
     for each of the 256 inputs, indexed by input + 128."""
@@ -212,7 +208,7 @@ def _splice(model, site, snippet):
         if tensor.buffer:  # 0 is the schema's empty buffer
             model.buffers.append(snippet.buffers[tensor.buffer])
             tensor.buffer = len(model.buffers) - 1
-        tensor.name = _name(subgraph.tensors[site.output]) + f"/keras_gelu_replacement/{index}"
+        tensor.name = flatbuffer_model.tensor_name(subgraph.tensors[site.output]) + f"/keras_gelu_replacement/{index}"
         subgraph.tensors.append(tensor)
         tensor_map[index] = len(subgraph.tensors) - 1
     code_map = {}
@@ -248,7 +244,7 @@ def with_float_gelus(tflite_model):
             tensor = schema.TensorT()
             tensor.shape, tensor.shapeSignature = source.shape, source.shapeSignature
             tensor.type = schema.TensorType.FLOAT32
-            tensor.name = f"{_name(source)}/keras_gelu_float_reference/{role}"
+            tensor.name = f"{flatbuffer_model.tensor_name(source)}/keras_gelu_float_reference/{role}"
             subgraph.tensors.append(tensor)
             floats.append(len(subgraph.tensors) - 1)
         dequantize, quantize = schema.OperatorT(), schema.OperatorT()
@@ -259,17 +255,6 @@ def with_float_gelus(tflite_model):
         gelu.inputs, gelu.outputs = [floats[0]], [floats[1]]
         subgraph.operators[site.position:site.position + 1] = [dequantize, gelu, quantize]
     return flatbuffer_model.as_bytes(model, len(tflite_model))
-
-
-def _drop_unused_codes(model):
-    """Keep only the operator codes an operator uses: a replaced op's code (FlexErf above all) would
-    otherwise still name an op the runtime must resolve."""
-    used = sorted({operator.opcodeIndex for subgraph in model.subgraphs or () for operator in subgraph.operators or ()})
-    renumbered = {old: new for new, old in enumerate(used)}
-    model.operatorCodes = [model.operatorCodes[index] for index in used]
-    for subgraph in model.subgraphs or ():
-        for operator in subgraph.operators or ():
-            operator.opcodeIndex = renumbered[operator.opcodeIndex]
 
 
 def _shape(tensor):
@@ -384,6 +369,6 @@ def rewrite(tflite_model, mode, exact_as, table=True, form_steps=1):
     gelus = [{"pattern": pattern, "alpha": 1.0, "became": description, "count": count}
              for (pattern, description), count in sorted(became.items())]
     if became or flex_erf:
-        _drop_unused_codes(model)
+        flatbuffer_model.drop_unused_codes(model)
     return Rewritten(flatbuffer_model.as_bytes(model, len(tflite_model)), gelus, 8 in integer_bits,
                      16 in integer_bits, replaced, dict(flex_erf))

@@ -32,6 +32,7 @@ from keras_gelu import vocabulary
 from . import equivalent_ops
 from . import errors
 from . import flatbuffer_model
+from . import float_islands
 from . import integer_inputs
 from . import loading
 from . import paths
@@ -199,6 +200,8 @@ def convert(data, path, options):
     form_steps = min(DEFAULT_INT8_STEPS, DEFAULT_INT8_STEPS if options.max_steps is None else options.max_steps)
     rewritten = tflite_gelus.rewrite(data, options.mode, report.exact_as, table, form_steps)
     tflite_model = rewritten.tflite_model
+    if quantized:  # the stock converter's float NEG (Keras 3's LayerNormalization), which no integer target runs
+        tflite_model, report.islands_made_integer = float_islands.negations_as_integer(tflite_model)
     report.gelus = rewritten.gelus
     report.leftover_erf = rewritten.flex_erf
     if not rewritten.gelus and not rewritten.flex_erf:
