@@ -86,6 +86,8 @@ def check(tflite_model, target, allow_cpu_fallback, cause=""):
                 wrong_type[f"{operator.name} ({operator.output_type})"] += 1
             elif operator.output_type not in target.op_output_types.get(operator.name, {operator.output_type}):
                 unsupported[f"{operator.name} ({operator.output_type})"] += 1
+            elif operator.input_type not in target.op_input_types.get(operator.name, {operator.input_type}):
+                unsupported[f"{operator.name} ({operator.input_type} in)"] += 1
         elif allow_cpu_fallback and target.fallback is not None and operator.name in target.fallback:
             fallback[operator.name] += 1
         else:

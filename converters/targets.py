@@ -106,6 +106,7 @@ class Target:
     exact_as: tuple  # the builtin-mode exact_as values it runs, the implied one first
     output_types: frozenset = None  # what its ops may output; None: any
     op_output_types: dict = dataclasses.field(default_factory=dict)  # {op: what it may output} narrower still
+    op_input_types: dict = dataclasses.field(default_factory=dict)  # {op: what its first input may be}
     int8: bool = False  # runs integer models only: --int8 is implied
     int8_io: bool = False  # int8 inputs and outputs: a float edge would be QUANTIZE/DEQUANTIZE off the accelerator
     static_shapes: bool = False  # shapes fixed at compile or allocation time: the batch axis becomes 1
@@ -128,9 +129,12 @@ class Target:
 
 TARGETS = {target.name: target for target in (
     Target("tflm", "TensorFlow Lite for Microcontrollers", TFLM_OPS, ("builtin",), ("sigmoid", "tanh", "erf"),
-           static_shapes=True, verifier="tflm", lacks="GELU, POW, TILE; int32 SELECT_V2; dynamic shapes",
+           static_shapes=True, verifier="tflm",
+           lacks="GELU, POW, TILE; int32 SELECT_V2; float16 weights; dynamic shapes",
            # tflite-micro's kernels/select.cc: "Does not support type other than int8|int16|float32"
-           op_output_types={"SELECT_V2": frozenset({"int8", "int16", "float32"})}),
+           op_output_types={"SELECT_V2": frozenset({"int8", "int16", "float32"})},
+           # kernels/dequantize_common.cc: int8, int16 or uint8 in (float16 weights are not)
+           op_input_types={"DEQUANTIZE": frozenset({"int8", "int16", "uint8"})}),
     *(Target(f"ethos-u{size}", f"Arm Ethos-U{size} NPU (Vela 5.2)", ops, ("native", "builtin"), ("sigmoid", "tanh"),
              output_types=INT8_ONLY, int8=True, int8_io=True, static_shapes=True, fallback=TFLM_OPS, verifier="vela",
              vela_config=config, lacks="float; GELU before Vela 5.2; DIV" + ("" if size == "85" else ", SELECT_V2"))

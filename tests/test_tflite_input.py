@@ -349,6 +349,50 @@ def test_a_real_int8_model_s_gelus_are_rewritten_within_a_step(keras_hub_vit):
             assert report.target["figures"]["cpu_operators"] == 0 < report.target["figures"]["npu_operators"]
 
 
+def test_gelu_ops_in_every_subgraph_are_rewritten():
+    """A tf.cond the stock converter keeps as an IF op: each branch a subgraph with its own GELU (exact in one,
+    tanh in the other). Both branches, against the original: the erf and tanh forms compute the ops' own
+    functions, to float32 rounding."""
+    from keras_gelu import converters
+
+    weights = tf.constant(np.random.default_rng(5).normal(size=(8, 8)).astype(np.float32))
+    module = tf.Module()
+    module.f = tf.function(lambda x: tf.cond(tf.reduce_sum(x) > 0,
+                                             lambda: tf.nn.gelu(tf.matmul(x, weights), approximate=False),
+                                             lambda: tf.nn.gelu(x, approximate=True) * 2.0),
+                           input_signature=[tf.TensorSpec([1, 8], tf.float32)])
+    original = tf.lite.TFLiteConverter.from_concrete_functions([module.f.get_concrete_function()], module).convert()
+    assert sorted(op.subgraph for op in tflite_gelus.gelu_ops(flatbuffer_model.as_object(original))) == [1, 2]
+    rewritten, report = converters.convert(original, exact_as="erf")
+    assert tflite_gelus.gelu_ops(flatbuffer_model.as_object(rewritten)) == []
+    assert sorted(entry["pattern"] for entry in report.gelus) == ["GELU op (approximate, float32)",
+                                                                  "GELU op (exact, float32)"]
+    x = np.random.default_rng(6).normal(size=(1, 8)).astype(np.float32)
+    for branch in (x, -x):
+        np.testing.assert_allclose(tflite_helpers.run(rewritten, branch)[0], tflite_helpers.run(original, branch)[0],
+                                   atol=ERF_FORM_ATOL * 8)  # through the 8-wide matmul's output range
+
+
+def test_a_float16_weight_tflite_s_gelu_becomes_builtin():
+    """float16 weights (DEQUANTIZE to float32 before the matmul): the GELU computes in float32 as before.
+    TFLite Micro's DEQUANTIZE takes integers only: refused from its op table, before TFLM fails to prepare."""
+    from keras_gelu import converters
+
+    weights = tf.constant(np.random.default_rng(7).normal(size=(8, 16)).astype(np.float32))
+    module = tf.Module()
+    module.f = tf.function(lambda x: tf.nn.gelu(tf.matmul(x, weights), approximate=False),
+                           input_signature=[tf.TensorSpec([1, 8], tf.float32)])
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.f.get_concrete_function()], module)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.target_spec.supported_types = [tf.float16]
+    original = converter.convert()
+    assert {"DEQUANTIZE", "GELU"} <= set(tflite_helpers.ops(original))
+    rewritten, report = converters.convert(original, exact_as="erf")
+    assert "GELU" not in report.ops and report.verified and not report.int8
+    with pytest.raises(errors.DoesNotFitTarget, match=r"lacks 1 x DEQUANTIZE \(float16 in\)"):
+        converters.convert(original, exact_as="erf", target="tflm")
+
+
 def test_a_tflite_is_known_by_its_content_and_taken_as_bytes(tmp_path):
     from keras_gelu import converters
 
