@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 VENV_PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
-EXTRAS := test,qat,litert,examples,tflm,vela,docs
+EXTRAS := tensorflow,test,qat,litert,examples,tflm,vela,docs
 # Every leg shows its 15 slowest tests, so that where the time goes stays in view.
 PYTEST_ARGS ?= --durations=15
 
@@ -15,7 +15,12 @@ TF218_VENV ?= .venv-tf218
 TF218_PYTHON := $(TF218_VENV)/bin/python
 TF218_INSTALLED := $(TF218_VENV)/.installed
 
-.PHONY: demo test test-keras3 test-tf-keras test-tf218 install install-tf218 docs bench bench-int8 recipes study plot clean
+# Keras 3 on JAX and on PyTorch, each in an environment without TensorFlow: the layers' own tests.
+JAX_VENV ?= .venv-jax
+TORCH_VENV ?= .venv-torch
+BACKEND_TESTS := tests/test_backends.py
+
+.PHONY: demo test test-keras3 test-tf-keras test-tf218 test-jax test-torch install install-tf218 install-jax install-torch docs bench bench-int8 recipes study plot clean
 
 install: $(INSTALLED)
 
@@ -41,6 +46,25 @@ $(TF218_INSTALLED): setup.cfg pyproject.toml
 	$(TF218_VENV)/bin/$(UV_INSTALL) --python $(TF218_PYTHON) --no-deps -e .
 	touch $@
 
+install-jax: $(JAX_VENV)/.installed
+
+$(JAX_VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(JAX_VENV)/bin/python || $(PYTHON) -m venv $(JAX_VENV)
+	$(JAX_VENV)/bin/python -m pip install --quiet uv
+	$(JAX_VENV)/bin/$(UV_INSTALL) --python $(JAX_VENV)/bin/python -e ".[jax]" "pytest>=7" "hypothesis>=6.80"
+	touch $@
+
+# pip, not uv, for torch: `pip install torch==2.13.0` takes the CPU build this machine keeps on disk (its pip
+# configuration finds it), where a plain `torch` from the registry is a CUDA build of several GB.
+install-torch: $(TORCH_VENV)/.installed
+
+$(TORCH_VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(TORCH_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/python -m pip install --quiet uv "torch==2.13.0"
+	$(TORCH_VENV)/bin/$(UV_INSTALL) --python $(TORCH_VENV)/bin/python -e ".[torch]" "pytest>=7" "hypothesis>=6.80" \
+	  ml_dtypes
+	touch $@
+
 demo: $(INSTALLED)
 	$(VENV_PYTHON) examples/demo.py --output-dir demo_output
 
@@ -50,13 +74,15 @@ demo: $(INSTALLED)
 # CPU's default (on for AVX-512, off for AVX2-only): they change fused kernels,
 # and with them float results. The tf-keras leg runs with oneDNN on, because
 # tf-keras's LayerNormalization is the pattern oneDNN fuses.
-# The legs run two at a time, as do the two installs: each leg is one pytest
-# process, mostly single-threaded Python, so a 2-core machine runs two at once.
-# The installs come first, so that the two long legs start together and the short one takes the first free core
-# (started beside them, it held back the tf-keras leg by its whole length).
+# Then Keras 3's backend-neutral layer tests on JAX and on PyTorch, each in an
+# environment without TensorFlow. The legs run two at a time: each leg is one
+# pytest process, mostly single-threaded Python, so a 2-core machine runs two
+# at once. The installs come first (four at once: they wait on the network), so
+# that the two long legs start together and the short ones take the first free
+# core (started beside them, one held back the tf-keras leg by its whole length).
 test:
-	$(MAKE) --jobs=2 install install-tf218
-	$(MAKE) --jobs=2 --output-sync=target test-keras3 test-tf-keras test-tf218
+	$(MAKE) --jobs=4 install install-tf218 install-jax install-torch
+	$(MAKE) --jobs=2 --output-sync=target test-keras3 test-tf-keras test-tf218 test-jax test-torch
 
 test-keras3: $(INSTALLED)
 	TF_USE_LEGACY_KERAS=0 TF_ENABLE_ONEDNN_OPTS=0 $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
@@ -66,6 +92,12 @@ test-tf-keras: $(INSTALLED)
 
 test-tf218: $(TF218_INSTALLED)
 	TF_USE_LEGACY_KERAS=0 TF_ENABLE_ONEDNN_OPTS=1 $(TF218_PYTHON) -m pytest $(PYTEST_ARGS)
+
+test-jax: $(JAX_VENV)/.installed
+	KERAS_BACKEND=jax $(JAX_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(BACKEND_TESTS)
+
+test-torch: $(TORCH_VENV)/.installed
+	KERAS_BACKEND=torch $(TORCH_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(BACKEND_TESTS)
 
 # The documentation site, from docs/ (docs/mkdocs.yml), into build/site/.
 docs: $(INSTALLED)
@@ -96,4 +128,4 @@ plot: $(INSTALLED)
 	$(VENV_PYTHON) examples/plot_forms.py --output docs/gelu_forms.png
 
 clean:
-	rm -rf $(VENV) $(TF218_VENV) demo_output qat_digits_output qat_cnn_digits_output qat_transformer_output build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(TF218_VENV) $(JAX_VENV) $(TORCH_VENV) demo_output qat_digits_output qat_cnn_digits_output qat_transformer_output build *.egg-info .pytest_cache .hypothesis

@@ -10,6 +10,7 @@ from keras_gelu.activations import gelu_exact
 from keras_gelu.activations import gelu_sigmoid
 from keras_gelu.activations import gelu_tanh
 from keras_gelu.fine_tuning import fine_tune_swapped
+from keras_gelu.flavour import BACKEND
 from keras_gelu.flavour import KERAS_FLAVOUR
 from keras_gelu.layers import GELU
 from keras_gelu.layers import GELU_LAYER_FUNCTIONS
@@ -19,14 +20,15 @@ from keras_gelu.swapping import Swap
 from keras_gelu.swapping import swap_activations
 from keras_gelu.swapping import when
 
-if KERAS_FLAVOUR == "keras3":
+if KERAS_FLAVOUR == "keras3" and BACKEND == "tensorflow":
     # Registers the Keras 3 QAT layers, so a saved QAT model loads after `import keras_gelu` alone. (Under
-    # tf-keras QAT models are tfmot's, loaded within qat.quantize_scope.)
+    # tf-keras QAT models are tfmot's, loaded within qat.quantize_scope. On JAX and PyTorch, QAT is to come.)
     from keras_gelu import qat as _qat  # noqa: F401
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BACKEND",
     "GELU",
     "GELUActivation",
     "GELU_LAYER_FUNCTIONS",

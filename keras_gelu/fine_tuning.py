@@ -12,8 +12,7 @@ a tenth of the rate, brings them back before the rest may move.
 
 import contextlib
 
-import tensorflow as tf
-
+from keras_gelu.flavour import flatten
 from keras_gelu.flavour import keras
 
 
@@ -34,7 +33,7 @@ def _layer_at(model, path):
 
 def _producers(layer):
     """The layers whose outputs this layer reads, in its first call."""
-    return [tensor._keras_history[0] for tensor in tf.nest.flatten(layer._inbound_nodes[0].input_tensors)]
+    return [tensor._keras_history[0] for tensor in flatten(layer._inbound_nodes[0].input_tensors)]
 
 
 def swapped_layers(model, swaps):

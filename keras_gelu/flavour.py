@@ -1,4 +1,4 @@
-"""The one place that decides which Keras this package builds on.
+"""The one place that decides which Keras this package builds on, and on which backend.
 
 TensorFlow's own `tf.keras` routes to tf-keras when `TF_USE_LEGACY_KERAS` is
 "1", "true" or "True" and to Keras 3 otherwise (see
@@ -24,22 +24,39 @@ if USE_LEGACY_KERAS:
             "TensorFlow X.Y) or unset TF_USE_LEGACY_KERAS."
         ) from error
     KERAS_FLAVOUR = "tf_keras"
+    BACKEND = "tensorflow"
 else:
-    import keras
+    try:
+        import keras
+    except ImportError as error:  # pragma: no cover - depends on the install
+        backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+        raise ImportError(
+            f"keras_gelu runs on Keras 3, whose {backend} backend did not import ({error}). keras-gelu brings "
+            "no framework of its own: install one, e.g. `pip install 'keras-gelu[tensorflow]'` (or [jax], "
+            "[torch]), and choose it with KERAS_BACKEND."
+        ) from error
 
     if not keras.__version__.startswith("3."):  # pragma: no cover
         raise ImportError(
             "keras_gelu needs Keras 3 (or tf-keras with TF_USE_LEGACY_KERAS=1); "
             f"found keras {keras.__version__}."
         )
-    if keras.backend.backend() != "tensorflow":
+    BACKEND = keras.backend.backend()
+    if BACKEND not in ("tensorflow", "jax", "torch"):
         raise ImportError(
-            "keras_gelu computes with TensorFlow ops and targets TFLite, so it "
-            "needs the TensorFlow backend of Keras 3. Set KERAS_BACKEND=tensorflow "
-            f"before importing keras. Received: backend={keras.backend.backend()}"
+            "keras_gelu runs on Keras 3's TensorFlow, JAX and PyTorch backends. "
+            f"Set KERAS_BACKEND to one of them. Received: backend={BACKEND}"
         )
     KERAS_FLAVOUR = "keras3"
 
+
+def flatten(structure):
+    """The leaves of a nested structure, as the Keras in use flattens it (tf-keras: tf.nest)."""
+    if USE_LEGACY_KERAS:
+        import tensorflow as tf
+
+        return tf.nest.flatten(structure)
+    return keras.tree.flatten(structure)
 
 
 def register_serializable(obj):
@@ -56,4 +73,4 @@ def register_serializable(obj):
     return registered
 
 
-__all__ = ["KERAS_FLAVOUR", "USE_LEGACY_KERAS", "keras", "register_serializable"]
+__all__ = ["BACKEND", "KERAS_FLAVOUR", "USE_LEGACY_KERAS", "flatten", "keras", "register_serializable"]

@@ -1,4 +1,4 @@
-"""GELU and its approximations as pure TensorFlow math.
+"""GELU and its approximations as pure math, on TensorFlow, JAX or PyTorch tensors (`array_ops`).
 
 Every form here is a *gated* identity, y = x * g(x), where the gate g rises
 from 0 to 1:
@@ -31,7 +31,7 @@ x only into factors that have already underflowed to 0 wherever x is huge.
 
 import math
 
-import tensorflow as tf
+from keras_gelu import array_ops
 
 SQRT_HALF = 1.0 / math.sqrt(2.0)  # 0.70710677 in float32, the constant tf.nn.gelu uses
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)  # phi(0), the normal density at 0
@@ -58,12 +58,13 @@ LEARNABLE_GATE_X_BOUND = 1e20
 
 def constant_like(value, like):
     """A Python number as a constant of `like`'s dtype."""
-    return tf.constant(value, dtype=like.dtype)
+    return array_ops.of(like).constant(value, like)
 
 
 def without_minus_inf(x):
     """x with -inf replaced by the lowest finite value: equal to x for finite x."""
-    return tf.maximum(x, constant_like(x.dtype.min, x))
+    xp = array_ops.of(x)
+    return xp.maximum(x, xp.lowest(x))
 
 
 def _finite(x):
@@ -72,14 +73,16 @@ def _finite(x):
     Written with where, not clip_by_value: XLA before TF 2.19 lets min/max
     turn NaN into the bound, which would make NaN inputs look finite.
     """
-    largest = tf.where(x > 0, constant_like(x.dtype.max, x), constant_like(x.dtype.min, x))
-    return tf.where(tf.math.is_inf(x), largest, x)
+    xp = array_ops.of(x)
+    largest = xp.where(x > 0, xp.highest(x), xp.lowest(x))
+    return xp.where(xp.is_inf(x), largest, x)
 
 
 def _clamped(x, bound):
     """x clamped to [-bound, bound]; NaN stays NaN (with where, as in _finite)."""
+    xp = array_ops.of(x)
     high, low = constant_like(bound, x), constant_like(-bound, x)
-    return tf.where(x > high, high, tf.where(x < low, low, x))
+    return xp.where(x > high, high, xp.where(x < low, low, x))
 
 
 def exact_forward(x):
@@ -90,42 +93,41 @@ def exact_forward(x):
     builtin GELU op.
     """
     x = without_minus_inf(x)
-    return constant_like(0.5, x) * x * tf.math.erfc(-x * constant_like(SQRT_HALF, x))
+    return constant_like(0.5, x) * x * array_ops.of(x).erfc(-x * constant_like(SQRT_HALF, x))
 
 
 def tanh_forward(x):
     """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as x * sigmoid(2u)."""
     x = without_minus_inf(x)
     inner = x + constant_like(TANH_CUBIC, x) * (x * x * x)
-    return x * tf.math.sigmoid(constant_like(SIGMOID_OF_TANH_SCALE, x) * inner)
+    return x * array_ops.of(x).sigmoid(constant_like(SIGMOID_OF_TANH_SCALE, x) * inner)
 
 
 def sigmoid_forward(x):
     """x * sigmoid(1.702 x)."""
     x = without_minus_inf(x)
-    return x * tf.math.sigmoid(constant_like(SIGMOID_SLOPE, x) * x)
+    return x * array_ops.of(x).sigmoid(constant_like(SIGMOID_SLOPE, x) * x)
 
 
 def _gate_from_output(x, y):
     """g(x) = y / x, with the limits at 0 and +inf of the fixed forms."""
+    xp = array_ops.of(x)
     gate = y / _finite(x)
-    gate = tf.where(x > constant_like(_GATE_IS_ONE_ABOVE, x), tf.ones_like(x), gate)
-    return tf.where(
-        tf.abs(x) < constant_like(_GATE_AT_ZERO_BELOW, x), tf.fill(tf.shape(x), constant_like(0.5, x)), gate
-    )
+    gate = xp.where(x > constant_like(_GATE_IS_ONE_ABOVE, x), xp.ones_like(x), gate)
+    return xp.where(xp.abs(x) < constant_like(_GATE_AT_ZERO_BELOW, x), xp.full_like(x, 0.5), gate)
 
 
 def exact_derivative(x, y):
     """d/dx x Phi(x) = Phi(x) + x phi(x)."""
     x_finite = _finite(x)
-    density = constant_like(INV_SQRT_2PI, x) * tf.exp(constant_like(-0.5, x) * x_finite * x_finite)
+    density = constant_like(INV_SQRT_2PI, x) * array_ops.of(x).exp(constant_like(-0.5, x) * x_finite * x_finite)
     return _gate_from_output(x, y) + x_finite * density
 
 
 def tanh_derivative(x, y):
     """d/dx x g(x) = g + x g (1 - g) 1.5957691 (1 + 3 * 0.044715 x^2)."""
     gate = _gate_from_output(x, y)
-    x_poly = tf.clip_by_value(x, constant_like(-_TANH_POLY_CLIP, x), constant_like(_TANH_POLY_CLIP, x))
+    x_poly = array_ops.of(x).clip(x, constant_like(-_TANH_POLY_CLIP, x), constant_like(_TANH_POLY_CLIP, x))
     inner_slope = constant_like(SIGMOID_OF_TANH_SCALE, x) * (
         constant_like(1.0, x) + constant_like(3.0 * TANH_CUBIC, x) * x_poly * x_poly
     )
@@ -146,8 +148,9 @@ def learnable_forward(x, alpha, beta):
     exponential decay beats the linear growth (x -> -inf with alpha > 0, or
     x -> +inf with alpha < 0).
     """
-    gate = tf.math.sigmoid(alpha * _clamped(x, LEARNABLE_GATE_X_BOUND) + beta)
-    return tf.where(tf.equal(gate, constant_like(0.0, x)), tf.zeros_like(x), x * gate)
+    xp = array_ops.of(x)
+    gate = xp.sigmoid(alpha * _clamped(x, LEARNABLE_GATE_X_BOUND) + beta)
+    return xp.where(xp.equal(gate, constant_like(0.0, x)), xp.zeros_like(x), x * gate)
 
 
 def learnable_partials(x, alpha, beta):
@@ -157,7 +160,7 @@ def learnable_partials(x, alpha, beta):
     parameters' shapes.
     """
     x_finite = _finite(x)
-    gate = tf.math.sigmoid(alpha * x_finite + beta)
+    gate = array_ops.of(x).sigmoid(alpha * x_finite + beta)
     gate_slope = gate * (constant_like(1.0, x) - gate)
     by_beta = x_finite * gate_slope
     return gate + alpha * by_beta, x_finite * by_beta, by_beta

@@ -35,14 +35,16 @@ a sublayer in a dict) is named in a warning.
 import functools
 import json
 import logging
+import sys
 import typing
 import warnings
 
-import tensorflow as tf
+import numpy as np
 
 from keras_gelu import activations
 from keras_gelu import layer_configs
 from keras_gelu.flavour import KERAS_FLAVOUR
+from keras_gelu.flavour import flatten
 from keras_gelu.flavour import keras
 from keras_gelu.inner_activations import InnerActivations
 from keras_gelu.inner_activations import sublayers_by_path
@@ -124,14 +126,11 @@ _LIBRARY_SPELLINGS = {
 def _same_function_names():
     """{id(function): name} for the functions Keras and TensorFlow spell several ways (made once: the
     functions are module-level and live as long as the process, so their ids stay theirs)."""
-    spellings = [
-        (keras.activations.relu, "relu"),
-        (tf.nn.relu, "relu"),
-        (tf.nn.relu6, "relu6"),
-        # Keras's `gelu` activation and tf.nn.gelu default to exact GELU...
-        (keras.activations.gelu, "gelu_exact"),
-        (tf.nn.gelu, "gelu_exact"),
-    ]
+    # Keras's `gelu` activation and tf.nn.gelu default to exact GELU...
+    spellings = [(keras.activations.relu, "relu"), (keras.activations.gelu, "gelu_exact")]
+    if "tensorflow" in sys.modules:  # a model can hold TensorFlow's functions only where TensorFlow is loaded
+        tf = sys.modules["tensorflow"]
+        spellings += [(tf.nn.relu, "relu"), (tf.nn.relu6, "relu6"), (tf.nn.gelu, "gelu_exact")]
     if hasattr(keras.activations, "relu6"):
         spellings.append((keras.activations.relu6, "relu6"))
     if hasattr(keras, "ops"):  # Keras 3: ...while keras.ops.gelu defaults to the tanh form
@@ -302,8 +301,9 @@ def _build_activation_layers(layer):
     """
     if all(activation.built for activation in _activation_layers(layer).values()) or not layer._inbound_nodes:
         return
-    first_input = tf.nest.flatten(layer._inbound_nodes[0].input_tensors)[0]
-    zeros = tf.zeros([1 if size is None else size for size in first_input.shape], first_input.dtype)
+    first_input = flatten(layer._inbound_nodes[0].input_tensors)[0]
+    dtype = getattr(first_input.dtype, "as_numpy_dtype", first_input.dtype)  # tf-keras's is a tf.DType
+    zeros = np.zeros([1 if size is None else size for size in first_input.shape], dtype)
     try:
         layer(zeros)
     except Exception:  # noqa: BLE001 - e.g. a convolution bigger than the size-1 stand-ins
@@ -448,7 +448,7 @@ def _plain_get_config(layer):
 
 def _output_shapes(layer):
     return sorted({tuple(tensor.shape) for node in layer._inbound_nodes
-                   for tensor in tf.nest.flatten(node.output_tensors) if hasattr(tensor, "shape")}, key=repr)
+                   for tensor in flatten(node.output_tensors) if hasattr(tensor, "shape")}, key=repr)
 
 
 def _check_output_shapes(old_layer, new_layer, path):

@@ -1,8 +1,10 @@
 """Test set-up shared by the whole suite.
 
-The suite runs once per Keras flavour (`make test` sets TF_USE_LEGACY_KERAS).
-TensorFlow is given two logical CPU devices before anything else touches it, so
-MirroredStrategy tests have two replicas on this one-CPU machine.
+The suite runs once per Keras flavour (`make test` sets TF_USE_LEGACY_KERAS),
+and its backend-neutral part once more on Keras 3's JAX and PyTorch backends
+(KERAS_BACKEND), in environments without TensorFlow. TensorFlow is given two
+logical CPU devices before anything else touches it, so MirroredStrategy
+tests have two replicas on this one-CPU machine.
 """
 
 import os
@@ -11,13 +13,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
-_cpus = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(
-    _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
-)
+BACKEND = os.environ.get("KERAS_BACKEND", "tensorflow")
+if BACKEND == "tensorflow":
+    import tensorflow as tf
+
+    _cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(
+        _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+    )
 
 settings.register_profile("keras_gelu", deadline=None, max_examples=150, derandomize=True)
 settings.load_profile("keras_gelu")
@@ -27,16 +32,22 @@ from keras_gelu.flavour import keras  # noqa: E402
 
 IS_KERAS3 = keras_gelu.KERAS_FLAVOUR == "keras3"
 
-# The legs of `make test`, each a Keras flavour on a TensorFlow version (the Makefile sets oneDNN per leg). A test
-# module says which legs it belongs to with `pytestmark = pytest.mark.legs(...)`: what differs between the legs
-# runs in each, what does not runs once. Unmarked tests run in every leg.
-LEGS = ("keras3", "tf_keras", "tf218")
-LEG = "tf218" if tf.__version__.startswith("2.18") else "keras3" if IS_KERAS3 else "tf_keras"
+# The legs of `make test`, each a Keras flavour on a TensorFlow version (the Makefile sets oneDNN per leg), or
+# Keras 3 on JAX or PyTorch. A test module says which legs it belongs to with `pytestmark = pytest.mark.legs(...)`:
+# what differs between the legs runs in each, what does not runs once. Unmarked tests run in every TensorFlow leg.
+LEGS = ("keras3", "tf_keras", "tf218", "jax", "torch")
+if BACKEND != "tensorflow":
+    LEG = BACKEND
+else:
+    LEG = "tf218" if tf.__version__.startswith("2.18") else "keras3" if IS_KERAS3 else "tf_keras"
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         marker = item.get_closest_marker("legs")
+        if marker is None and LEG in ("jax", "torch"):  # unmarked tests are TensorFlow's (every TensorFlow leg)
+            item.add_marker(pytest.mark.skip(reason="runs in the TensorFlow legs"))
+            continue
         if marker is not None and LEG not in marker.args:
             assert set(marker.args) <= set(LEGS), marker.args
             item.add_marker(pytest.mark.skip(reason=f"runs in the {' and '.join(marker.args)} leg(s)"))
@@ -77,6 +88,7 @@ def _cpu_kind():
 
 
 def pytest_report_header(config):
-    return (f"keras_gelu flavour: {keras_gelu.KERAS_FLAVOUR} (keras {keras.__version__}), tensorflow {tf.__version__}, "
+    framework = f"tensorflow {tf.__version__}" if BACKEND == "tensorflow" else f"backend {BACKEND}"
+    return (f"keras_gelu flavour: {keras_gelu.KERAS_FLAVOUR} (keras {keras.__version__}), {framework}, "
             f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', '(unset: the CPU default)')}, "
             f"CPU: {_cpu_kind()}")

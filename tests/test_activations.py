@@ -19,17 +19,6 @@ pytestmark = pytest.mark.legs("keras3", "tf218")
 
 F32_EPS = float(np.finfo(np.float32).eps)
 
-# Float32 tolerances against each form's own float64 formula, per form:
-# - exact: the issue's bound; erfc is relatively accurate, so only rounding remains.
-# - tanh: float32 rounding of the cubic argument z is amplified by the gate's
-#   slope (|x g'(x) z| reaches ~10 near x = 4.7); measured worst 5.2e-7 abs there.
-# - sigmoid: one sigmoid and two products, measured worst 7.4e-7 at x = 8.6 (~2 ulp).
-FLOAT32_TOLERANCE = {
-    "exact": dict(rtol=2e-7, atol=1e-7),
-    "tanh": dict(rtol=2e-6, atol=1e-7),
-    "sigmoid": dict(rtol=5e-7, atol=1e-7),
-}
-
 # Max abs error of each float64 formula vs exact GELU over the reals (the README
 # table); the bound is the published value rounded up in its last digit.
 DOCUMENTED_DISTANCE_FROM_EXACT = {"tanh": 4.74e-4, "sigmoid": 2.04e-2}
@@ -51,7 +40,8 @@ def _assert_within(actual, expected, rtol, atol):
 def test_float32_accuracy_on_dense_grid(function):
     actual = keras_gelu.gelu(DENSE_GRID, approximate=function).numpy()
     assert actual.dtype == np.float32
-    _assert_within(actual, references.BY_FUNCTION[function](DENSE_GRID), **FLOAT32_TOLERANCE[function])
+    _assert_within(actual, references.BY_FUNCTION[function](DENSE_GRID),
+                   **references.FLOAT32_TOLERANCE[function])
 
 
 def test_float64_exact_keeps_float64_precision():
@@ -112,7 +102,7 @@ def test_approximate_accepts_strings_and_keras_booleans(approximate, function):
     _assert_within(
         keras_gelu.gelu(x, approximate=approximate).numpy(),
         references.BY_FUNCTION[function](x),
-        **FLOAT32_TOLERANCE[function],
+        **references.FLOAT32_TOLERANCE[function],
     )
 
 

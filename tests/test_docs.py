@@ -1,8 +1,9 @@
 """Docs that cannot rot: every code block in README.md and docs/ runs, and the site builds with --strict.
 
-* Each ```python block runs as it is shown, in a fresh interpreter, in an
-  empty folder (a block that needs tf-keras sets TF_USE_LEGACY_KERAS itself,
-  as a reader would).
+* Each ```python block runs as it is shown, in an empty folder of its own,
+  with a clean Keras state: the Keras 3 blocks in one fresh interpreter, the
+  blocks that need tf-keras (they set TF_USE_LEGACY_KERAS themselves, as a
+  reader would) in another.
 * Each `keras-gelu-convert` line of a ```sh block runs against the bundled
   models it names (`bundled`: a SavedModel, a .keras and an .h5 file, Keras's
   LiteRT export of the same model, int8 samples, and a quantization-aware
@@ -11,6 +12,7 @@
   left out of the nav.
 """
 
+import json
 import os
 import re
 import shlex
@@ -63,17 +65,52 @@ def test_every_page_has_what_the_tests_read():
     assert {document for document, _, _ in PYTHON_BLOCKS} >= {"README.md", "docs/layers.md", "docs/int8.md"}
 
 
-# A block runs in a fresh interpreter, Keras 3 unless it says otherwise, whichever leg starts it: the tf-keras
-# leg does, as its pytest process has the shorter run of the two Keras 3 ones.
-@pytest.mark.legs("tf_keras")
-@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[f"{document}:{line}" for document, line, _ in PYTHON_BLOCKS])
-def test_python_block_runs_in_a_fresh_interpreter(block, tmp_path):
-    document, line, code = block
+# Runs the blocks it is given in turn, each in a folder of its own with a clean Keras state, and prints
+# {"document:line": the traceback, or None} as its last line.
+_BLOCK_RUNNER = """
+import json, os, sys, traceback
+results = {}
+for name, folder, code in json.loads(sys.stdin.read()):
+    os.chdir(folder)
+    try:
+        exec(compile(code, name, "exec"), {"__name__": "__main__"})
+        results[name] = None
+    except BaseException:
+        results[name] = traceback.format_exc()[-3000:]
+    finally:
+        import keras_gelu.flavour
+        keras_gelu.flavour.keras.backend.clear_session()
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def python_block_results(tmp_path_factory):
+    """{"document:line": None, or why the block failed}, every block run as a reader would: Keras 3 unless
+    it says otherwise. The Keras 3 blocks share one interpreter, and so do those that set TF_USE_LEGACY_KERAS
+    (before they import TensorFlow, as a reader must): an interpreter's start, TensorFlow's import above all,
+    took most of each block's time."""
     environment = {key: value for key, value in os.environ.items() if key != "TF_USE_LEGACY_KERAS"}
     environment.update(TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=environment, capture_output=True,
-                            text=True, timeout=600)
-    assert result.returncode == 0, f"{document}:{line}\n{result.stderr[-3000:]}"
+    results = {}
+    for legacy in (False, True):
+        batch = [(f"{document}:{line}", str(tmp_path_factory.mktemp("block")), code)
+                 for document, line, code in PYTHON_BLOCKS if ("TF_USE_LEGACY_KERAS" in code) == legacy]
+        result = subprocess.run([sys.executable, "-c", _BLOCK_RUNNER], input=json.dumps(batch), env=environment,
+                                capture_output=True, text=True, timeout=1200)
+        assert result.returncode == 0, result.stderr[-3000:]
+        results.update(json.loads(result.stdout.strip().splitlines()[-1]))
+    return results
+
+
+# Whichever leg starts them: the tf-keras leg does, as its pytest process has the shorter run of the two Keras 3
+# ones.
+@pytest.mark.legs("tf_keras")
+@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[f"{document}:{line}" for document, line, _ in PYTHON_BLOCKS])
+def test_python_block_runs(block, python_block_results):
+    document, line, _ = block
+    failure = python_block_results[f"{document}:{line}"]
+    assert failure is None, f"{document}:{line}\n{failure}"
 
 
 @pytest.fixture(scope="module")

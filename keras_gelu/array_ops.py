@@ -1,0 +1,102 @@
+"""The array operations GELU's formulas are written in, for whichever framework's tensors they are given.
+
+`formulas.py` is written once, against the namespace `of(x)` returns for its
+input: TensorFlow tensors get TensorFlow's own ops (the converter builds its
+TFLite graphs from these very formulas, op for op), JAX arrays jax.numpy's and
+PyTorch tensors torch's. So the layers compute on every Keras 3 backend with
+one spelling of the math, and a JAX or PyTorch process never imports
+TensorFlow: each framework is imported when the first tensor of it arrives.
+
+Why not `keras.ops`: it has no erfc (1 - erf cancels for negative x, where
+exact GELU needs full relative accuracy), and under tf-keras the converter's
+graphs must hold exactly the TensorFlow ops these spell.
+"""
+
+class _TensorFlow:
+    def __init__(self):
+        import tensorflow as tf
+
+        self.tf = tf
+        self.maximum, self.where, self.erfc = tf.maximum, tf.where, tf.math.erfc
+        self.sigmoid, self.exp, self.abs, self.is_inf = tf.math.sigmoid, tf.exp, tf.abs, tf.math.is_inf
+        self.clip, self.ones_like, self.zeros_like, self.equal = tf.clip_by_value, tf.ones_like, tf.zeros_like, tf.equal
+
+    def constant(self, value, like):
+        return self.tf.constant(value, dtype=like.dtype)
+
+    def lowest(self, like):
+        return self.constant(like.dtype.min, like)
+
+    def highest(self, like):
+        return self.constant(like.dtype.max, like)
+
+    def full_like(self, like, value):
+        return self.tf.fill(self.tf.shape(like), self.constant(value, like))
+
+
+class _Jax:
+    def __init__(self):
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+
+        self.jnp, self.np = jnp, np
+        self.maximum, self.where, self.erfc = jnp.maximum, jnp.where, jax.scipy.special.erfc
+        self.sigmoid, self.exp, self.abs, self.is_inf = jax.nn.sigmoid, jnp.exp, jnp.abs, jnp.isinf
+        self.clip, self.ones_like, self.zeros_like, self.equal = jnp.clip, jnp.ones_like, jnp.zeros_like, jnp.equal
+
+    def constant(self, value, like):
+        return self.jnp.asarray(value, dtype=like.dtype)
+
+    def lowest(self, like):
+        return self.constant(self.jnp.finfo(like.dtype).min, like)
+
+    def highest(self, like):
+        return self.constant(self.jnp.finfo(like.dtype).max, like)
+
+    def full_like(self, like, value):
+        return self.jnp.full_like(like, value)
+
+
+class _Torch:
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.maximum, self.where, self.erfc = torch.maximum, torch.where, torch.special.erfc
+        self.sigmoid, self.exp, self.abs, self.is_inf = torch.sigmoid, torch.exp, torch.abs, torch.isinf
+        self.ones_like, self.zeros_like, self.equal = torch.ones_like, torch.zeros_like, torch.eq
+
+    def constant(self, value, like):
+        return self.torch.tensor(value, dtype=like.dtype, device=like.device)
+
+    def lowest(self, like):
+        return self.constant(self.torch.finfo(like.dtype).min, like)
+
+    def highest(self, like):
+        return self.constant(self.torch.finfo(like.dtype).max, like)
+
+    def clip(self, x, low, high):
+        return self.torch.clamp(x, low, high)
+
+    def full_like(self, like, value):
+        return self.torch.full_like(like, value)
+
+
+# A tensor's framework, from the module its type lives in (tracers and symbolic tensors included).
+_NAMESPACES = {"tensorflow": _TensorFlow, "jax": _Jax, "jaxlib": _Jax, "torch": _Torch}
+
+
+_MADE = {}  # a plain dict, not functools.lru_cache: PyTorch's compiler (dynamo) traces through it
+
+
+def of(x):
+    """The array operations for `x`'s framework."""
+    framework = type(x).__module__.split(".", 1)[0]
+    namespace = _MADE.get(framework)
+    if namespace is None:
+        if framework not in _NAMESPACES:
+            raise TypeError(f"keras_gelu's formulas take TensorFlow, JAX or PyTorch tensors. Received: x of type "
+                            f"{type(x).__module__}.{type(x).__qualname__}")
+        namespace = _MADE[framework] = _NAMESPACES[framework]()
+    return namespace

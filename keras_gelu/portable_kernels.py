@@ -1,0 +1,106 @@
+"""The GELU kernels on Keras 3's JAX and PyTorch backends, through `keras.ops.custom_gradient`.
+
+The forward pass is the formulas' own, in the backend's ops (`array_ops`); the
+backward pass is the same hand-written derivative as on TensorFlow
+(`xla_kernels`), which recovers the gate from the forward output and stays
+finite at +-inf. Under `jax.jit` (Keras's `jit_compile=True` on JAX) XLA fuses
+each pass into one loop, as the TensorFlow kernels' own XLA functions do.
+
+Half-precision inputs are computed wide and rounded once, as on TensorFlow:
+float16 in float32, bfloat16 in float64 where the backend computes it
+(PyTorch; JAX with `jax_enable_x64`), else in float32: there the gate is
+subnormal below x = -12.9 (exact form), which XLA flushes to zero, so GELU
+values bfloat16 could hold below 1e-37 come out as 0.
+"""
+
+import keras
+
+from keras_gelu import formulas
+
+_WIDER = {"float16": "float32", "bfloat16": "float64"}
+
+
+def _float64_computes():
+    """Whether the backend computes float64 (JAX only with jax_enable_x64: else it silently gives float32)."""
+    if keras.backend.backend() != "jax":
+        return True
+    import jax
+
+    return bool(jax.config.jax_enable_x64)
+
+
+def compute_dtype_for(dtype):
+    """The dtype a GELU of `dtype` inputs is evaluated in."""
+    dtype = keras.backend.standardize_dtype(dtype)
+    wider = _WIDER.get(dtype, dtype)
+    return "float32" if wider == "float64" and dtype != "float64" and not _float64_computes() else wider
+
+
+def _as_float_tensor(x):
+    x = keras.ops.convert_to_tensor(x)
+    if not keras.backend.is_float_dtype(x.dtype):
+        x = keras.ops.cast(x, "float32")
+    return x
+
+
+def _upstream(args, upstream):
+    """The incoming gradient, however the backend passes it (positionally on JAX, by keyword on PyTorch)."""
+    return args[0] if upstream is None else upstream
+
+
+def _gated_activation(forward, derivative):
+    @keras.ops.custom_gradient
+    def activation_in_compute_dtype(x):
+        y = forward(x)
+
+        def grad(*args, upstream=None):
+            return _upstream(args, upstream) * derivative(x, y)
+
+        return y, grad
+
+    def activation(x):
+        x = _as_float_tensor(x)
+        dtype = keras.backend.standardize_dtype(x.dtype)
+        return keras.ops.cast(activation_in_compute_dtype(keras.ops.cast(x, compute_dtype_for(dtype))), dtype)
+
+    return activation
+
+
+exact = _gated_activation(formulas.exact_forward, formulas.exact_derivative)
+tanh = _gated_activation(formulas.tanh_forward, formulas.tanh_derivative)
+sigmoid = _gated_activation(formulas.sigmoid_forward, formulas.sigmoid_derivative)
+
+
+def _sum_to_shape(grad, shape):
+    """Sum a gradient taken at the broadcast shape back down to `shape` (static, as the parameters' are)."""
+    shape = tuple(shape)
+    leading = len(grad.shape) - len(shape)
+    if leading:
+        grad = keras.ops.sum(grad, axis=tuple(range(leading)))
+    broadcast = tuple(axis for axis, size in enumerate(shape) if size == 1 and grad.shape[axis] != 1)
+    if broadcast:
+        grad = keras.ops.sum(grad, axis=broadcast, keepdims=True)
+    return keras.ops.reshape(grad, shape)
+
+
+@keras.ops.custom_gradient
+def _learnable_in_compute_dtype(x, alpha, beta):
+    y = formulas.learnable_forward(x, alpha, beta)
+
+    def grad(*args, upstream=None):
+        upstream = _upstream(args, upstream)
+        by_x, by_alpha, by_beta = formulas.learnable_partials(x, alpha, beta)
+        return (upstream * by_x, _sum_to_shape(upstream * by_alpha, alpha.shape),
+                _sum_to_shape(upstream * by_beta, beta.shape))
+
+    return y, grad
+
+
+def learnable(x, alpha, beta):
+    """x * sigmoid(alpha x + beta); alpha and beta broadcast against x, used in the compute dtype."""
+    x = _as_float_tensor(x)
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    compute_dtype = compute_dtype_for(dtype)
+    y = _learnable_in_compute_dtype(keras.ops.cast(x, compute_dtype), keras.ops.cast(alpha, compute_dtype),
+                                    keras.ops.cast(beta, compute_dtype))
+    return keras.ops.cast(y, dtype)
