@@ -26,7 +26,7 @@ install: $(INSTALLED)
 
 # uv installs what pip would (the same resolution from the same registry) in seconds rather than minutes:
 # the install is a quarter of `make test`'s budget with pip. --native-tls: the system's certificates, as pip's.
-UV_INSTALL = uv pip install --quiet --native-tls --compile-bytecode
+UV_INSTALL = uv pip install --quiet --native-tls
 
 $(INSTALLED): setup.cfg pyproject.toml
 	test -x $(VENV_PYTHON) || $(PYTHON) -m venv $(VENV)

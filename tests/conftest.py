@@ -24,7 +24,7 @@ if BACKEND == "tensorflow":
         _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
     )
 
-settings.register_profile("keras_gelu", deadline=None, max_examples=150, derandomize=True)
+settings.register_profile("keras_gelu", deadline=None, max_examples=100, derandomize=True)
 settings.load_profile("keras_gelu")
 
 import keras_gelu  # noqa: E402
