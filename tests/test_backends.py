@@ -162,3 +162,12 @@ def test_keras_gelu_imports_no_tensorflow():
     result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KERAS_BACKEND": BACKEND},
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="one leg suffices, and the JAX one imports no TensorFlow")
+def test_another_keras_backend_is_refused_naming_the_three():
+    result = subprocess.run([sys.executable, "-c", "import keras_gelu"], env={**os.environ, "KERAS_BACKEND": "numpy"},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert ("keras_gelu runs on Keras 3's TensorFlow, JAX and PyTorch backends. Set KERAS_BACKEND to one of them. "
+            "Received: backend=numpy") in result.stderr
