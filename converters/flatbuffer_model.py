@@ -28,11 +28,22 @@ def as_bytes(model, size_hint):
     return bytes(memoryview(builder.Bytes)[builder.Head():])
 
 
+def builtin_code(operator_code):
+    """An OperatorCodeT's builtin op (the schema keeps codes below 127 in a deprecated byte too)."""
+    return max(operator_code.builtinCode, operator_code.deprecatedBuiltinCode)
+
+
+def custom_code(operator_code):
+    """An OperatorCodeT's custom op name (a Flex op's "Flex..."), as text; None for a builtin op."""
+    code = operator_code.customCode
+    return code.decode() if isinstance(code, bytes) else code
+
+
 def opcode_index(model, name):
     """The index of builtin op `name`'s operator code in a ModelT, added (version 1) where it has none."""
     code = getattr(schema.BuiltinOperator, name)
     for index, operator_code in enumerate(model.operatorCodes):
-        if max(operator_code.builtinCode, operator_code.deprecatedBuiltinCode) == code:
+        if builtin_code(operator_code) == code:
             return index
     operator_code = schema.OperatorCodeT()
     operator_code.builtinCode, operator_code.deprecatedBuiltinCode, operator_code.version = code, min(code, 127), 1

@@ -22,8 +22,7 @@ _INTEGER = (schema.TensorType.INT8, schema.TensorType.INT16)
 
 
 def _code(model, operator):
-    operator_code = model.operatorCodes[operator.opcodeIndex]
-    return max(operator_code.builtinCode, operator_code.deprecatedBuiltinCode)
+    return flatbuffer_model.builtin_code(model.operatorCodes[operator.opcodeIndex])
 
 
 def _minus_one(model, subgraph, integer_type, name):

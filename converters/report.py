@@ -9,6 +9,8 @@ from tensorflow.lite.tools import flatbuffer_utils
 
 from keras_gelu import vocabulary
 
+from . import flatbuffer_model
+
 _BUILTIN_NAMES = {
     value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")
 }
@@ -33,10 +35,9 @@ class Operator:
 def op_name(model, operator):
     """The builtin op's name, or a custom op's (Flex*) custom code."""
     code = model.operatorCodes[operator.opcodeIndex]
-    builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
+    builtin = flatbuffer_model.builtin_code(code)
     if builtin == schema.BuiltinOperator.CUSTOM:
-        custom = code.customCode
-        return custom.decode() if isinstance(custom, bytes) else str(custom)
+        return str(flatbuffer_model.custom_code(code))
     return _BUILTIN_NAMES.get(builtin, f"BUILTIN_{builtin}")
 
 

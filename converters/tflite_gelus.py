@@ -69,26 +69,16 @@ class FlexErfOp(SplicedOp):
     op: str  # "Erf" or "Erfc", a key of replacements.BARE_ERF
 
 
-def builtin_code(operator_code):
-    """An OperatorCodeT's builtin op (the schema keeps codes below 127 in a deprecated byte too)."""
-    return max(operator_code.builtinCode, operator_code.deprecatedBuiltinCode)
-
-
 def gelu_ops(model):
     """Every GELU op of a ModelT, subgraph by subgraph."""
     found = []
     for subgraph_index, subgraph in enumerate(model.subgraphs or ()):
         for position, operator in enumerate(subgraph.operators or ()):
-            if builtin_code(model.operatorCodes[operator.opcodeIndex]) == _GELU:
+            if flatbuffer_model.builtin_code(model.operatorCodes[operator.opcodeIndex]) == _GELU:
                 options = operator.builtinOptions
                 found.append(GeluOp(subgraph_index, position, operator.inputs[0], operator.outputs[0],
                                     bool(options is not None and options.approximate)))
     return found
-
-
-def _custom_code(operator_code):
-    code = operator_code.customCode
-    return code.decode() if isinstance(code, bytes) else code
 
 
 def flex_erf_ops(model):
@@ -97,7 +87,8 @@ def flex_erf_ops(model):
     for subgraph_index, subgraph in enumerate(model.subgraphs or ()):
         for position, operator in enumerate(subgraph.operators or ()):
             operator_code = model.operatorCodes[operator.opcodeIndex]
-            op = FLEX_ERF.get(_custom_code(operator_code)) if builtin_code(operator_code) == _CUSTOM else None
+            op = (FLEX_ERF.get(flatbuffer_model.custom_code(operator_code))
+                  if flatbuffer_model.builtin_code(operator_code) == _CUSTOM else None)
             if (op is not None and len(operator.inputs) == 1 and len(operator.outputs) == 1
                     and subgraph.tensors[operator.inputs[0]].type == schema.TensorType.FLOAT32):
                 found.append(FlexErfOp(subgraph_index, position, operator.inputs[0], operator.outputs[0], op))
@@ -193,7 +184,8 @@ def _table_snippet(table, shape):
 
 
 def _same_code(a, b):
-    return (builtin_code(a), a.customCode, a.version) == (builtin_code(b), b.customCode, b.version)
+    return ((flatbuffer_model.builtin_code(a), a.customCode, a.version)
+            == (flatbuffer_model.builtin_code(b), b.customCode, b.version))
 
 
 def _splice(model, site, snippet):

@@ -130,7 +130,7 @@ def _input_infos(model, details, names):
     subgraph = model.subgraphs[0]
     bounds = {}
     for operator in subgraph.operators or ():
-        code = tflite_gelus.builtin_code(model.operatorCodes[operator.opcodeIndex])
+        code = flatbuffer_model.builtin_code(model.operatorCodes[operator.opcodeIndex])
         if code == schema.BuiltinOperator.GATHER and len(operator.inputs) > 1:
             rows = int(subgraph.tensors[operator.inputs[0]].shape[0])
             bounds[operator.inputs[1]] = min(rows, bounds.get(operator.inputs[1], rows))
@@ -187,8 +187,8 @@ def convert(data, path, options):
                     and tensor.quantization.scale is not None for subgraph in model.subgraphs
                     for tensor in subgraph.tensors or ())
     target = targets.TARGETS.get(options.target)
-    has_flex = any(op.startswith("Flex") for op in reporting.op_histogram(data))
-    _refuse_graph_flags(options, path, quantized, has_flex, target)
+    original_flex_ops = [op for op in reporting.op_histogram(data) if op.startswith("Flex")]
+    _refuse_graph_flags(options, path, quantized, bool(original_flex_ops), target)
     _, runtime = parity.interpreter_class()
     signature = _signature(interpreter, path, options.signature)
     report = reporting.Report(path, ".tflite", signature or "(none)", options.mode,
@@ -224,14 +224,16 @@ def convert(data, path, options):
         report.target["ops"] = target_checks.check(tflite_model, target, options.allow_cpu_fallback,
                                                    _dynamic_shape_cause(model, target))
     if options.verify:
-        _verify(data, interpreter, tflite_model, model, signature, options, report, rewritten, target, runtime)
+        _verify(data, interpreter, tflite_model, model, signature, options, report, rewritten, target, runtime,
+                original_flex_ops)
     else:
         report.not_verified_reason = "verification switched off (--no-verify)"
     report.seconds = time.perf_counter() - started
     return tflite_model, report
 
 
-def _verify(original, interpreter, tflite_model, model, signature, options, report, rewritten, target, runtime):
+def _verify(original, interpreter, tflite_model, model, signature, options, report, rewritten, target, runtime,
+            original_flex_ops):
     """Run the original and the rewritten .tflite on the same inputs (and the rewritten one on the target's
     runtime): fidelity at the mode's tolerance. Where the original cannot run here (Flex), the target's
     outputs are held to the rewritten .tflite's in LiteRT instead, and the report says parity was not checked."""
@@ -257,10 +259,9 @@ def _verify(original, interpreter, tflite_model, model, signature, options, repo
     try:
         original_outputs = dict(zip(output_names, parity.invoke(original, ordered)))
     except (RuntimeError, ValueError) as error:
-        flex = [op for op in reporting.op_histogram(original) if op.startswith("Flex")]
         report.not_verified_reason = (
             f"the rewritten .tflite runs, but {runtime} cannot run the original, which needs Flex ("
-            + ", ".join(flex) + "): TensorFlow 2.18's tf.lite.Interpreter can" if flex
+            + ", ".join(original_flex_ops) + "): TensorFlow 2.18's tf.lite.Interpreter can" if original_flex_ops
             else f"{runtime} cannot run the original .tflite: {loading.first_line(error)}")
         _run_on_target(tflite_model, target, options, report, ordered, actual, None, scales, limits, limit)
         return

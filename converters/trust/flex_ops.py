@@ -21,8 +21,7 @@ def flex_nodes(tflite_model):
     model = flatbuffer_model.as_object(tflite_model)
     for subgraph in model.subgraphs or ():
         for operator in subgraph.operators or ():
-            code = model.operatorCodes[operator.opcodeIndex].customCode
-            code = code.decode() if isinstance(code, bytes) else code
+            code = flatbuffer_model.custom_code(model.operatorCodes[operator.opcodeIndex])
             if code and code.startswith(_FLEX_PREFIX):
                 node = node_def_pb2.NodeDef()
                 try:
