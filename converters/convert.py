@@ -350,11 +350,11 @@ def _verify(tflite_model, source, reference, options, report, target, arrays, so
                           f"seeded random inputs (seed {options.seed}, dynamic dimensions = {options.dynamic_size})")
     _, report.runtime = parity.interpreter_class()
     try:
-        tflite_outputs = fixed_batch(lambda batch: parity.run_tflite(tflite_model, source, batch))(arrays)
+        tflite_outputs = fixed_batch(parity.signature_runner(tflite_model, source.signature))(arrays)
     except (RuntimeError, ValueError) as error:
         report.not_verified_reason = f"{report.runtime} cannot run this model: " + " ".join(str(error).split())[:300]
         return
-    graph_outputs = fixed_batch(lambda batch: parity.run_graph(reference, source, batch))(arrays)
+    graph_outputs = fixed_batch(parity.graph_runner(reference, source))(arrays)
     if source_outputs is None:  # not run before converting (see convert)
         source_outputs = parity.run_source(source, arrays)
     report.tolerance = {"atol": options.atol, "rtol": options.rtol, "max_drift": options.max_drift}

@@ -128,18 +128,27 @@ def _session_config_computing_each_op():
     return config
 
 
-def run_graph(graph_def, source, arrays):
-    """Run a GraphDef with the source's input and output tensor names, computing each op as written."""
+def graph_runner(graph_def, source):
+    """run({input name: array}) -> {output name: array}: a GraphDef with the source's input and output tensor
+    names, computing each op as written; imported once, however many batches it runs (a static-shape target's
+    parity runs one sample at a time)."""
     with tf.Graph().as_default() as scratch:
         tf.compat.v1.import_graph_def(graph_def, name="")
-        feeds = {}
-        for info in source.inputs:
-            placeholder = scratch.get_tensor_by_name(info.tensor)
-            feeds[placeholder] = arrays[info.name].astype(placeholder.dtype.as_numpy_dtype)
-        fetches = [scratch.get_tensor_by_name(info.tensor) for info in source.outputs]
-        with tf.compat.v1.Session(graph=scratch, config=_session_config_computing_each_op()) as session:
-            values = session.run(fetches, feeds)
-    return {info.name: value for info, value in zip(source.outputs, values)}
+    placeholders = {info.name: scratch.get_tensor_by_name(info.tensor) for info in source.inputs}
+    fetches = [scratch.get_tensor_by_name(info.tensor) for info in source.outputs]
+    session = tf.compat.v1.Session(graph=scratch, config=_session_config_computing_each_op())
+
+    def run(arrays):
+        feeds = {placeholder: arrays[name].astype(placeholder.dtype.as_numpy_dtype)
+                 for name, placeholder in placeholders.items()}
+        return {info.name: value for info, value in zip(source.outputs, session.run(fetches, feeds))}
+
+    return run
+
+
+def run_graph(graph_def, source, arrays):
+    """Run a GraphDef once with the source's input and output tensor names, computing each op as written."""
+    return graph_runner(graph_def, source)(arrays)
 
 
 def interpreter_class():
@@ -209,16 +218,21 @@ def run_signature(tflite_model, signature_key, arrays):
     As `invoke`, but by the names the signature gives, the way LiteRT's
     `get_signature_runner()` and `runSignature` call a model.
     """
+    return signature_runner(tflite_model, signature_key)(arrays)
+
+
+def signature_runner(tflite_model, signature_key):
+    """run({input name: array}) -> {output name: float array}, as `run_signature`, with one interpreter for every
+    batch it runs."""
     interpreter_type, _ = interpreter_class()
     runner = interpreter_type(model_content=tflite_model).get_signature_runner(signature_key)
     input_details, output_details = runner.get_input_details(), runner.get_output_details()
-    outputs = runner(**{name: input_value(input_details[name], array) for name, array in arrays.items()})
-    return {name: output_value(output_details[name], value) for name, value in outputs.items()}
 
+    def run(arrays):
+        outputs = runner(**{name: input_value(input_details[name], array) for name, array in arrays.items()})
+        return {name: output_value(output_details[name], value) for name, value in outputs.items()}
 
-def run_tflite(tflite_model, source, arrays):
-    """Run the .tflite on the source's inputs, through the signature it was given."""
-    return run_signature(tflite_model, source.signature, arrays)
+    return run
 
 
 def compare(name, actual, expected, atol, rtol):

@@ -208,9 +208,25 @@ def _signature_function(signature, nodes):
     return functions.pop() if len(functions) == 1 else None
 
 
-def _mentions(blob, name):
-    """Whether serialized protos mention a node name as a whole name (not as a prefix of another)."""
-    return re.search(rb"(?<![\w./>-])" + re.escape(name.encode()) + rb"(?![\w./>-])", blob) is not None
+_NAME_CHARACTERS = rb"[\w./>-]"
+
+
+def _mentions(blob, whole_names, name):
+    """Whether serialized protos `blob` mention a node name as a whole name (not as a prefix of another).
+
+    `whole_names`, `blob`'s maximal runs of name characters (`_whole_names`), answers for a name made of those
+    characters only, in one lookup where a search reads the whole blob (node by node, that was a third of a
+    small ConvNeXt's conversion); any other name is searched for.
+    """
+    encoded = name.encode()
+    if re.fullmatch(_NAME_CHARACTERS + rb"+", encoded):
+        return encoded in whole_names
+    return re.search(rb"(?<!" + _NAME_CHARACTERS + rb")" + re.escape(encoded) + rb"(?!" + _NAME_CHARACTERS + rb")",
+                     blob) is not None
+
+
+def _whole_names(blob):
+    return set(re.findall(_NAME_CHARACTERS + rb"+", blob))
 
 
 class _SaverRole:
@@ -278,7 +294,8 @@ class _SaverRole:
                 continue
             ancestors.add(name)
             pending.extend(_node_name(operand) for operand in self._nodes[name].input)
-        only_to_entry = {name for name in ancestors if not _mentions(self._elsewhere, name)}
+        whole_names = _whole_names(self._elsewhere)
+        only_to_entry = {name for name in ancestors if not _mentions(self._elsewhere, whole_names, name)}
         # A node leads only to the entry if every consumer does; iterate to the fixed point.
         changed = True
         while changed:
