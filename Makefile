@@ -18,7 +18,7 @@ TF218_INSTALLED := $(TF218_VENV)/.installed
 # Keras 3 on JAX and on PyTorch, each in an environment without TensorFlow: the layers' own tests.
 JAX_VENV ?= .venv-jax
 TORCH_VENV ?= .venv-torch
-BACKEND_TESTS := tests/test_backends.py
+BACKEND_TESTS := tests/test_backends.py tests/test_fine_tuning.py
 
 .PHONY: demo test test-keras3 test-tf-keras test-tf218 test-jax test-torch install install-tf218 install-jax install-torch docs bench bench-int8 recipes study plot clean
 

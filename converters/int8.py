@@ -269,7 +269,7 @@ def marker(build, alpha, x, nodes):
     grid = input_grid(x, nodes)
     if grid is None:
         return replacements.unmarked, ""
-    ranges = replacements.intermediate_ranges(build, alpha, grid)
+    ranges = replacements.intermediate_ranges(build, alpha, tf.constant(grid))
     return fake_quantizer(ranges), ", intermediate int8 ranges exact from its input's 256 values"
 
 

@@ -125,7 +125,7 @@ def _snippet(replacement, shape, quantized_input, quantized_output):
         return _converter(lambda x: replacement.build(x, 1.0), spec).convert()
     low, high = _range(*quantized_input)
     grid = ((np.arange(-128, 128) - quantized_input[1]) * quantized_input[0]).astype(np.float32)
-    mark = integer.fake_quantizer(replacements.intermediate_ranges(replacement.build, 1.0, grid))
+    mark = integer.fake_quantizer(replacements.intermediate_ranges(replacement.build, 1.0, tf.constant(grid)))
     out_low, out_high = _range(*quantized_output)
 
     def quantized(x):

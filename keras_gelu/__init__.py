@@ -20,9 +20,9 @@ from keras_gelu.swapping import Swap
 from keras_gelu.swapping import swap_activations
 from keras_gelu.swapping import when
 
-if KERAS_FLAVOUR == "keras3" and BACKEND == "tensorflow":
-    # Registers the Keras 3 QAT layers, so a saved QAT model loads after `import keras_gelu` alone. (Under
-    # tf-keras QAT models are tfmot's, loaded within qat.quantize_scope. On JAX and PyTorch, QAT is to come.)
+if KERAS_FLAVOUR == "keras3":
+    # Registers the Keras 3 QAT layers, on every backend, so a saved QAT model loads after `import keras_gelu`
+    # alone. (Under tf-keras QAT models are tfmot's, loaded within qat.quantize_scope.)
     from keras_gelu import qat as _qat  # noqa: F401
 
 __version__ = "0.1.0"

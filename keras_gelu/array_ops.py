@@ -6,6 +6,8 @@ TFLite graphs from these very formulas, op for op), JAX arrays jax.numpy's and
 PyTorch tensors torch's. So the layers compute on every Keras 3 backend with
 one spelling of the math, and a JAX or PyTorch process never imports
 TensorFlow: each framework is imported when the first tensor of it arrives.
+NumPy arrays get NumPy's, so that what needs no tensor at all (counting an
+int8 replacement's intermediates) runs in no framework.
 
 Why not `keras.ops`: it has no erfc (1 - erf cancels for negative x, where
 exact GELU needs full relative accuracy), and under tf-keras the converter's
@@ -17,7 +19,7 @@ class _TensorFlow:
         import tensorflow as tf
 
         self.tf = tf
-        self.maximum, self.where, self.erfc = tf.maximum, tf.where, tf.math.erfc
+        self.maximum, self.minimum, self.where, self.erfc = tf.maximum, tf.minimum, tf.where, tf.math.erfc
         self.sigmoid, self.exp, self.abs, self.is_inf = tf.math.sigmoid, tf.exp, tf.abs, tf.math.is_inf
         self.clip, self.ones_like, self.zeros_like, self.equal = tf.clip_by_value, tf.ones_like, tf.zeros_like, tf.equal
 
@@ -33,6 +35,17 @@ class _TensorFlow:
     def full_like(self, like, value):
         return self.tf.fill(self.tf.shape(like), self.constant(value, like))
 
+    def fake_quant(self, x, low, high):
+        # The op the converter reads as a fixed range (tf-keras's QAT, which has no keras.quantizers, too).
+        return self.tf.quantization.fake_quant_with_min_max_args(x, min=low, max=high, num_bits=8)
+
+
+def _keras_fake_quant(x, low, high):
+    """Keras 3's fake quantization (a straight-through gradient inside the range), on JAX and PyTorch."""
+    import keras
+
+    return keras.quantizers.fake_quant_with_min_max_vars(x, low, high, num_bits=8)
+
 
 class _Jax:
     def __init__(self):
@@ -41,7 +54,7 @@ class _Jax:
         import numpy as np
 
         self.jnp, self.np = jnp, np
-        self.maximum, self.where, self.erfc = jnp.maximum, jnp.where, jax.scipy.special.erfc
+        self.maximum, self.minimum, self.where, self.erfc = jnp.maximum, jnp.minimum, jnp.where, jax.scipy.special.erfc
         self.sigmoid, self.exp, self.abs, self.is_inf = jax.nn.sigmoid, jnp.exp, jnp.abs, jnp.isinf
         self.clip, self.ones_like, self.zeros_like, self.equal = jnp.clip, jnp.ones_like, jnp.zeros_like, jnp.equal
 
@@ -57,13 +70,15 @@ class _Jax:
     def full_like(self, like, value):
         return self.jnp.full_like(like, value)
 
+    fake_quant = staticmethod(_keras_fake_quant)
+
 
 class _Torch:
     def __init__(self):
         import torch
 
         self.torch = torch
-        self.maximum, self.where, self.erfc = torch.maximum, torch.where, torch.special.erfc
+        self.maximum, self.minimum, self.where, self.erfc = torch.maximum, torch.minimum, torch.where, torch.special.erfc
         self.sigmoid, self.exp, self.abs, self.is_inf = torch.sigmoid, torch.exp, torch.abs, torch.isinf
         self.ones_like, self.zeros_like, self.equal = torch.ones_like, torch.zeros_like, torch.eq
 
@@ -82,9 +97,39 @@ class _Torch:
     def full_like(self, like, value):
         return self.torch.full_like(like, value)
 
+    fake_quant = staticmethod(_keras_fake_quant)
+
+
+class _NumPy:
+    def __init__(self):
+        import math
+
+        import numpy as np
+
+        self.np = np
+        self.maximum, self.minimum, self.where, self.exp, self.abs = np.maximum, np.minimum, np.where, np.exp, np.abs
+        self.erfc = np.vectorize(math.erfc, otypes=[np.float64])
+        self.is_inf, self.clip, self.ones_like, self.zeros_like, self.equal = (
+            np.isinf, np.clip, np.ones_like, np.zeros_like, np.equal)
+
+    def sigmoid(self, x):
+        return 1.0 / (1.0 + self.np.exp(-x))
+
+    def constant(self, value, like):
+        return self.np.asarray(value, dtype=like.dtype)
+
+    def lowest(self, like):
+        return self.constant(self.np.finfo(like.dtype).min, like)
+
+    def highest(self, like):
+        return self.constant(self.np.finfo(like.dtype).max, like)
+
+    def full_like(self, like, value):
+        return self.np.full_like(like, value)
+
 
 # A tensor's framework, from the module its type lives in (tracers and symbolic tensors included).
-_NAMESPACES = {"tensorflow": _TensorFlow, "jax": _Jax, "jaxlib": _Jax, "torch": _Torch}
+_NAMESPACES = {"tensorflow": _TensorFlow, "jax": _Jax, "jaxlib": _Jax, "torch": _Torch, "numpy": _NumPy}
 
 
 _MADE = {}  # a plain dict, not functools.lru_cache: PyTorch's compiler (dynamo) traces through it
@@ -96,7 +141,7 @@ def of(x):
     namespace = _MADE.get(framework)
     if namespace is None:
         if framework not in _NAMESPACES:
-            raise TypeError(f"keras_gelu's formulas take TensorFlow, JAX or PyTorch tensors. Received: x of type "
+            raise TypeError(f"keras_gelu's formulas take TensorFlow, JAX or PyTorch tensors or NumPy arrays. Received: x of type "
                             f"{type(x).__module__}.{type(x).__qualname__}")
         namespace = _MADE[framework] = _NAMESPACES[framework]()
     return namespace

@@ -26,8 +26,8 @@ import functools
 import math
 
 import numpy as np
-import tensorflow as tf
 
+from keras_gelu import array_ops
 from keras_gelu import formulas
 from keras_gelu import vocabulary
 from keras_gelu.formulas import constant_like
@@ -63,7 +63,7 @@ EXACT_GATE_POLYNOMIAL = (1.5957464616171189, 0.0727290507858573, -0.000114528781
 
 def on_logistic_int8_grid(gate):
     """A sigmoid's output rounded as TFLite's int8 LOGISTIC rounds it (straight-through gradient)."""
-    return tf.quantization.fake_quant_with_min_max_args(gate, min=0.0, max=LOGISTIC_INT8_GRID_MAX, num_bits=8)
+    return array_ops.of(gate).fake_quant(gate, 0.0, LOGISTIC_INT8_GRID_MAX)
 
 
 def unmarked(tensor, logistic=False):
@@ -88,20 +88,22 @@ def erfc_of_nonnegative(z):
     polynomial = constant_like(AS_A[-1], z)
     for coefficient in reversed(AS_A[:-1]):
         polynomial = constant_like(coefficient, z) + t * polynomial
-    return t * polynomial * tf.exp(-(z * z))
+    return t * polynomial * array_ops.of(z).exp(-(z * z))
 
 
 def erf(t):
     """erf from builtin ops, for a bare Erf op; |error| <= 1.5e-7 plus float32 rounding."""
-    tail = erfc_of_nonnegative(tf.abs(t))
+    xp = array_ops.of(t)
+    tail = erfc_of_nonnegative(xp.abs(t))
     one = constant_like(1.0, t)
-    return tf.where(t < constant_like(0.0, t), tail - one, one - tail)
+    return xp.where(t < constant_like(0.0, t), tail - one, one - tail)
 
 
 def erfc(t):
     """erfc from builtin ops, for a bare Erfc op; accurate in relative terms for t >= 0."""
-    tail = erfc_of_nonnegative(tf.abs(t))
-    return tf.where(t < constant_like(0.0, t), constant_like(2.0, t) - tail, tail)
+    xp = array_ops.of(t)
+    tail = erfc_of_nonnegative(xp.abs(t))
+    return xp.where(t < constant_like(0.0, t), constant_like(2.0, t) - tail, tail)
 
 
 def _logistic_of_tanh_form(t, sign=1.0):
@@ -112,7 +114,7 @@ def _logistic_of_tanh_form(t, sign=1.0):
     u = t * constant_like(sign * math.sqrt(2.0), t)
     linear = constant_like(formulas.SIGMOID_OF_TANH_SCALE, t)
     cubic = constant_like(formulas.SIGMOID_OF_TANH_SCALE * formulas.TANH_CUBIC, t)
-    return tf.math.sigmoid(u * (linear + cubic * (u * u)))
+    return array_ops.of(t).sigmoid(u * (linear + cubic * (u * u)))
 
 
 def erf_from_logistic(t):
@@ -148,9 +150,10 @@ def gate_inputs(x, alpha, mark, scaled=True):
     scale = alpha if scaled else 1.0
     if mark is not None:  # int8: finite tensors, each intermediate with its own range
         return x, x if scale == 1.0 else mark(x * constant_like(scale, x)), mark
+    xp = array_ops.of(x)
     bound = GATE_INPUT_BOUND / alpha
-    x = tf.maximum(x, constant_like(-bound, x))
-    u = tf.minimum(x, constant_like(bound, x))
+    x = xp.maximum(x, constant_like(-bound, x))
+    u = xp.minimum(x, constant_like(bound, x))
     return x, u if scale == 1.0 else u * constant_like(scale, x), unmarked
 
 
@@ -159,14 +162,15 @@ def gate_polynomial_form(coefficients, square_clamp=None):
     u^2 clamped at `square_clamp` unless None: 2 ops per degree, 4 more, 1 for the clamp, 2 for the bounds."""
 
     def build(x, alpha, mark=None):
+        xp = array_ops.of(x)
         x, u, mark = gate_inputs(x, alpha, mark)
         square = mark(u * u)
         if square_clamp is not None:
-            square = mark(tf.minimum(square, constant_like(square_clamp, x)))
+            square = mark(xp.minimum(square, constant_like(square_clamp, x)))
         polynomial = constant_like(coefficients[-1], x)
         for coefficient in reversed(coefficients[:-1]):
             polynomial = mark(constant_like(coefficient, x) + mark(square * polynomial))
-        return x * mark(tf.math.sigmoid(mark(u * polynomial)), logistic=True)
+        return x * mark(xp.sigmoid(mark(u * polynomial)), logistic=True)
 
     return build
 
@@ -182,16 +186,18 @@ def tanh_from_builtins(x, alpha, mark=None):
     Horner's form of 1.5957691 (u + 0.044715 u^3) saves two ops (elementwise
     passes over memory) against the textbook nesting: 6 ops, 8 with the bounds.
     """
+    sigmoid = array_ops.of(x).sigmoid
     x, u, mark = gate_inputs(x, alpha, mark)
     linear = constant_like(formulas.SIGMOID_OF_TANH_SCALE, x)
     cubic = constant_like(formulas.SIGMOID_OF_TANH_SCALE * formulas.TANH_CUBIC, x)
-    return x * mark(tf.math.sigmoid(mark(u * mark(linear + mark(cubic * mark(u * u))))), logistic=True)
+    return x * mark(sigmoid(mark(u * mark(linear + mark(cubic * mark(u * u))))), logistic=True)
 
 
 def sigmoid_from_builtins(x, alpha, mark=None):
     """x sigmoid(1.702 alpha x): the sigmoid approximation of x Phi(alpha x); 3 ops, 5 with the bounds."""
+    sigmoid = array_ops.of(x).sigmoid
     x, u, mark = gate_inputs(x, alpha, mark, scaled=False)
-    return x * mark(tf.math.sigmoid(mark(constant_like(formulas.SIGMOID_SLOPE * alpha, x) * u)), logistic=True)
+    return x * mark(sigmoid(mark(constant_like(formulas.SIGMOID_SLOPE * alpha, x) * u)), logistic=True)
 
 
 def _tanh_gelu_the_converter_fuses(x):
@@ -204,13 +210,18 @@ def _tanh_gelu_the_converter_fuses(x):
     no longer fuses (it needs its product to itself), so the conversion fails
     on an Erfc (TF 2.21, and the stock converter on tf.nn.gelu alike).
     """
+    tf = array_ops.of(x).tf  # the converter's graphs only: spelled in TensorFlow's ops, for its fusion
     cube = tf.pow(x, constant_like(3.0, x))
     gate = tf.math.tanh(constant_like(formulas.TANH_SCALE, x) * (x + constant_like(formulas.TANH_CUBIC, x) * cube))
     return x * (constant_like(0.5, x) * (constant_like(1.0, x) + gate))
 
 
+def _exact_gelu_the_converter_fuses(x):
+    return array_ops.of(x).tf.nn.gelu(x, approximate=False)
+
+
 def _gelu_op(approximate):
-    spelled = _tanh_gelu_the_converter_fuses if approximate else functools.partial(tf.nn.gelu, approximate=False)
+    spelled = _tanh_gelu_the_converter_fuses if approximate else _exact_gelu_the_converter_fuses
 
     def gelu_op(x, alpha, mark=None):
         x, mark = (without_minus_inf(x), unmarked) if mark is None else (x, mark)
@@ -269,7 +280,8 @@ def replacement_for(function, mode, exact_as, int8):
 def intermediate_ranges(build, alpha, grid):
     """[(min, max)] of each intermediate `build` marks, evaluated eagerly on `grid`, in marking order.
 
-    Sigmoid outputs are left out: TFLite fixes their grid.
+    `grid` is an eager tensor or a NumPy array, evaluated in its own framework's ops. Sigmoid outputs are left
+    out: TFLite fixes their grid.
     """
     ranges = []
 
@@ -280,12 +292,12 @@ def intermediate_ranges(build, alpha, grid):
             ranges.append((low, high if high > low else low + 1e-6))
         return tensor
 
-    build(tf.constant(grid), alpha, mark=record)
+    build(grid, alpha, mark=record)
     return ranges
 
 
 def int8_replacement(function, mode_name, exact_as):
-    """The Replacement an int8 conversion in mode `mode_name` computes a GELU(function) with (None: one op)."""
+    """The Replacement an int8 conversion in mode `mode_name` computes a GELU(function) with."""
     return replacement_for(function, vocabulary.conversion_mode(mode_name, int8=True), exact_as, int8=True)
 
 
@@ -293,9 +305,10 @@ def int8_replacement(function, mode_name, exact_as):
 def intermediate_count(function, mode_name, exact_as):
     """How many intermediate tensors of a GELU(function)'s int8 replacement get a range (0: one op).
 
-    Counted once, eagerly (init_scope): a QuantizeWrapper asks while Keras
-    traces the model, whose graph must not gain the counting ops.
+    Counted once, in NumPy: a QuantizeWrapper asks while its backend traces the model, whose graph must not
+    gain the counting ops.
     """
     replacement = int8_replacement(function, mode_name, exact_as)
-    with tf.init_scope():
-        return len(intermediate_ranges(replacement.build, 1.0, np.zeros(1, np.float32)))
+    if replacement.fused:  # one op (spelled in TensorFlow's ops, for the converter to fuse)
+        return 0
+    return len(intermediate_ranges(replacement.build, 1.0, np.zeros(1, np.float32)))

@@ -4,7 +4,8 @@ The suite runs once per Keras flavour (`make test` sets TF_USE_LEGACY_KERAS),
 and its backend-neutral part once more on Keras 3's JAX and PyTorch backends
 (KERAS_BACKEND), in environments without TensorFlow. TensorFlow is given two
 logical CPU devices before anything else touches it, so MirroredStrategy
-tests have two replicas on this one-CPU machine.
+tests have two replicas on this one-CPU machine; JAX gets two host devices,
+for keras.distribution.DataParallel.
 """
 
 import os
@@ -16,6 +17,8 @@ import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 BACKEND = os.environ.get("KERAS_BACKEND", "tensorflow")
+if BACKEND == "jax":  # two host devices for keras.distribution.DataParallel, before JAX starts
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
 if BACKEND == "tensorflow":
     import tensorflow as tf
 

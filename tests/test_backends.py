@@ -1,9 +1,12 @@
-"""The layers' guarantees on every Keras 3 backend: TensorFlow, JAX and PyTorch, tested on each.
+"""keras_gelu on every Keras 3 backend: TensorFlow, JAX and PyTorch, tested on each.
 
 Written in `keras.ops` and numpy only, so the very same tests run in the
 Keras 3 leg (TensorFlow's XLA kernels) and in the JAX and PyTorch legs
-(`portable_kernels`), the latter in environments without TensorFlow. The
-references are the float64 formulas of `references.py`.
+(`portable_kernels`), the latter in environments without TensorFlow: the
+layers' guarantees, swapping, QAT, models saved on one backend and loaded on
+another, and (JAX) data-parallel training. The references are the float64
+formulas of `references.py` and the outputs each model had on the backend it
+was saved on (`tests/data/keras_backends/make.py`).
 """
 
 import os
@@ -21,6 +24,7 @@ from conftest import keras
 
 pytestmark = pytest.mark.legs("keras3", "jax", "torch")
 
+SAVED_ON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "keras_backends")
 DENSE_GRID = np.linspace(-10.0, 10.0, 20_001, dtype=np.float32)
 # JAX computes float64 only with jax_enable_x64, which the JAX leg leaves off (as most JAX users do).
 FLOAT64 = BACKEND != "jax"
@@ -171,3 +175,132 @@ def test_another_keras_backend_is_refused_naming_the_three():
     assert result.returncode != 0
     assert ("keras_gelu runs on Keras 3's TensorFlow, JAX and PyTorch backends. Set KERAS_BACKEND to one of them. "
             "Received: backend=numpy") in result.stderr
+
+
+def saved_on(backend, kind):
+    """(model, {inputs, outputs[, labels]}): a `kind` ("float" or "qat") model saved on `backend`, loaded here,
+    and what it computed there. compile=False, as the converter loads: a .keras file saved on PyTorch with its
+    optimizer names PyTorch's optimizer module, which no other backend can import (Keras 3.15)."""
+    model = keras.saving.load_model(os.path.join(SAVED_ON, f"{backend}_{kind}.keras"), compile=False)
+    with np.load(os.path.join(SAVED_ON, f"{backend}_outputs.npz")) as recorded:
+        return model, {name.split("/")[1]: recorded[name] for name in recorded.files if name.startswith(kind)}
+
+
+# A float model saved on another backend: its Dense layers' sums run in another order (measured: 6.6e-7 at
+# outputs up to 0.8 through five Dense layers and four GELUs). On its own backend: bit for bit.
+CROSS_BACKEND_FLOAT_ATOL = 2e-6
+
+
+def _cosine(a, b):
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.mark.parametrize("source", ["jax", "torch"])
+def test_a_model_saved_on_any_backend_computes_here_what_it_did_there(source):
+    model, recorded = saved_on(source, "float")
+    assert sum(isinstance(layer, (keras_gelu.GELU, keras_gelu.LearnableGELU)) for layer in model.layers) == 3
+    actual = _numpy(model(recorded["inputs"]))
+    if source == BACKEND:
+        np.testing.assert_array_equal(actual, recorded["outputs"])
+    else:
+        np.testing.assert_allclose(actual, recorded["outputs"], rtol=0, atol=CROSS_BACKEND_FLOAT_ATOL)
+
+
+@pytest.mark.parametrize("source", ["jax", "torch"])
+def test_a_qat_model_saved_on_any_backend_loads_here_with_its_ranges(source):
+    """On its own backend, bit for bit. Elsewhere a value exactly halfway between two int8 steps may round the
+    other way: the digits are k/16 and the input grid's step 1/255, so k = 8 is a tie that each backend's fake
+    quantization decides by its own float arithmetic (TensorFlow's FakeQuant op against Keras's own on JAX and
+    PyTorch; measured: 15% of outputs a few steps apart, no class changed)."""
+    model, recorded = saved_on(source, "qat")
+    actual = _numpy(model(recorded["inputs"]))
+    if source == BACKEND or {source, BACKEND} == {"jax", "torch"}:  # the same fake quantization, Keras's own
+        np.testing.assert_array_equal(actual, recorded["outputs"])
+    else:
+        assert np.mean(actual.argmax(-1) == recorded["outputs"].argmax(-1)) >= 0.99
+        assert _cosine(actual, recorded["outputs"]) >= 0.999
+    assert np.mean(actual.argmax(-1) == recorded["labels"]) >= 0.95  # it was trained: digits at 97%
+
+
+def _dense_stack(activation):
+    keras.utils.set_random_seed(5)
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation=activation, name="first"),
+                             keras.layers.Dense(4, name="head")])
+
+
+@pytest.mark.parametrize("function", references.FUNCTIONS)
+def test_swapping_relu_for_gelu_computes_the_reference_gelu_with_the_same_weights(function, rng):
+    original = _dense_stack("relu")
+    swapped = keras_gelu.swap_activations(original, {"relu": f"gelu_{function}"})
+    (kernel, bias), (head_kernel, head_bias) = (swapped.get_layer(name).get_weights() for name in ("first", "head"))
+    for name in ("first", "head"):
+        for old, new in zip(original.get_layer(name).get_weights(), swapped.get_layer(name).get_weights()):
+            np.testing.assert_array_equal(old, new)
+    x = rng.normal(size=(32, 8)).astype(np.float32)
+    hidden = references.BY_FUNCTION[function](x.astype(np.float64) @ kernel + bias)
+    expected = hidden @ head_kernel + head_bias
+    tolerance = references.FLOAT32_TOLERANCE[function]  # the GELU's own error, through a head of 16 inputs
+    np.testing.assert_allclose(_numpy(swapped(x)), expected, rtol=0, atol=20 * tolerance["atol"] + 1e-5)
+
+
+def _digits_like(rng, count=512):
+    """A 4-class task the QAT models learn in a few epochs: which of four feature groups sums highest."""
+    x = rng.normal(size=(count, 16)).astype(np.float32)
+    return x, np.argmax(x.reshape(count, 4, 4).sum(-1), axis=-1).astype(np.int32)
+
+
+def _gelu_mlp():
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((16,))
+    hidden = keras_gelu.GELU("exact")(keras.layers.Dense(32)(inputs))
+    hidden = keras_gelu.LearnableGELU()(keras.layers.Dense(32)(hidden))
+    return keras.Model(inputs, keras.layers.Dense(4)(hidden))
+
+
+def test_qat_trains_saves_and_loads_on_this_backend(rng, tmp_path):
+    """quantize_model -> fit (compiled whole, but on PyTorch) -> .keras -> load: the loss falls, LearnableGELU's beta leaves 0
+    (its range starts empty, [0, 0], which Keras's fake quantization on JAX and PyTorch would turn into NaN),
+    and the loaded model computes what the trained one did."""
+    from keras_gelu import qat
+
+    x, y = _digits_like(rng)
+    model = qat.quantize_model(_gelu_mlp(), calibration_data=x[:128])
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    # torch.compile recompiles a QAT step many times over (measured: 123 s for this test, against 2 s eagerly)
+    model.compile(keras.optimizers.Adam(3e-3), loss, metrics=["accuracy"], jit_compile=BACKEND != "torch")
+    history = model.fit(x, y, epochs=4, batch_size=64, verbose=0).history
+    assert np.all(np.isfinite(history["loss"])) and history["loss"][-1] < 0.7 * history["loss"][0], history
+    beta = next(weight for weight in model.weights if weight.path.endswith("learnable_gelu/beta"))
+    assert np.all(_numpy(beta) != 0.0)
+    path = str(tmp_path / "qat.keras")
+    model.save(path)
+    np.testing.assert_array_equal(_numpy(keras.saving.load_model(path)(x[:64])), _numpy(model(x[:64])))
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution is JAX's")
+@pytest.mark.parametrize("quantized", [False, True], ids=["float", "qat"])
+def test_data_parallel_over_two_host_devices_takes_the_single_device_step(quantized, rng):
+    """keras.distribution.DataParallel over the two host devices conftest asks XLA for: one SGD step on a batch
+    split between them equals the step on one device (the gradients are averaged across the devices)."""
+    from keras_gelu import qat
+
+    x, y = _digits_like(rng, count=64)
+
+    def one_step(distribution):
+        keras.distribution.set_distribution(distribution)
+        try:
+            model = _gelu_mlp()
+            if quantized:
+                model = qat.quantize_model(model, calibration_data=x)
+            model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model.fit(x, y, epochs=1, batch_size=64, verbose=0)
+            return [_numpy(weight) for weight in model.weights]
+        finally:
+            keras.distribution.set_distribution(None)
+
+    devices = keras.distribution.list_devices("cpu")
+    assert len(devices) == 2
+    distributed, single = one_step(keras.distribution.DataParallel(devices=devices)), one_step(None)
+    for after_distributed, after_single in zip(distributed, single):
+        np.testing.assert_allclose(after_distributed, after_single, rtol=1e-5, atol=1e-6)

@@ -7,7 +7,7 @@ import keras_gelu
 from conftest import keras
 from keras_gelu import fine_tuning
 
-pytestmark = pytest.mark.legs("keras3", "tf_keras")
+pytestmark = pytest.mark.legs("keras3", "tf_keras", "jax", "torch")  # keras.ops and numpy only
 
 
 def _relu_model():

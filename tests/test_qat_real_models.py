@@ -1,8 +1,7 @@
-"""Keras 3 QAT of real model families as they come: keras-hub's BERT and ViT backbones (tiny random
-configs), built by keras-hub, quantized without flattening anything by hand, trained a step, saved as
-.keras, loaded, converted to a .tflite that is integer throughout and agrees with the QAT model.
-
-keras.applications' ConvNeXt runs in test_keras3_qat.py; the recipes measure accuracy on real data.
+"""Keras 3 QAT of real model families as they come: keras.applications' ConvNeXt and keras-hub's BERT, ViT
+and DeiT backbones (tiny random configs), quantized without flattening anything by hand, trained a step, saved
+as .keras, loaded, converted in a fresh process to a .tflite that is integer throughout and agrees with the QAT
+model, for TFLite Micro (and ConvNeXt for Ethos-U55). The recipes measure accuracy on real data.
 """
 
 import importlib.util
@@ -52,7 +51,18 @@ def _with_a_head(backbone, rng):
     return keras.Model(backbone.input, head), rng.uniform(0, 1, size=(64, 32, 32, 3)).astype(np.float32)
 
 
+def _convnext(rng):
+    """keras.applications' ConvNeXt as it is built (nested Sequential stem and downsampling blocks, LayerScale,
+    StochasticDepth, grouped 7x7 convolutions, ImageNet Normalization), at depth 1 per stage and small widths."""
+    from keras.src.applications.convnext import ConvNeXt
+
+    model = ConvNeXt(depths=[1, 1, 1, 1], projection_dims=[8, 16, 24, 32], drop_path_rate=0.1, weights=None,
+                     input_shape=(32, 32, 3), classes=4, name="convnext_micro")
+    return model, rng.uniform(0, 255, size=(32, 32, 32, 3)).astype(np.float32)
+
+
 FAMILIES = {
+    "convnext": _convnext,
     "bert": _bert,
     "vit": lambda rng: _with_a_head(keras_hub.models.ViTBackbone(
         image_shape=(32, 32, 3), patch_size=8, num_layers=1, num_heads=2, hidden_dim=32, mlp_dim=64), rng),
@@ -72,6 +82,10 @@ FLOAT_COSINE = {"deit": 0.95}
 # What stops a family on TFLite Micro: BERT's token lookup, keras.ops.take, wraps negative ids with an int32
 # SELECT_V2, which TFLite Micro does not run.
 TFLM_LACKS = {"bert": r"lacks \d+ x SELECT_V2 \(int32\)"}
+# keras-hub's backbones are made of composite layers (TransformerEncoder, the embeddings), quantized through
+# their sublayers; ConvNeXt's nested models are inlined.
+COMPOSITE = {"bert", "vit", "deit"}
+ON_ETHOS_U = {"convnext"}  # converted for Ethos-U55 too (Vela's operator counts)
 
 
 def _first(values, count):
@@ -83,54 +97,78 @@ def _as_dict(outputs):
         else {"output_0": np.asarray(outputs)}
 
 
+@pytest.fixture(scope="module")
+def trained_and_converted(tmp_path_factory):
+    """{family: (float model, QAT model, inputs, the QAT model's outputs before training, folder)}: each family
+    quantized, trained two steps and saved as .keras; then every .keras file converted by keras-gelu-convert in
+    one fresh process (a process that made none of them; one, as each start pays TensorFlow's import)."""
+    rng = np.random.default_rng(20261129)
+    trained, runs = {}, []
+    for family, make in FAMILIES.items():
+        folder = tmp_path_factory.mktemp(family)
+        keras.utils.set_random_seed(21)
+        model, x = make(rng)
+        qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
+        untrained = _as_dict(qat(_first(x, 16)))
+        qat.compile(keras.optimizers.Adam(1e-3), "mse")
+        # Two steps towards the float model's outputs (zeros would shrink the outputs until a cosine says nothing)
+        float_outputs = keras.tree.map_structure(lambda output: np.asarray(output, np.float32), model(x))
+        qat.fit(x, float_outputs, batch_size=32, epochs=1, verbose=0)
+        qat.save(str(folder / "qat.keras"))
+        sample = _first(x, 8)
+        np.savez(folder / "inputs.npz", **sample) if isinstance(sample, dict) else np.savez(folder / "inputs.npz",
+                                                                                            sample)
+        trained[family] = (model, qat, x, untrained, folder)
+        # For TFLite Micro: int8, as the model is quantization-aware, and run there where tflite-micro is
+        # installed; where TFLite Micro lacks an op, --int8
+        command = [str(folder / "qat.keras"), *(["--int8"] if family in TFLM_LACKS else ["--target", "tflm"]),
+                   "-o", str(folder / "qat.tflite"), "--inputs", str(folder / "inputs.npz"),
+                   "--report-json", str(folder / "report.json"),
+                   *(["--max-steps", str(MAX_STEPS[family])] if family in MAX_STEPS else [])]
+        if isinstance(sample, dict) and family not in TFLM_LACKS:  # TFLite Micro needs static shapes
+            command += [argument for name, values in sample.items()
+                        for argument in ("--input-shape", f"{name}=1,{values.shape[1]}")]
+        runs.append(command)
+        if family in ON_ETHOS_U:
+            runs.append([str(folder / "qat.keras"), "--target", "ethos-u55", "-o", str(folder / "ethos_u.tflite"),
+                         "--report-json", str(folder / "ethos_u.json")])
+    script = ("import json, sys; from keras_gelu.converters import cli; "
+              "sys.exit(max(cli.main(argv) for argv in json.loads(sys.argv[1])))")
+    finished = subprocess.run([sys.executable, "-c", script, json.dumps(runs)], capture_output=True, text=True,
+                              env={**os.environ, "TF_USE_LEGACY_KERAS": "0"})
+    assert finished.returncode == 0, finished.stderr
+    return trained
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_a_keras_hub_family_trains_saves_loads_and_converts_integer_throughout(family, tmp_path, rng):
-    keras.utils.set_random_seed(21)
-    model, x = FAMILIES[family](rng)
-    qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
+def test_a_real_family_trains_saves_loads_and_converts_integer_throughout(family, trained_and_converted):
+    model, qat, x, untrained, folder = trained_and_converted[family]
     wrapped = [layer for layer in qat._flatten_layers() if isinstance(layer, composite.QuantizeSublayer)]
-    assert wrapped, "the backbone's composite layers are quantized through their sublayers"
-    # The QAT model computes the float model's function, int8 rounding aside (its GELUs, its pooler's tanh...)
-    for name, values in _as_dict(qat(_first(x, 16))).items():
+    assert wrapped or family not in COMPOSITE, "the backbone's composite layers are quantized through their sublayers"
+    # The QAT model computed the float model's function, int8 rounding aside (its GELUs, its pooler's tanh...)
+    for name, values in untrained.items():
         float_values = _as_dict(model(_first(x, 16)))[name].ravel().astype(np.float64)
         values = values.ravel().astype(np.float64)
         cosine = values @ float_values / (np.linalg.norm(values) * np.linalg.norm(float_values))
         assert cosine >= FLOAT_COSINE.get(family, INT8_COSINE), (name, cosine)
-    qat.compile(keras.optimizers.Adam(1e-3), "mse")
-    # Two steps towards the float model's outputs (zeros would shrink the outputs until a cosine says nothing)
-    float_outputs = keras.tree.map_structure(lambda output: np.asarray(output, np.float32), model(x))
-    qat.fit(x, float_outputs, batch_size=32, epochs=1, verbose=0)
-    qat.save(str(tmp_path / "qat.keras"))
-    keras.backend.clear_session(free_memory=False)
-    loaded = keras.models.load_model(str(tmp_path / "qat.keras"))
+    loaded = keras.models.load_model(str(folder / "qat.keras"))
     sample = _first(x, 8)
     expected = _as_dict(loaded(sample))
     for name, values in _as_dict(qat(sample)).items():
         np.testing.assert_array_equal(expected[name], values)  # the ranges and weights as trained
-    np.savez(tmp_path / "inputs.npz", **sample) if isinstance(sample, dict) else np.savez(tmp_path / "inputs.npz",
-                                                                                           sample)
-    # keras-gelu-convert in a fresh process, on the .keras file, for TFLite Micro: int8, as the model is
-    # quantization-aware, and run there where tflite-micro is installed; where TFLite Micro lacks an op, --int8
-    command = [sys.executable, "-m", "keras_gelu.converters", str(tmp_path / "qat.keras"),
-               *(["--int8"] if family in TFLM_LACKS else ["--target", "tflm"]), "-o", str(tmp_path / "qat.tflite"),
-               "--inputs", str(tmp_path / "inputs.npz"), "--report-json", str(tmp_path / "report.json"),
-               *(["--max-steps", str(MAX_STEPS[family])] if family in MAX_STEPS else [])]
-    if isinstance(sample, dict) and family not in TFLM_LACKS:  # TFLite Micro needs static shapes
-        command += [argument for name, values in sample.items()
-                    for argument in ("--input-shape", f"{name}=1,{values.shape[1]}")]
-    finished = subprocess.run(command, env={**os.environ, "TF_USE_LEGACY_KERAS": "0"}, capture_output=True,
-                              text=True)
-    assert finished.returncode == 0, finished.stderr
     if family in TFLM_LACKS:  # what --target tflm says, in its one line (test_targets runs that line)
         with pytest.raises(converters.errors.DoesNotFitTarget, match=TFLM_LACKS[family]):
-            target_checks.check((tmp_path / "qat.tflite").read_bytes(), targets.TARGETS["tflm"], False)
-    report = json.loads((tmp_path / "report.json").read_text())
+            target_checks.check((folder / "qat.tflite").read_bytes(), targets.TARGETS["tflm"], False)
+    report = json.loads((folder / "report.json").read_text())
     assert report["quantization_aware"] and report["float_ops"] == {}, report["op_types"]
     assert not any(op.startswith("Flex") or op == "GELU" for op in report["ops"]), report["ops"]
     assert all(entry["cosine"] >= INT8_COSINE for entry in report["drift"]), report["drift"]
     if family not in TFLM_LACKS and importlib.util.find_spec("tflite_micro") is not None:
         assert report["target"]["figures"]["arena_bytes"] > 0
+    if family in ON_ETHOS_U and importlib.util.find_spec("ethosu") is not None:
+        figures = json.loads((folder / "ethos_u.json").read_text())["target"]["figures"]
+        assert figures["cpu_operators"] == 0 < figures["npu_operators"], figures
 
 
 def test_a_composite_layer_without_a_rule_for_a_sublayer_is_refused_naming_it():

@@ -9,9 +9,14 @@ package objects without running their __init__ files, imports the CLI module
 (which needs only the standard library), runs `parse` and `preflight`, and
 only then, inside `cli.run` (whose log filter is by then in place), runs the
 two __init__ files in their import order. Every module is imported once, under its ordinary name.
+
+The converter computes in TensorFlow, so the command runs Keras 3 on its TensorFlow backend whatever
+KERAS_BACKEND or ~/.keras/keras.json say: a .keras file saved on JAX or PyTorch loads there (the format is the
+same on every backend), and a JAX user never switches backends by hand.
 """
 
 import importlib.util
+import os
 import sys
 
 _HELD_BACK = ("keras_gelu", "keras_gelu.converters")
@@ -34,6 +39,7 @@ def _create_packages_without_running_them():
 
 
 def main():
+    os.environ["KERAS_BACKEND"] = "tensorflow"
     created = _create_packages_without_running_them()
     from keras_gelu.converters import cli
 

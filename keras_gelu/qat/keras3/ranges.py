@@ -18,6 +18,7 @@ after it, so they save and load with the model.
 
 import contextlib
 
+from keras_gelu.flavour import BACKEND
 from keras_gelu.flavour import keras
 
 EMA_DECAY = 0.999  # tfmot's, so that the two QATs train alike
@@ -57,9 +58,25 @@ def _widened(low, high):
     return keras.ops.maximum(high, low + _SMALLEST_RANGE)
 
 
-def _fake_quant(x, low, high, narrow_range=False, axis=None):
-    return keras.quantizers.fake_quant_with_min_max_vars(x, low, high, num_bits=8, narrow_range=narrow_range,
-                                                         axis=axis)
+def _fake_quant(x, low, high, narrow_range=False, axis=None, training=False):
+    def quantize(x, low, high):
+        return keras.quantizers.fake_quant_with_min_max_vars(x, low, high, num_bits=8, narrow_range=narrow_range,
+                                                             axis=axis)
+
+    # An empty range ([0, 0]: a constant of zeros, as a fresh LearnableGELU's beta) is NaN in Keras's own fake
+    # quantization (JAX, PyTorch) and in XLA's FakeQuant (TensorFlow under jit_compile=True), where TensorFlow's
+    # CPU kernel gives 0 and passes the gradient straight through. So it is quantized as that kernel does, except
+    # in TensorFlow's inference graph: the converter reads its FakeQuant op's constant range there as it is.
+    if BACKEND == "tensorflow" and not training:
+        return quantize(x, low, high)
+    low, high = keras.ops.convert_to_tensor(low), keras.ops.convert_to_tensor(high)
+    empty = keras.ops.less_equal(high, low)
+    quantized = quantize(x, low, keras.ops.where(empty, low + 1.0, high))
+    if axis is not None:
+        shape = [1] * len(x.shape)
+        shape[axis] = -1
+        empty = keras.ops.reshape(empty, shape)
+    return keras.ops.where(empty, x - keras.ops.stop_gradient(x), quantized)
 
 
 class ActivationRange:
@@ -79,7 +96,7 @@ class ActivationRange:
             keep = 0.0 if _calibrating[0] else EMA_DECAY
             self.low.assign(keep * self.low + (1.0 - keep) * batch_low)
             self.high.assign(_widened(self.low, keep * self.high + (1.0 - keep) * batch_high))
-        return _fake_quant(x, self.low, self.high)
+        return _fake_quant(x, self.low, self.high, training=training)
 
 
 class WeightRange:
@@ -124,4 +141,4 @@ class WeightRange:
     def __call__(self, weight, training=False):
         if training:
             self.update(weight)
-        return _fake_quant(weight, self.low, self.high, narrow_range=self.symmetric, axis=self.axis)
+        return _fake_quant(weight, self.low, self.high, narrow_range=self.symmetric, axis=self.axis, training=training)

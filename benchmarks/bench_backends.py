@@ -1,0 +1,105 @@
+"""Speed of keras_gelu on Keras 3's JAX and PyTorch backends against each framework's own GELU, as ratios from
+one run (the TensorFlow backend: bench_layers.py). Forward and backward, the way training runs them: under
+jax.jit on JAX; eagerly and under torch.compile on PyTorch. Not a test: nothing here asserts.
+
+    KERAS_BACKEND=jax .venv-jax/bin/python benchmarks/bench_backends.py [--size 2048] [--rounds 15]
+    KERAS_BACKEND=torch .venv-torch/bin/python benchmarks/bench_backends.py
+
+Ratios are keras_gelu's median time over the stock function's (below 1.00: keras_gelu is faster), each pair
+timed in interleaved rounds in one process.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+
+import keras_gelu
+import machine
+
+BACKEND = keras_gelu.BACKEND
+
+
+def _jax_candidates():
+    import jax
+    import jax.numpy as jnp
+
+    def forward_backward(function):
+        step = jax.jit(jax.value_and_grad(lambda x: jnp.sum(function(x))))
+        return lambda x: jax.block_until_ready(step(x))
+
+    return jnp.asarray, {
+        # keras_gelu's form: (its function, the stock function it is compared with)
+        "exact": (forward_backward(lambda x: keras_gelu.gelu(x, "exact")),
+                  forward_backward(lambda x: jax.nn.gelu(x, approximate=False)), "jax.nn.gelu(approximate=False)"),
+        "tanh": (forward_backward(lambda x: keras_gelu.gelu(x, "tanh")),
+                 forward_backward(lambda x: jax.nn.gelu(x, approximate=True)), "jax.nn.gelu(approximate=True)"),
+        "sigmoid": (forward_backward(lambda x: keras_gelu.gelu(x, "sigmoid")),
+                    forward_backward(lambda x: x * jax.nn.sigmoid(1.702 * x)), "x * jax.nn.sigmoid(1.702 x)"),
+    }
+
+
+def _torch_candidates():
+    import torch
+    import torch.nn.functional as F
+
+    def forward_backward(function, compiled):
+        function = torch.compile(function) if compiled else function
+
+        def run(x):
+            x = x.detach().requires_grad_(True)
+            function(x).sum().backward()
+            return x.grad
+
+        return run
+
+    candidates = {}
+    stock = {"exact": (lambda x: F.gelu(x), "F.gelu"), "tanh": (lambda x: F.gelu(x, approximate="tanh"),
+                                                                "F.gelu(approximate='tanh')"),
+             "sigmoid": (lambda x: x * torch.sigmoid(1.702 * x), "x * torch.sigmoid(1.702 x)")}
+    for compiled in (False, True):
+        for form, (stock_function, stock_name) in stock.items():
+            ours = (lambda form: lambda x: keras_gelu.gelu(x, form))(form)
+            label = f"{form}, {'torch.compile' if compiled else 'eager'}"
+            candidates[label] = (forward_backward(ours, compiled), forward_backward(stock_function, compiled),
+                                 stock_name)
+    return torch.from_numpy, candidates
+
+
+def _interleaved_median_seconds(functions, x, rounds):
+    samples = {key: [] for key in functions}
+    for function in functions.values():
+        function(x)  # compile/warm up
+    for _ in range(rounds):
+        for key, function in functions.items():
+            started = time.perf_counter()
+            function(x)
+            samples[key].append(time.perf_counter() - started)
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", type=int, default=2048, help="the input is size x size float32")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
+    args = parser.parse_args()
+    if BACKEND not in ("jax", "torch"):
+        parser.error(f"set KERAS_BACKEND to jax or torch (TensorFlow: bench_layers.py). Received: backend={BACKEND}")
+    as_tensor, candidates = _jax_candidates() if BACKEND == "jax" else _torch_candidates()
+    x = as_tensor(np.random.default_rng(0).normal(scale=3.0, size=(args.size, args.size)).astype(np.float32))
+    print(machine.header())
+    print(f"Keras backend {BACKEND}; fwd+bwd on {args.size}x{args.size} float32; median of {args.rounds} "
+          f"interleaved rounds\n")
+    print("| form | keras_gelu ms | stock ms | stock | keras_gelu / stock |")
+    print("|---|---|---|---|---|")
+    for form, (ours, stock, stock_name) in candidates.items():
+        medians = _interleaved_median_seconds({"ours": ours, "stock": stock}, x, args.rounds)
+        print(f"| {form} | {medians['ours'] * 1e3:.1f} | {medians['stock'] * 1e3:.1f} | {stock_name} | "
+              f"{medians['ours'] / medians['stock']:.2f}x |")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    main()
