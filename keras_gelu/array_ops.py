@@ -47,28 +47,31 @@ def _keras_fake_quant(x, low, high):
     return keras.quantizers.fake_quant_with_min_max_vars(x, low, high, num_bits=8)
 
 
-class _Jax:
+class _ArrayModule:
+    """What jax.numpy and NumPy spell alike, on the module `self.xp`."""
+
+    def constant(self, value, like):
+        return self.xp.asarray(value, dtype=like.dtype)
+
+    def lowest(self, like):
+        return self.constant(self.xp.finfo(like.dtype).min, like)
+
+    def highest(self, like):
+        return self.constant(self.xp.finfo(like.dtype).max, like)
+
+    def full_like(self, like, value):
+        return self.xp.full_like(like, value)
+
+
+class _Jax(_ArrayModule):
     def __init__(self):
         import jax
         import jax.numpy as jnp
-        import numpy as np
 
-        self.jnp, self.np = jnp, np
+        self.xp = jnp
         self.maximum, self.minimum, self.where, self.erfc = jnp.maximum, jnp.minimum, jnp.where, jax.scipy.special.erfc
         self.sigmoid, self.exp, self.abs, self.is_inf = jax.nn.sigmoid, jnp.exp, jnp.abs, jnp.isinf
         self.clip, self.ones_like, self.zeros_like, self.equal = jnp.clip, jnp.ones_like, jnp.zeros_like, jnp.equal
-
-    def constant(self, value, like):
-        return self.jnp.asarray(value, dtype=like.dtype)
-
-    def lowest(self, like):
-        return self.constant(self.jnp.finfo(like.dtype).min, like)
-
-    def highest(self, like):
-        return self.constant(self.jnp.finfo(like.dtype).max, like)
-
-    def full_like(self, like, value):
-        return self.jnp.full_like(like, value)
 
     fake_quant = staticmethod(_keras_fake_quant)
 
@@ -100,32 +103,20 @@ class _Torch:
     fake_quant = staticmethod(_keras_fake_quant)
 
 
-class _NumPy:
+class _NumPy(_ArrayModule):
     def __init__(self):
         import math
 
         import numpy as np
 
-        self.np = np
+        self.xp = np
         self.maximum, self.minimum, self.where, self.exp, self.abs = np.maximum, np.minimum, np.where, np.exp, np.abs
         self.erfc = np.vectorize(math.erfc, otypes=[np.float64])
         self.is_inf, self.clip, self.ones_like, self.zeros_like, self.equal = (
             np.isinf, np.clip, np.ones_like, np.zeros_like, np.equal)
 
     def sigmoid(self, x):
-        return 1.0 / (1.0 + self.np.exp(-x))
-
-    def constant(self, value, like):
-        return self.np.asarray(value, dtype=like.dtype)
-
-    def lowest(self, like):
-        return self.constant(self.np.finfo(like.dtype).min, like)
-
-    def highest(self, like):
-        return self.constant(self.np.finfo(like.dtype).max, like)
-
-    def full_like(self, like, value):
-        return self.np.full_like(like, value)
+        return 1.0 / (1.0 + self.xp.exp(-x))
 
 
 # A tensor's framework, from the module its type lives in (tracers and symbolic tensors included).
