@@ -130,6 +130,7 @@ def test_import_keras_gelu_loads_neither_tfmot_nor_the_converter():
     assert not {name for name in loaded if name.startswith(("tensorflow_model_optimization", CONVERTERS))}
 
 
+@pytest.mark.legs("tf_keras")  # the process it starts runs tf-keras whatever the leg
 def test_quantization_aware_training_loads_no_conversion_pipeline():
     pytest.importorskip("tensorflow_model_optimization")
     loaded = _modules_after("import keras_gelu.qat.tfmot.configs", TF_USE_LEGACY_KERAS="1")
