@@ -81,7 +81,8 @@ class _Torch:
         import torch
 
         self.torch = torch
-        self.maximum, self.minimum, self.where, self.erfc = torch.maximum, torch.minimum, torch.where, torch.special.erfc
+        self.maximum, self.minimum, self.where = torch.maximum, torch.minimum, torch.where
+        self.erfc = torch.special.erfc
         self.sigmoid, self.exp, self.abs, self.is_inf = torch.sigmoid, torch.exp, torch.abs, torch.isinf
         self.ones_like, self.zeros_like, self.equal = torch.ones_like, torch.zeros_like, torch.eq
 
@@ -132,7 +133,7 @@ def of(x):
     namespace = _MADE.get(framework)
     if namespace is None:
         if framework not in _NAMESPACES:
-            raise TypeError(f"keras_gelu's formulas take TensorFlow, JAX or PyTorch tensors or NumPy arrays. Received: x of type "
-                            f"{type(x).__module__}.{type(x).__qualname__}")
+            raise TypeError(f"keras_gelu's formulas take TensorFlow, JAX or PyTorch tensors or NumPy arrays. "
+                            f"Received: x of type {type(x).__module__}.{type(x).__qualname__}")
         namespace = _MADE[framework] = _NAMESPACES[framework]()
     return namespace

@@ -259,9 +259,9 @@ def _gelu_mlp():
 
 
 def test_qat_trains_saves_and_loads_on_this_backend(rng, tmp_path):
-    """quantize_model -> fit (compiled whole, but on PyTorch) -> .keras -> load: the loss falls, LearnableGELU's beta leaves 0
-    (its range starts empty, [0, 0], which Keras's fake quantization on JAX and PyTorch would turn into NaN),
-    and the loaded model computes what the trained one did."""
+    """quantize_model -> fit (compiled whole, but on PyTorch) -> .keras -> load: the loss falls, LearnableGELU's
+    beta leaves 0 (its range starts empty, [0, 0], which Keras's fake quantization on JAX and PyTorch, and XLA's
+    FakeQuant, would turn into NaN), and the loaded model computes what the trained one did."""
     from keras_gelu import qat
 
     x, y = _digits_like(rng)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.legs("keras3")
 SAVED_ON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "keras_backends")
 
 # The float model's GELUs in float32 ops (the erf form within 1e-6 of exact GELU, the GELU op), through five
-# Dense layers, against another framework's float32: the bound, measured at most 1.5e-6.
+# Dense layers, against another framework's float32: the bound (measured: 6.3e-7 from JAX, 3.0e-7 from PyTorch).
 FLOAT_ATOL = 1e-5
 
 

@@ -3,8 +3,10 @@ JAX and PyTorch backends, with the outputs each computed there as the reference.
 
 Each backend runs in a venv without TensorFlow (`make install-jax install-torch`), plus scikit-learn for the digits:
 
-    .venv-jax/bin/pip install scikit-learn && KERAS_BACKEND=jax .venv-jax/bin/python tests/data/keras_backends/make.py
-    .venv-torch/bin/pip install scikit-learn && KERAS_BACKEND=torch .venv-torch/bin/python tests/data/keras_backends/make.py
+    .venv-jax/bin/pip install scikit-learn
+    KERAS_BACKEND=jax .venv-jax/bin/python tests/data/keras_backends/make.py
+    .venv-torch/bin/pip install scikit-learn
+    KERAS_BACKEND=torch .venv-torch/bin/python tests/data/keras_backends/make.py
 
 Each run writes `<backend>_float.keras` (every GELU form, a GELU activation of a Dense and a LearnableGELU,
 trained a little so that alpha and beta moved), `<backend>_qat.keras` (an MLP on the digits, trained, then
