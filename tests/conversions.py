@@ -5,6 +5,7 @@ A conversion is (mode, exact_as), exact_as None where the mode takes none.
 
 import tensorflow as tf
 
+from keras_gelu import replacements
 from keras_gelu import vocabulary
 
 
@@ -27,6 +28,21 @@ QAT_INT8_STEPS = 2.0 + 1e-3
 # that rounds differently from the reference kernel and from TF 2.21's: measured up to 4 steps on a strided
 # separable convolution, where TF 2.21, and TF 2.18's reference kernels, give 1.
 DEPTHWISE_INT8_STEPS = 4.0 + 1e-3 if tf.__version__.startswith("2.18") else QAT_INT8_STEPS
+
+
+def made_already(function, mode, exact_as, int8=False):
+    """Whether a conversion gives a GELU(function) the ops an earlier builtin --form gave it already: --form only
+    says how an exact GELU is spelled, and int8 spells the erf form as the tanh form (replacements.RULES).
+    function None: a GELU whose ops no form changes (LearnableGELU). Other modes are never made already."""
+    if mode != "builtin":
+        return False
+    forms = vocabulary.MODES["builtin"].exact_as
+
+    def ops(form):
+        return None if function is None else replacements.replacement_for(
+            function, vocabulary.conversion_mode("builtin", int8), form, int8).build
+
+    return any(ops(earlier) is ops(exact_as) for earlier in forms[:forms.index(exact_as)])
 
 
 def ids(conversions):

@@ -11,11 +11,10 @@ import pytest
 
 import tflite_helpers
 from keras_gelu import converters
+from test_backends import SAVED_ON
 from test_backends import saved_on
 
 pytestmark = pytest.mark.legs("keras3")
-
-SAVED_ON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "keras_backends")
 
 # The float model's GELUs in float32 ops (the erf form within 1e-6 of exact GELU, the GELU op), through five
 # Dense layers, against another framework's float32: the bound (measured: 6.3e-7 from JAX, 3.0e-7 from PyTorch).

@@ -20,7 +20,6 @@ from conversions import QAT_INT8_STEPS
 from gelu_models import every_gelu_functional
 from keras_gelu import converters
 import keras_gelu.qat
-from keras_gelu import replacements
 from keras_gelu import vocabulary
 
 pytestmark = pytest.mark.legs("keras3", "tf_keras")
@@ -366,29 +365,17 @@ def trained_qat_models(tmp_path_factory):
     return models
 
 
-def _distinct_int8_conversions(function):
-    """conversions.EVERY, less a builtin --form whose int8 ops are another's: --form only says how an exact GELU
-    is spelled, and int8 spells the erf form as the tanh form (replacements.RULES); LearnableGELU (function None)
-    is LOGISTIC/MUL whatever the form."""
-    kept, seen = [], set()
-    for mode, exact_as in conversions.EVERY:
-        ops = exact_as
-        if mode == "builtin":
-            ops = None if function is None else replacements.int8_replacement(function, mode, exact_as).build
-        if (mode, ops) not in seen:
-            seen.add((mode, ops))
-            kept.append((mode, exact_as))
-    return kept
-
-
 def _qat_conversions():
     """(activation, QAT mode, conversion mode, exact_as): the two GELU layers people train (exact, learnable) in
     every conversion; each other activation in each int8 mode (builtin in its default form), which still pairs
     every QAT mode with every int8 mode for every activation."""
-    thorough = {"exact layer": "exact", "learnable layer": None}  # the GELU function each computes
     in_each_int8_mode = [(mode, vocabulary.resolve_exact_as(mode, None)) for mode in QAT_TARGETS]
+    # The thorough ones, by the GELU function each computes, in every conversion that makes ops of its own
+    chosen = {name: [conversion for conversion in conversions.EVERY
+                     if not conversions.made_already(function, *conversion, int8=True)]
+              for name, function in (("exact layer", "exact"), ("learnable layer", None))}
     cases = [(name, qat_mode, conversion) for name in ACTIVATIONS for qat_mode in QAT_TARGETS
-             for conversion in (_distinct_int8_conversions(thorough[name]) if name in thorough else in_each_int8_mode)]
+             for conversion in chosen.get(name, in_each_int8_mode)]
     return [pytest.param(name, qat_mode, *conversion, id=f"{name}-{qat_mode}-{conversions.ids([conversion])[0]}")
             for name, qat_mode, conversion in cases]
 
