@@ -78,7 +78,7 @@ def accuracy(logits, labels):
 
 
 def to_int8(model, mode, exact_as=None, calibration=None, check_inputs=None):
-    """Save `model` as a SavedModel and convert it to int8 with keras-gelu-convert's pipeline.
+    """Convert `model`, as it is in memory, to int8 with keras-gelu-convert's pipeline.
 
     A QAT model uses its trained ranges; a float model is calibrated on
     `calibration`, {input name: samples}. The converter checks the int8
@@ -86,8 +86,6 @@ def to_int8(model, mode, exact_as=None, calibration=None, check_inputs=None):
     values would sit outside the trained ranges). Returns (tflite bytes, report).
     """
     with tempfile.TemporaryDirectory(prefix="keras_gelu_recipe_") as directory:
-        saved = os.path.join(directory, "model")
-        tf.saved_model.save(model, saved)
         options = {"mode": mode, "exact_as": exact_as, "int8": True}
         if calibration is not None:
             options["calibration"] = os.path.join(directory, "calibration.npz")
@@ -95,7 +93,7 @@ def to_int8(model, mode, exact_as=None, calibration=None, check_inputs=None):
         if check_inputs is not None:
             options["inputs"] = os.path.join(directory, "check_inputs.npz")
             np.savez(options["inputs"], *check_inputs.values())
-        return converters.convert(saved, **options)
+        return converters.convert(model, **options)
 
 
 def tflite_outputs(tflite_model, x):

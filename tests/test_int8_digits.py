@@ -50,8 +50,6 @@ def _accuracy(logits, labels):
 @pytest.fixture(scope="module")
 def results(digits, tmp_path_factory):
     """Per form: float, PTQ int8, QAT and QAT int8 figures (module-scoped: training is the slow part)."""
-    import tensorflow as tf
-
     import keras_gelu.qat
 
     x_train, y_train, x_test, y_test = digits
@@ -64,18 +62,15 @@ def results(digits, tmp_path_factory):
         hidden = keras.layers.Dense(32, activation=keras_gelu.gelu_layer(function))(hidden)
         model = keras.Model(inputs, keras.layers.Dense(10)(hidden))
         _train(model, x_train, y_train, epochs=12, learning_rate=3e-3)
-        directory = tmp_path_factory.mktemp(function)
-        tf.saved_model.save(model, str(directory / "float"))
-        np.savez(directory / "calibration.npz", pixels=x_train[:200])
-        ptq, ptq_report = converters.convert(str(directory / "float"), int8=True,
-                                             calibration=str(directory / "calibration.npz"))
+        calibration = str(tmp_path_factory.mktemp(function) / "calibration.npz")
+        np.savez(calibration, pixels=x_train[:200])
+        ptq, ptq_report = converters.convert(model, int8=True, calibration=calibration)
 
         qat = keras_gelu.qat.quantize_model(model, calibration_data=x_train[:256])
         alpha_before = [w.numpy().copy() for w in qat.weights if w.name.endswith("alpha:0")]
         _train(qat, x_train, y_train, epochs=2, learning_rate=1e-4)
         alpha_after = [w.numpy() for w in qat.weights if w.name.endswith("alpha:0")]
-        tf.saved_model.save(qat, str(directory / "qat"))
-        int8, int8_report = converters.convert(str(directory / "qat"), int8=True)
+        int8, int8_report = converters.convert(qat, int8=True)
         qat_logits = qat.predict(x_test, verbose=0)
         int8_logits = tflite_helpers.run(int8, x_test)[0]
         (scale,) = reporting.output_scales(int8)

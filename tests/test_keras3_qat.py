@@ -37,12 +37,8 @@ def _range_of(layer, name):
     return float(getattr(layer, f"range_{name}_min").numpy()), float(getattr(layer, f"range_{name}_max").numpy())
 
 
-def _converted(model, tmp_path):
-    import tensorflow as tf
-
-    path = str(tmp_path / "qat_savedmodel")
-    tf.saved_model.save(model, path)
-    return converters.convert(path, int8=True)
+def _converted(model):
+    return converters.convert(model, int8=True)
 
 
 def _quantized_and_trained(model, x, rng):
@@ -71,14 +67,14 @@ def _cnn(pooling):
 
 
 @pytest.mark.parametrize("pooling", ["MaxPooling2D", "AveragePooling2D"])
-def test_a_small_cnn_converts_to_a_fully_integer_tflite_within_qat_int8_steps(pooling, tmp_path, rng):
+def test_a_small_cnn_converts_to_a_fully_integer_tflite_within_qat_int8_steps(pooling, rng):
     import tflite_helpers
 
     x = rng.uniform(0, 1, size=(128, 8, 8, 1)).astype(np.float32)
     qat = keras_gelu.qat.quantize_model(_cnn(getattr(keras.layers, pooling)(2)), calibration_data=x)
     qat.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     qat.fit(x, rng.integers(0, 10, size=128), epochs=1, verbose=0)
-    tflite_model, report = _converted(qat, tmp_path)
+    tflite_model, report = _converted(qat)
     assert report.float_ops == {}, report.op_types
     assert set(report.op_types["CONV_2D"]) == set(report.op_types["DEPTHWISE_CONV_2D"]) == {"int8"}
     # Average pooling runs as a second depthwise convolution (1/window kernel), which rescales as the rule does.
@@ -102,7 +98,7 @@ def test_average_pooling_computes_the_average_and_refuses_same_padding_that_pads
 
 
 @pytest.mark.parametrize("padding, dilation", [("same", 1), ("valid", 2), ("causal", 2)])
-def test_conv1d_computes_the_float_function_and_converts_within_qat_int8_steps(padding, dilation, tmp_path, rng):
+def test_conv1d_computes_the_float_function_and_converts_within_qat_int8_steps(padding, dilation, rng):
     import tflite_helpers
 
     keras.utils.set_random_seed(8)
@@ -112,7 +108,7 @@ def test_conv1d_computes_the_float_function_and_converts_within_qat_int8_steps(p
                               keras.layers.Flatten(), keras.layers.Dense(4)])
     x = rng.normal(size=(64, 16, 3)).astype(np.float32)
     qat = _quantized_and_trained(model, x, rng)
-    tflite_model, report = _converted(qat, tmp_path)
+    tflite_model, report = _converted(qat)
     (scale,) = converters.report.output_scales(tflite_model)
     assert report.float_ops == {} and set(report.op_types["CONV_2D"]) == {"int8"}
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
@@ -132,14 +128,13 @@ def _separable_cnn(one_dimensional):
 
 
 @pytest.mark.parametrize("one_dimensional", [False, True], ids=["separable-2d", "depthwise-separable-1d"])
-def test_depthwise_and_separable_convolutions_train_and_convert_within_qat_int8_steps(one_dimensional, tmp_path,
-                                                                                        rng):
+def test_depthwise_and_separable_convolutions_train_and_convert_within_qat_int8_steps(one_dimensional, rng):
     import tflite_helpers
 
     model = _separable_cnn(one_dimensional)
     x = rng.normal(size=(64,) + tuple(model.input_shape[1:])).astype(np.float32)
     qat = _quantized_and_trained(model, x, rng)  # strides, dilation and the separable pair as the float layers
-    tflite_model, report = _converted(qat, tmp_path)
+    tflite_model, report = _converted(qat)
     assert report.float_ops == {}, report.op_types
     # a separable convolution is a DEPTHWISE_CONV_2D and a 1x1 CONV_2D
     assert sum(report.op_types["DEPTHWISE_CONV_2D"].values()) == (3 if one_dimensional else 2)
@@ -163,12 +158,12 @@ def _encoder_block(layer_normalization):
 
 @on_tf218_too
 @pytest.mark.parametrize("layer_normalization", [False, True], ids=["residual", "residual+LayerNormalization"])
-def test_einsum_dense_layer_normalization_and_softmax_convert_to_integer(layer_normalization, tmp_path, rng):
+def test_einsum_dense_layer_normalization_and_softmax_convert_to_integer(layer_normalization, rng):
     import tflite_helpers
 
     x = rng.normal(size=(64, 6, 8)).astype(np.float32)
     qat = keras_gelu.qat.quantize_model(_encoder_block(layer_normalization), calibration_data=x)
-    tflite_model, report = _converted(qat, tmp_path)
+    tflite_model, report = _converted(qat)
     assert report.float_ops == {}, report.op_types
     for op in ("SOFTMAX", "FULLY_CONNECTED") + (("MEAN", "SQUARED_DIFFERENCE", "RSQRT", "SUB") if layer_normalization
                                                  else ()):
@@ -279,7 +274,7 @@ def test_keep_float_leaves_the_named_layer_as_it_is(rng):
 
 
 @on_tf218_too
-def test_a_registered_rule_quantizes_a_layer_and_converts_to_integer(tmp_path, rng):
+def test_a_registered_rule_quantizes_a_layer_and_converts_to_integer(rng):
     inputs = keras.Input((12,), name="features")
     left, right = keras.layers.Dense(8)(inputs), keras.layers.Dense(8)(inputs)
     model = keras.Model(inputs, keras.layers.Subtract(name="difference")([left, right]))
@@ -289,7 +284,7 @@ def test_a_registered_rule_quantizes_a_layer_and_converts_to_integer(tmp_path, r
     try:
         x = rng.normal(size=(64, 12)).astype(np.float32)
         qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
-        _, report = _converted(qat, tmp_path)
+        _, report = _converted(qat)
     finally:
         rules._RULES.pop(keras.layers.Subtract)
     assert report.float_ops == {} and set(report.op_types["SUB"]) == {"int8"}
@@ -305,7 +300,7 @@ def test_register_rule_refuses_what_is_not_a_layer_class_and_a_rule(layer_class,
 
 
 @on_tf218_too
-def test_a_mixed_precision_model_is_quantized_in_float32_and_converts_to_integer(tmp_path, rng):
+def test_a_mixed_precision_model_is_quantized_in_float32_and_converts_to_integer(rng):
     x = rng.normal(size=(64, 12)).astype(np.float32)
     float32_twin = _mlp()
     keras.mixed_precision.set_global_policy("mixed_float16")
@@ -321,7 +316,7 @@ def test_a_mixed_precision_model_is_quantized_in_float32_and_converts_to_integer
     # the QAT model the float32 twin gives: the same computation, to the bit
     twin_qat = keras_gelu.qat.quantize_model(float32_twin, mode="native", calibration_data=x)
     np.testing.assert_array_equal(qat(x).numpy(), twin_qat(x).numpy())
-    _, report = _converted(qat, tmp_path)
+    _, report = _converted(qat)
     assert report.float_ops == {}, report.op_types
 
 
@@ -410,7 +405,7 @@ def test_multi_head_attention_trains_saves_and_converts_to_integer_within_qat_in
     qat.save(str(tmp_path / "attention.keras"))
     np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "attention.keras"))(x).numpy(),
                                   qat(x).numpy())
-    tflite_model, report = _converted(qat, tmp_path)
+    tflite_model, report = _converted(qat)
     assert report.float_ops == {}, report.op_types
     for op in ("FULLY_CONNECTED", "BATCH_MATMUL", "SOFTMAX") + (() if cross else ("GATHER",)):
         assert set(report.op_types[op]) == {"int8"}, op
@@ -420,7 +415,7 @@ def test_multi_head_attention_trains_saves_and_converts_to_integer_within_qat_in
 
 
 @pytest.mark.parametrize("masking", ["padding", "causal"])
-def test_masked_attention_converts_to_a_select_and_stays_within_qat_int8_steps(masking, tmp_path, rng):
+def test_masked_attention_converts_to_a_select_and_stays_within_qat_int8_steps(masking, rng):
     import tflite_helpers
 
     keras.utils.set_random_seed(2)
@@ -439,7 +434,7 @@ def test_masked_attention_converts_to_a_select_and_stays_within_qat_int8_steps(m
     # Keras masks with -1e9; the rule with a SELECT 16 below the scores' range (e^-16 of a weight): the same
     # attention up to int8 rounding, checked against the float model inside
     qat = _quantized_and_trained(model, x, rng)
-    tflite_model, report = _converted(qat, tmp_path)
+    tflite_model, report = _converted(qat)
     assert report.float_ops == {} and set(report.op_types["SELECT_V2"]) >= {"int8"}, report.op_types
     (scale,) = converters.report.output_scales(tflite_model)
     outputs = tflite_helpers.run_matched_by_shape(tflite_model, x if masking == "padding" else [x])[0]
@@ -542,7 +537,7 @@ def test_a_batch_normalization_that_cannot_fold_is_refused_by_name(build, reason
         keras_gelu.qat.quantize_model(keras.Model(inputs, build(inputs)))
 
 
-def test_mobilenet_v2_folds_its_batch_norms_and_converts_to_integer_within_qat_int8_steps(tmp_path, rng):
+def test_mobilenet_v2_folds_its_batch_norms_and_converts_to_integer_within_qat_int8_steps(rng):
     import tflite_helpers
 
     # keras.applications' MobileNetV2, no weights (nothing downloaded): Conv/Depthwise + BatchNormalization +
@@ -563,7 +558,7 @@ def test_mobilenet_v2_folds_its_batch_norms_and_converts_to_integer_within_qat_i
                                                for layer in qat.layers)
     low, high = _range_of(qat.layers[-1], "output")
     assert np.max(np.abs(qat(x).numpy() - model(x, training=False).numpy())) <= 10 * (high - low) / 255
-    tflite_model, report = _converted(qat, tmp_path)  # the folded biases are not zero: no training needed
+    tflite_model, report = _converted(qat)  # the folded biases are not zero: no training needed
     assert report.float_ops == {}, report.op_types
     assert sum(report.op_types["CONV_2D"].values()) == 35 and sum(report.op_types["DEPTHWISE_CONV_2D"].values()) == 17
     (scale,) = converters.report.output_scales(tflite_model)
@@ -571,7 +566,7 @@ def test_mobilenet_v2_folds_its_batch_norms_and_converts_to_integer_within_qat_i
 
 
 @on_tf218_too
-def test_fused_softmax_sigmoid_and_tanh_are_split_out_onto_their_grids(tmp_path, rng):
+def test_fused_softmax_sigmoid_and_tanh_are_split_out_onto_their_grids(rng):
     import tflite_helpers
 
     keras.utils.set_random_seed(7)
@@ -585,7 +580,7 @@ def test_fused_softmax_sigmoid_and_tanh_are_split_out_onto_their_grids(tmp_path,
              if isinstance(getattr(layer, "layer", None), (keras.layers.Activation, keras.layers.Softmax))}
     assert split == {"quant_squash_tanh": "Activation", "quant_gate_sigmoid": "Activation",
                      "quant_probabilities_softmax": "Softmax"}
-    tflite_model, report = _converted(qat, tmp_path)
+    tflite_model, report = _converted(qat)
     assert report.float_ops == {}, report.op_types
     for op in ("TANH", "LOGISTIC", "SOFTMAX"):
         assert set(report.op_types[op]) == {"int8"}, op
@@ -630,14 +625,14 @@ def test_a_flattened_model_computes_the_nested_one_and_leaves_it_untouched(rng):
     assert not any(flat_weight is weight for flat_weight in flat.weights for weight in model.weights)
 
 
-def test_nested_models_at_any_depth_are_quantized_through_and_convert_to_integer(tmp_path, rng):
+def test_nested_models_at_any_depth_are_quantized_through_and_convert_to_integer(rng):
     import tflite_helpers
 
     x = rng.normal(size=(64, 8, 8, 3)).astype(np.float32)
     qat = _quantized_and_trained(_nested_model(), x, rng)
     assert not any(isinstance(layer, keras.Model) for layer in qat.layers)
     assert not any(isinstance(getattr(layer, "layer", None), keras.layers.BatchNormalization) for layer in qat.layers)
-    tflite_model, report = _converted(qat, tmp_path)
+    tflite_model, report = _converted(qat)
     assert report.float_ops == {}, report.op_types
     (scale,) = converters.report.output_scales(tflite_model)
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
@@ -668,7 +663,7 @@ def test_operations_on_tensors_get_a_range_save_and_convert_to_integer(tmp_path,
     assert sorted(type(operation).__name__ for operation in operations) == ["Add", "Multiply"]
     qat.save(str(tmp_path / "qat.keras"))
     np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "qat.keras"))(x).numpy(), qat(x).numpy())
-    tflite_model, report = _converted(qat, tmp_path)
+    tflite_model, report = _converted(qat)
     assert report.float_ops == {}, report.op_types
     (scale,) = converters.report.output_scales(tflite_model)
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
@@ -704,7 +699,7 @@ def test_a_layer_that_is_the_identity_at_inference_is_kept_as_it_is_and_another_
         keras_gelu.qat.quantize_model(doubled)
 
 
-def test_rescaling_normalization_and_a_layer_scale_train_as_int8_mul_and_add(tmp_path, rng):
+def test_rescaling_normalization_and_a_layer_scale_train_as_int8_mul_and_add(rng):
     import tflite_helpers
 
     from keras_gelu.qat.keras3.keras_classes import LayerScale
@@ -722,7 +717,7 @@ def test_rescaling_normalization_and_a_layer_scale_train_as_int8_mul_and_add(tmp
     affine = {layer.layer.name for layer in qat.layers if isinstance(getattr(layer, "rule", None),
                                                                        rules.ChannelAffineRule)}
     assert affine == {"rescaling", "normalization", "layer_scale"}
-    tflite_model, report = _converted(qat, tmp_path)
+    tflite_model, report = _converted(qat)
     assert report.float_ops == {}, report.op_types
     (scale,) = converters.report.output_scales(tflite_model)
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
@@ -744,7 +739,7 @@ def test_folded_weights_compute_the_layer_then_its_layer_scale(rng):
     np.testing.assert_allclose(folded(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)  # float32 rounding
 
 
-def test_a_grouped_convolution_with_a_channel_per_group_is_a_depthwise_one_and_others_are_refused(tmp_path, rng):
+def test_a_grouped_convolution_with_a_channel_per_group_is_a_depthwise_one_and_others_are_refused(rng):
     import tflite_helpers
 
     keras.utils.set_random_seed(12)
@@ -753,7 +748,7 @@ def test_a_grouped_convolution_with_a_channel_per_group_is_a_depthwise_one_and_o
     model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(grouped)))
     x = rng.normal(size=(64, 8, 8, 4)).astype(np.float32)
     qat = _quantized_and_trained(model, x, rng)
-    tflite_model, report = _converted(qat, tmp_path)
+    tflite_model, report = _converted(qat)
     assert report.float_ops == {} and "CONV_2D" not in report.ops, report.op_types
     assert report.op_types["DEPTHWISE_CONV_2D"] == {"int8": 1}
     (scale,) = converters.report.output_scales(tflite_model)

@@ -100,8 +100,9 @@ def _as_dict(outputs):
 @pytest.fixture(scope="module")
 def trained_and_converted(tmp_path_factory):
     """{family: (float model, QAT model, inputs, the QAT model's outputs before training, folder)}: each family
-    quantized, trained two steps and saved as .keras; then every .keras file converted by keras-gelu-convert in
-    one fresh process (a process that made none of them; one, as each start pays TensorFlow's import)."""
+    quantized, trained two steps (eagerly) and saved as .keras; then every .keras file converted by
+    keras-gelu-convert in one fresh process (a process that made none of them; one, as each start pays
+    TensorFlow's import)."""
     rng = np.random.default_rng(20261129)
     trained, runs = {}, []
     for family, make in FAMILIES.items():
@@ -110,7 +111,9 @@ def trained_and_converted(tmp_path_factory):
         model, x = make(rng)
         qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
         untrained = _as_dict(qat(_first(x, 16)))
-        qat.compile(keras.optimizers.Adam(1e-3), "mse")
+        # Eagerly: tracing the training step of a QAT ConvNeXt and optimizing that graph took 29 s for its two
+        # steps, eagerly they take 1.6 s; training in graphs, layer kind by layer kind, is test_keras3_qat's.
+        qat.compile(keras.optimizers.Adam(1e-3), "mse", run_eagerly=True)
         # Two steps towards the float model's outputs (zeros would shrink the outputs until a cosine says nothing)
         float_outputs = keras.tree.map_structure(lambda output: np.asarray(output, np.float32), model(x))
         qat.fit(x, float_outputs, batch_size=32, epochs=1, verbose=0)

@@ -350,8 +350,9 @@ def _trained_as_lookup_table(name, qat_mode):
 
 
 @pytest.fixture(scope="module")
-def trained_qat_models(tmp_path_factory):
-    """One trained QAT SavedModel per activation and QAT target mode (module-scoped: training is the slow part)."""
+def trained_qat_models():
+    """One trained QAT model per activation and QAT target mode (module-scoped: training is the slow part),
+    converted as the live model (test_quantize_scope_loads_saved_qat_models converts saved ones)."""
     if not HAS_QAT:
         pytest.skip("tfmot QAT needs tensorflow-model-optimization")
     rng = np.random.default_rng(7)
@@ -361,7 +362,7 @@ def trained_qat_models(tmp_path_factory):
             keras.backend.clear_session()
             qat = keras_gelu.qat.quantize_model(_dense_model(make()), mode=qat_mode)
             x = _fit(qat, rng, epochs=1)  # enough to move every bias off zero, where a float bias ADD would hide
-            models[name, qat_mode] = (_saved(qat, tmp_path_factory.mktemp("qat")), qat, x[:64])
+            models[name, qat_mode] = (qat, x[:64])
     return models
 
 
@@ -384,8 +385,8 @@ def _qat_conversions():
 def test_qat_model_converts_to_a_fully_integer_tflite(name, qat_mode, mode, exact_as, trained_qat_models):
     import tflite_helpers
 
-    path, qat, x = trained_qat_models[name, qat_mode]
-    tflite_model, report = converters.convert(path, mode=mode, exact_as=exact_as, int8=True)
+    qat, x = trained_qat_models[name, qat_mode]
+    tflite_model, report = converters.convert(qat, mode=mode, exact_as=exact_as, int8=True)
     assert report.int8 and report.quantization_aware
     assert report.float_ops == {}, report.op_types
     assert set(report.op_types["FULLY_CONNECTED"]) == {"int8"}
@@ -410,8 +411,8 @@ def test_qat_int8_io_takes_and_returns_int8(name, trained_qat_models):
     import tflite_helpers
     from keras_gelu.converters import verify
 
-    path, qat, x = trained_qat_models[name, "native"]
-    tflite_model, report = converters.convert(path, mode="native", int8=True, int8_io=True)
+    qat, x = trained_qat_models[name, "native"]
+    tflite_model, report = converters.convert(qat, mode="native", int8=True, int8_io=True)
     assert "QUANTIZE" not in report.ops and "DEQUANTIZE" not in report.ops
     interpreter_class, _ = verify.interpreter_class()
     interpreter = interpreter_class(model_content=tflite_model)
@@ -426,7 +427,7 @@ def test_qat_int8_io_takes_and_returns_int8(name, trained_qat_models):
 def test_qat_h5_file_converts_through_the_cli(trained_qat_models, tmp_path, capsys):
     from keras_gelu.converters import cli
 
-    _, qat, _ = trained_qat_models["learnable layer", "builtin"]
+    qat, _ = trained_qat_models["learnable layer", "builtin"]
     path = str(tmp_path / "qat.h5")
     qat.save(path)
     output = str(tmp_path / "qat.tflite")
@@ -437,14 +438,14 @@ def test_qat_h5_file_converts_through_the_cli(trained_qat_models, tmp_path, caps
 
 
 def test_qat_model_refuses_calibration(trained_qat_models):
-    path, _, _ = trained_qat_models["exact layer", "builtin"]
+    qat, _ = trained_qat_models["exact layer", "builtin"]
     with pytest.raises(converters.errors.BadInputs, match="drop --calibration"):
-        converters.convert(path, int8=True, calibration="random:4")
+        converters.convert(qat, int8=True, calibration="random:4")
 
 
 def test_qat_model_converted_without_int8_says_so(trained_qat_models):
-    path, _, _ = trained_qat_models["sigmoid layer", "builtin"]
-    _, report = converters.convert(path, verify=False)
+    qat, _ = trained_qat_models["sigmoid layer", "builtin"]
+    _, report = converters.convert(qat, verify=False)
     assert any("--int8" in warning for warning in report.warnings)
 
 

@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import hostile_models
+import keras_gelu
 from conftest import keras
 from conftest import keras3_only
 from conftest import tf_keras_only
@@ -169,6 +170,39 @@ def test_select_mode_output_of_an_honest_model_passes_the_flex_check(tmp_path):
     assert report.flex_ops == ["FlexErf"]
     assert [node.op for node in trust.flex_ops.flex_nodes(tflite_model)] == ["Erf"]
     trust.check_flex_ops(path, tflite_model)  # no refusal
+
+
+def test_a_keras_layer_writing_a_file_is_refused_before_it_runs_then_trusted(tmp_path, side_effect, capsys):
+    """A Keras model is traced in memory, not exported and reloaded: what its layers traced is checked like a
+    SavedModel's graph, live model or file, before any of it runs."""
+
+    @keras.utils.register_keras_serializable(package="test_trust")
+    class Writing(keras.layers.Layer):
+        def __init__(self, target, **kwargs):
+            super().__init__(**kwargs)
+            self.target = target
+
+        def call(self, x):
+            tf.io.write_file(self.target, tf.strings.as_string(tf.reduce_sum(x)))
+            return x
+
+        def get_config(self):
+            return {**super().get_config(), "target": self.target}
+
+    inputs = keras.Input((4,), name="x")
+    model = keras.Model(inputs, keras.layers.Dense(2)(Writing(str(side_effect), name="writing")(inputs)))
+    with pytest.raises(errors.UntrustedModel, match=r"op WriteFile \(node '[^']*writing[^']*' in function "):
+        converters.convert(model)
+    path = str(tmp_path / ("writing.keras" if keras_gelu.KERAS_FLAVOUR == "keras3" else "writing.h5"))
+    model.save(path)
+    output = tmp_path / "writing.tflite"
+    line = _one_line_refusal(cli.main([path, "--mode", "select", "-o", str(output)]), capsys.readouterr().err)
+    assert "op WriteFile" in line
+    assert not output.exists() and not side_effect.exists()
+
+    assert cli.main([path, "--mode", "select", "--trust-model", "-o", str(output)]) == 0
+    assert output.exists()
+    assert side_effect.exists() == FLEX_RUNS  # verified (so run) where an interpreter runs its Flex WriteFile
 
 
 def test_print_to_a_file_is_refused_but_print_to_stderr_is_not(tmp_path, side_effect):

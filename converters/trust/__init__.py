@@ -13,13 +13,15 @@ deciding from what each op or layer can do, not from its name:
 * `ops`: what a TensorFlow op can do (an allow-list of the stateful ops
   that stay in the process, each with its reason);
 * `saved_model`: every node, function, collection, the saver and the object
-  graph of a SavedModel, and its folder;
+  graph of a SavedModel, and its folder; the same node and function checks
+  for a Keras model's traced graph;
 * `keras_files`: an .h5 or .keras file's model config and HDF5 storage;
   Keras 3's own safe mode then still guards the .keras load;
 * `flex_ops`: the TensorFlow ops a select-mode .tflite would ship.
 
-Live Keras models are the user's own objects; their exported SavedModel is
-still checked like any other.
+A Keras model (a loaded file's, or a live one, the user's own object) is
+traced in memory, and the traced graph is checked like a SavedModel's
+before any of it runs.
 """
 
 from .. import errors
@@ -28,6 +30,7 @@ from . import keras_files
 from . import saved_model
 
 check_saved_model = saved_model.check
+check_graph = saved_model.check_graph
 check_keras_file = keras_files.check
 check_flex_ops = flex_ops.check
 keras_file_config = keras_files.config_text

@@ -60,6 +60,18 @@ def check(path, directory):
         _MetaGraphCheck(path, meta_graph).run()
 
 
+def check_graph(path, graph_def):
+    """Refuse (errors.UntrustedModel) a graph, library included, holding an op able to act outside the process.
+
+    For the graph a Keras model's layers traced in memory: a SavedModel's
+    node and library checks, on a graph with no saver, object graph or
+    assets (so that any checkpoint op is refused).
+    """
+    meta_graph = meta_graph_pb2.MetaGraphDef()
+    meta_graph.graph_def.CopyFrom(graph_def)
+    _MetaGraphCheck(path, meta_graph).run()
+
+
 def _check_folder(path, directory):
     root = os.path.realpath(directory)
     for folder, subfolders, files in os.walk(directory):
