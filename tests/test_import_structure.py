@@ -2,11 +2,14 @@
 `import keras_gelu` stays light. Imports are read from the source, function-local ones included."""
 
 import ast
+import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
+
+from conftest import IS_KERAS3
 
 pytestmark = pytest.mark.legs("keras3", "tf_keras")
 
@@ -111,11 +114,13 @@ def test_the_core_never_imports_the_converter():
     assert {module: targets for module, targets in offenders.items() if targets} == {}
 
 
-def _modules_after(statement, **environment):
-    code = f"import sys\n{statement}\nprint('\\n'.join(sorted(sys.modules)))"
+def _modules_after(*statements):
+    """The modules loaded after each statement, run one after the other in one fresh process (the leg's own
+    environment: TF_USE_LEGACY_KERAS as the leg sets it)."""
+    code = "import sys\n" + "\n".join(f"{statement}\nprint(' '.join(sorted(sys.modules)))" for statement in statements)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **environment}, check=True)
-    return set(result.stdout.split())
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, check=True)
+    return [set(line.split()) for line in result.stdout.splitlines()[-len(statements):]]
 
 
 # `import tensorflow` itself loads the TFLite schema and flatbuffer tools
@@ -123,16 +128,29 @@ def _modules_after(statement, **environment):
 # flatbuffer_utils; TF 2.21), so what the core can keep out is our own
 # conversion pipeline and tfmot.
 
+_QAT_UNDER_TFMOT = "import keras_gelu.qat.tfmot.configs"
 
-def test_import_keras_gelu_loads_neither_tfmot_nor_the_converter():
-    loaded = _modules_after("import keras_gelu")
+
+@pytest.fixture(scope="module")
+def loaded_after():
+    """{statement: the modules loaded once it has run}: `import keras_gelu`, then, in the tf-keras leg, tfmot's
+    QAT; one process for both, as a start costs TensorFlow's import."""
+    statements = ["import keras_gelu"]
+    if not IS_KERAS3 and importlib.util.find_spec("tensorflow_model_optimization") is not None:
+        statements.append(_QAT_UNDER_TFMOT)
+    return dict(zip(statements, _modules_after(*statements)))
+
+
+def test_import_keras_gelu_loads_neither_tfmot_nor_the_converter(loaded_after):
+    loaded = loaded_after["import keras_gelu"]
     assert "keras_gelu.layers" in loaded  # the check sees our modules at all
     assert not {name for name in loaded if name.startswith(("tensorflow_model_optimization", CONVERTERS))}
 
 
-@pytest.mark.legs("tf_keras")  # the process it starts runs tf-keras whatever the leg
-def test_quantization_aware_training_loads_no_conversion_pipeline():
-    pytest.importorskip("tensorflow_model_optimization")
-    loaded = _modules_after("import keras_gelu.qat.tfmot.configs", TF_USE_LEGACY_KERAS="1")
+@pytest.mark.legs("tf_keras")  # tfmot QAT is tf-keras's
+def test_quantization_aware_training_loads_no_conversion_pipeline(loaded_after):
+    if _QAT_UNDER_TFMOT not in loaded_after:
+        pytest.skip("tfmot QAT needs tensorflow-model-optimization")
+    loaded = loaded_after[_QAT_UNDER_TFMOT]
     assert "tensorflow_model_optimization" in loaded
     assert not {name for name in loaded if name.startswith(CONVERTERS)}

@@ -44,11 +44,13 @@ def _converted(model):
 def _quantized_and_trained(model, x, rng):
     """The QAT copy of `model` (ranges from `x`), checked to compute the float model's function up to int8
     rounding (10 output steps: a few per layer, not a shifted convolution or a lost scale), then trained one
-    epoch: a zero bias, as initialized, hides a bias ADD the conversion leaves in float."""
+    epoch: a zero bias, as initialized, hides a bias ADD the conversion leaves in float. Eagerly: tracing a
+    training step cost seconds per model, its two steps a fraction of one (training in a graph: the tests that
+    call fit themselves, test_quantization's, test_distribute's)."""
     qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
     low, high = _range_of(qat.layers[-1], "output")
     assert np.max(np.abs(qat(x).numpy() - model(x).numpy())) <= 10 * (high - low) / 255
-    qat.compile(keras.optimizers.Adam(1e-2), "mse")
+    qat.compile(keras.optimizers.Adam(1e-2), "mse", run_eagerly=True)
     qat.fit(x, rng.normal(size=(64,) + tuple(model.output_shape[1:])).astype(np.float32), epochs=1, verbose=0)
     return qat
 

@@ -56,10 +56,10 @@ def _dense_model(activation, units=24, features=12, outputs=5):
     return keras.Model(inputs, keras.layers.Dense(outputs, name="head")(hidden))
 
 
-def _fit(model, rng, epochs=2):
+def _fit(model, rng, epochs=2, run_eagerly=False):
     x = rng.normal(size=(256, 12)).astype(np.float32)
     y = rng.normal(size=(256, model.output_shape[-1])).astype(np.float32)
-    model.compile(keras.optimizers.Adam(1e-2), "mse")
+    model.compile(keras.optimizers.Adam(1e-2), "mse", run_eagerly=run_eagerly)
     model.fit(x, y, epochs=epochs, batch_size=32, verbose=0)
     return x
 
@@ -361,7 +361,9 @@ def trained_qat_models():
         for qat_mode in QAT_TARGETS:
             keras.backend.clear_session()
             qat = keras_gelu.qat.quantize_model(_dense_model(make()), mode=qat_mode)
-            x = _fit(qat, rng, epochs=1)  # enough to move every bias off zero, where a float bias ADD would hide
+            # One epoch moves every bias off zero, where a float bias ADD would hide; eagerly, as tracing each
+            # model's training step cost more than its eight steps (training in a graph: the tests above).
+            x = _fit(qat, rng, epochs=1, run_eagerly=True)
             models[name, qat_mode] = (qat, x[:64])
     return models
 
