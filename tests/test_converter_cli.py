@@ -13,11 +13,10 @@ import tensorflow as tf
 
 import spelling_models
 import tflite_helpers
-from conftest import keras3_only
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
 
-pytestmark = pytest.mark.legs("keras3", "tf218")
+pytestmark = pytest.mark.legs("tf_keras", "tf218")  # TensorFlow graphs: the Keras flavour does not matter
 
 
 # The module, not the convert() function that keras_gelu.converters exports under its name.
@@ -218,7 +217,7 @@ def test_no_verify_says_so(model_dir, capsys, tmp_path):
     assert code == 0 and "not verified: verification switched off" in stderr
 
 
-@pytest.mark.legs("keras3")  # python -m runs the same code on any TensorFlow
+@pytest.mark.legs("tf_keras")  # python -m runs the same code on any TensorFlow
 def test_module_entry_point(model_dir, tmp_path):
     output = tmp_path / "m.tflite"
     result = subprocess.run([sys.executable, "-m", "keras_gelu.converters", model_dir, "-o", str(output),
@@ -229,7 +228,7 @@ def test_module_entry_point(model_dir, tmp_path):
     assert tflite_helpers.ops(output.read_bytes()).get("GELU") == 1
 
 
-@keras3_only
+@pytest.mark.legs("keras3")
 def test_tf_keras_qat_h5_under_keras3_says_which_flavour_to_use(tmp_path, capsys):
     import h5py
 
