@@ -217,7 +217,7 @@ def test_no_verify_says_so(model_dir, capsys, tmp_path):
     assert code == 0 and "not verified: verification switched off" in stderr
 
 
-@pytest.mark.legs("tf_keras")  # python -m runs the same code on any TensorFlow
+@pytest.mark.legs("keras3")  # python -m runs the same code on any TensorFlow
 def test_module_entry_point(model_dir, tmp_path):
     output = tmp_path / "m.tflite"
     result = subprocess.run([sys.executable, "-m", "keras_gelu.converters", model_dir, "-o", str(output),

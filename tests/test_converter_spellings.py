@@ -16,7 +16,7 @@ import tflite_helpers
 from keras_gelu import converters
 from keras_gelu.converters import verify
 
-pytestmark = pytest.mark.legs("tf_keras", "tf218")  # TensorFlow graphs: the Keras flavour does not matter
+pytestmark = pytest.mark.legs("keras3", "tf218")
 
 # Only TF <= 2.18's interpreter runs Flex ops; TF >= 2.19's converter fuses erfc-spelled GELUs.
 FLEX_RUNS = tf.__version__.startswith(("2.18", "2.17"))
