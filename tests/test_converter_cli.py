@@ -16,7 +16,7 @@ import tflite_helpers
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
 
-pytestmark = pytest.mark.legs("tf_keras", "tf218")  # TensorFlow graphs: the Keras flavour does not matter
+pytestmark = pytest.mark.legs("tf_keras", "tf218")  # TensorFlow graphs, any flavour: the leg that balances the cores
 
 
 # The module, not the convert() function that keras_gelu.converters exports under its name.

@@ -14,7 +14,7 @@ import conversions
 from keras_gelu import converters
 from keras_gelu.converters import report as reporting
 
-pytestmark = pytest.mark.legs("tf_keras", "tf218")  # TensorFlow graphs: the Keras flavour does not matter
+pytestmark = pytest.mark.legs("tf_keras", "tf218")  # TensorFlow graphs, any flavour: the leg that balances the cores
 
 
 
