@@ -59,10 +59,11 @@ keras3_only = pytest.mark.skipif(not IS_KERAS3, reason="Keras 3 API (TF_USE_LEGA
 tf_keras_only = pytest.mark.skipif(IS_KERAS3, reason="tf-keras API (TF_USE_LEGACY_KERAS=1)")
 
 
-def _clear_keras_state():
+def clear_keras_state():
+    """keras.backend.clear_session(), in Keras 3 without the full garbage collection it adds by default: over a
+    whole leg's heap that took a second or more per call, most of the leg's time. Python's own collector frees the
+    same objects as it goes."""
     if IS_KERAS3:
-        # Without the full garbage collection Keras 3 adds by default: over a whole leg's heap it took a second or
-        # more per test, most of the leg's time. Python's own collector frees the same objects as it goes.
         keras.backend.clear_session(free_memory=False)
     else:
         keras.backend.clear_session()
@@ -72,7 +73,7 @@ def _clear_keras_state():
 def _float32_policy_and_fresh_session():
     """Each test starts and ends under the float32 policy with a clean Keras state."""
     keras.mixed_precision.set_global_policy("float32")
-    _clear_keras_state()
+    clear_keras_state()
     yield
     keras.mixed_precision.set_global_policy("float32")
 

@@ -10,6 +10,7 @@ import pytest
 import keras_gelu
 import tflite_helpers
 from conftest import IS_KERAS3
+from conftest import clear_keras_state
 from conftest import keras
 from conversions import QAT_INT8_STEPS
 from keras_gelu import converters
@@ -55,7 +56,7 @@ def results(digits, tmp_path_factory):
     x_train, y_train, x_test, y_test = digits
     figures = {}
     for function in FUNCTIONS:
-        keras.backend.clear_session()
+        clear_keras_state()
         keras.utils.set_random_seed(1)
         inputs = keras.Input((64,), name="pixels")
         hidden = keras.layers.Dense(32, activation=keras_gelu.gelu_layer(function))(inputs)

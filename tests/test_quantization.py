@@ -12,6 +12,7 @@ import pytest
 
 import keras_gelu
 from conftest import IS_KERAS3
+from conftest import clear_keras_state
 from conftest import keras
 from conftest import keras3_only
 from conftest import tf_keras_only
@@ -359,7 +360,7 @@ def trained_qat_models():
     models = {}
     for name, make in ACTIVATIONS.items():
         for qat_mode in QAT_TARGETS:
-            keras.backend.clear_session()
+            clear_keras_state()
             qat = keras_gelu.qat.quantize_model(_dense_model(make()), mode=qat_mode)
             # One epoch moves every bias off zero, where a float bias ADD would hide; eagerly, as tracing each
             # model's training step cost more than its eight steps (training in a graph: the tests above).
