@@ -18,6 +18,7 @@ import numpy as np
 
 import keras_gelu
 import machine
+import timing
 
 BACKEND = keras_gelu.BACKEND
 
@@ -72,8 +73,9 @@ def _interleaved_median_seconds(functions, x, rounds):
     samples = {key: [] for key in functions}
     for function in functions.values():
         function(x)  # compile/warm up
-    for _ in range(rounds):
-        for key, function in functions.items():
+    for round_index in range(rounds):
+        for key in timing.in_turn(functions, round_index):
+            function = functions[key]
             started = time.perf_counter()
             function(x)
             samples[key].append(time.perf_counter() - started)

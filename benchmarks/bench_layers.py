@@ -18,6 +18,7 @@ import tensorflow as tf  # noqa: E402
 
 import keras_gelu  # noqa: E402
 import machine  # noqa: E402
+import timing  # noqa: E402
 
 
 def _sigmoid_gelu_reference(x):
@@ -82,8 +83,9 @@ def main():
             _time_once(forward, x)
             _time_once(forward_backward, x, upstream)
         samples = {(name, kind): [] for name in compiled for kind in ("fwd", "fwd+bwd")}
-        for _ in range(args.rounds):
-            for name, (forward, forward_backward) in compiled.items():
+        for round_index in range(args.rounds):
+            for name in timing.in_turn(compiled, round_index):
+                forward, forward_backward = compiled[name]
                 samples[(name, "fwd")].append(_time_once(forward, x))
                 samples[(name, "fwd+bwd")].append(_time_once(forward_backward, x, upstream))
         for key, values in samples.items():
@@ -139,8 +141,9 @@ def bound_table(x, upstream, rounds):
     for function, arguments in passes.values():
         _time_once(function, *arguments)
     samples = {name: [] for name in passes}
-    for _ in range(rounds):
-        for name, (function, arguments) in passes.items():
+    for round_index in range(rounds):
+        for name in timing.in_turn(passes, round_index):
+            function, arguments = passes[name]
             samples[name].append(_time_once(function, *arguments))
     medians = {name: statistics.median(values) for name, values in samples.items()}
     print("\nWhat bounds it: one XLA pass each, against a copy of the same size\n")

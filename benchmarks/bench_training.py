@@ -12,7 +12,9 @@ variants train one epoch each in turn, for several rounds, and the table shows
 each one's fastest and median epoch, and the medians as ratios to
 `activation="gelu"` and to ReLU (the fastest epoch of a few says little on a
 shared machine: one undisturbed epoch of ReLU's made a 1.24x ratio that the
-medians put at 1.00x). Runs the
+medians put at 1.00x). An epoch is timed from its first step to its last,
+inside `model.fit` (`timing.fit_epoch_seconds`: fit's own set-up around the
+steps added 0.6 s to random epochs, whatever the activation). Runs the
 Keras flavour chosen by TF_USE_LEGACY_KERAS; `--flavours keras3 tf-keras`
 runs each in its own process. Ratios measured in one run on a shared, noisy
 machine; not a test.

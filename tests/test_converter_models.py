@@ -213,6 +213,32 @@ def test_signature_is_kept_by_name(tmp_path, source, int8):
         np.testing.assert_allclose(actual[name], expected[name], atol=tolerance, err_msg=name)
 
 
+def test_where_keras_moved_its_export_helper_the_model_is_exported_and_converts_the_same(monkeypatch):
+    """The converter traces a Keras model with the internal helper Keras's own export uses; where a Keras release
+    has moved it, the model is exported to a SavedModel and read back instead: the same signature, by name, and
+    the same .tflite outputs."""
+    from keras_gelu.converters import loading
+    from keras_gelu.converters import verify
+
+    model = _two_named_outputs_model()
+    arrays = {"features": np.random.default_rng(2).normal(size=(3, 6)).astype(np.float32),
+              "mask": np.ones((3, 3), np.float32)}
+    traced, _ = converters.convert(model, mode="native")
+    flavour = "keras3" if IS_KERAS3 else "tf_keras"
+    module_name, _ = loading._KERAS_EXPORT_HELPERS[flavour]
+    monkeypatch.setitem(loading._KERAS_EXPORT_HELPERS, flavour, (module_name, "moved_elsewhere"))
+    exports = []
+    export = loading._exported_signatures
+    monkeypatch.setattr(loading, "_exported_signatures", lambda *args: exports.append(args) or export(*args))
+    exported, report = converters.convert(model, mode="native")
+    assert len(exports) == 1 and report.verified and report.ops.get("GELU") == 2, report.ops
+    expected = verify.run_signature(traced, "serving_default", arrays)
+    actual = verify.run_signature(exported, "serving_default", arrays)
+    assert sorted(actual) == sorted(expected) == ["embedding", "scores"]
+    for name in expected:  # the same layers' graph either way; TFLite may order a sum differently
+        np.testing.assert_allclose(actual[name], expected[name], rtol=0, atol=1e-6, err_msg=name)
+
+
 def test_live_subclassed_model_must_be_built_first():
     class Tiny(keras.Model):
         def __init__(self):
