@@ -43,9 +43,6 @@ SIGMOID_SLOPE = 1.702  # Hendrycks & Gimpel's fit; it is NOT 1/sqrt(2/pi) (= 1.2
 # Below this magnitude y / x loses the gate to subnormal rounding; the gate is
 # 0.5 + O(1e-30) there, so we use 0.5.
 _GATE_AT_ZERO_BELOW = 1e-30
-# Above this every fixed form's gate is 1 in float32 and float64 alike; it also
-# keeps +inf / +inf out of the recovered gate.
-_GATE_IS_ONE_ABOVE = 1e30
 # Beyond this |x| the tanh form's gate slope g(1 - g) is exactly 0 (its
 # argument exceeds 1e17), so the polynomial factor may be held here instead
 # of overflowing to inf and meeting that 0.
@@ -68,21 +65,14 @@ def without_minus_inf(x):
 
 
 def _finite(x):
-    """x with +-inf replaced by the largest finite values; NaN stays NaN.
-
-    Written with where, not clip_by_value: XLA before TF 2.19 lets min/max
-    turn NaN into the bound, which would make NaN inputs look finite.
-    """
+    """x with +-inf replaced by the largest finite values; NaN stays NaN."""
     xp = array_ops.of(x)
-    largest = xp.where(x > 0, xp.highest(x), xp.lowest(x))
-    return xp.where(xp.is_inf(x), largest, x)
+    return xp.clip(x, xp.lowest(x), xp.highest(x))
 
 
 def _clamped(x, bound):
-    """x clamped to [-bound, bound]; NaN stays NaN (with where, as in _finite)."""
-    xp = array_ops.of(x)
-    high, low = constant_like(bound, x), constant_like(-bound, x)
-    return xp.where(x > high, high, xp.where(x < low, low, x))
+    """x clamped to [-bound, bound]; NaN stays NaN."""
+    return array_ops.of(x).clip(x, constant_like(-bound, x), constant_like(bound, x))
 
 
 def exact_forward(x):
@@ -110,10 +100,13 @@ def sigmoid_forward(x):
 
 
 def _gate_from_output(x, y):
-    """g(x) = y / x, with the limits at 0 and +inf of the fixed forms."""
+    """g(x) = y / x, with the limits at 0 and +inf of the fixed forms.
+
+    Every fixed form's gate lies in [0, 1], and y / x does too wherever both are finite (each form's y rounds to
+    at most x); at +inf it is inf / the largest float, which the clip takes to 1.
+    """
     xp = array_ops.of(x)
-    gate = y / _finite(x)
-    gate = xp.where(x > constant_like(_GATE_IS_ONE_ABOVE, x), xp.ones_like(x), gate)
+    gate = xp.clip(y / _finite(x), constant_like(0.0, x), constant_like(1.0, x))
     return xp.where(xp.abs(x) < constant_like(_GATE_AT_ZERO_BELOW, x), xp.full_like(x, 0.5), gate)
 
 
