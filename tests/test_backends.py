@@ -216,17 +216,19 @@ def test_a_model_saved_on_any_backend_computes_here_what_it_did_there(source):
 
 @pytest.mark.parametrize("source", ["jax", "torch"])
 def test_a_qat_model_saved_on_any_backend_loads_here_with_its_ranges(source):
-    """On its own backend, bit for bit. Elsewhere a value exactly halfway between two int8 steps may round the
-    other way: the digits are k/16 and the input grid's step 1/255, so k = 8 is a tie that each backend's fake
-    quantization decides by its own float arithmetic (TensorFlow's FakeQuant op against Keras's own on JAX and
-    PyTorch; measured: 15% of the logits differ, by at most 0.26; no class changed)."""
+    """With the same fake quantization (Keras's own, on JAX and PyTorch), the same outputs, sample for sample: on
+    the recording CPU bit for bit (measured there and on an AMD EPYC). On another CPU the matrix products may sum in
+    another order (see SAME_BACKEND_FLOAT_ATOL), and a value within a float ulp of an int8 rounding boundary then
+    takes the next step: one sample in a hundred may differ. Under TensorFlow a value exactly halfway between two
+    int8 steps may round the other way: the digits are k/16 and the input grid's step 1/255, so k = 8 is a tie that
+    each backend's fake quantization decides by its own float arithmetic (TensorFlow's FakeQuant op against Keras's
+    own; measured: 15% of the logits differ, by at most 0.26; no class changed)."""
     model, recorded = saved_on(source, "qat")
     actual = _numpy(model(recorded["inputs"]))
-    if source == BACKEND or {source, BACKEND} == {"jax", "torch"}:  # the same fake quantization, Keras's own
-        np.testing.assert_array_equal(actual, recorded["outputs"])
-    else:
-        assert np.mean(actual.argmax(-1) == recorded["outputs"].argmax(-1)) >= 0.99
-        assert _cosine(actual, recorded["outputs"]) >= 0.999
+    if source == BACKEND or {source, BACKEND} == {"jax", "torch"}:
+        assert np.mean(np.all(actual == recorded["outputs"], axis=-1)) >= 0.99
+    assert np.mean(actual.argmax(-1) == recorded["outputs"].argmax(-1)) >= 0.99
+    assert _cosine(actual, recorded["outputs"]) >= 0.999
     assert np.mean(actual.argmax(-1) == recorded["labels"]) >= 0.95  # it was trained: digits at 97%
 
 
