@@ -102,8 +102,8 @@ def sigmoid_forward(x):
 def _gate_from_output(x, y):
     """g(x) = y / x, with the limits at 0 and +inf of the fixed forms.
 
-    Every fixed form's gate lies in [0, 1], and y / x does too wherever both are finite (each form's y rounds to
-    at most x); at +inf it is inf / the largest float, which the clip takes to 1.
+    Every fixed form's gate lies in [0, 1], and y / x does too wherever both are finite (each form's |y| rounds to
+    at most |x|); at +inf it is inf / the largest float, which the clip takes to 1.
     """
     xp = array_ops.of(x)
     gate = xp.clip(y / _finite(x), constant_like(0.0, x), constant_like(1.0, x))
