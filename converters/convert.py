@@ -7,7 +7,6 @@ import logging
 import re
 import time
 import types
-import warnings
 
 import tensorflow as tf
 
@@ -120,15 +119,10 @@ def to_tflite(graph_def, source, mode, float16_weights, int8=None):
         converter.target_spec.supported_types = [tf.float16]
     if int8 is not None:
         integer.configure(converter, *int8)
-    # The MLIR diagnostics are dropped: their substance is in the exception.
-    # The converter also warns about input statistics whenever an int8 model
-    # keeps float inputs, which is our default interface, not a user concern.
-    with native_logs.discarded(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Statistics for quantized inputs were expected")
-        try:
-            return converter.convert()
-        except Exception as error:  # the converter raises ConverterError and friends
-            failure = error
+    try:
+        return native_logs.converted(converter)
+    except Exception as error:  # the converter raises ConverterError and friends
+        failure = error
     raise errors.ConverterFailed(f"{source.path}: {_converter_failure(failure, mode)}") from failure
 
 

@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 
 # Start-up and delegate notices that say nothing about the user's model, in
 # absl's format (TF >= 2.19: "I0000 00:00:...") and TF's own (TF 2.18:
@@ -64,6 +65,18 @@ def discarded():
     """Within this block, whatever is written to fd 2 is dropped."""
     with open(os.devnull, "wb") as devnull, _fd2_redirected_to(devnull.fileno()):
         yield
+
+
+def converted(converter):
+    """`converter.convert()` (the stock TFLite converter's), without its own chatter.
+
+    Its native diagnostics are dropped: their substance is in the exception it raises (and it prints "Ignored
+    output_format" and the like on every run). So is its warning about input statistics whenever an int8 model
+    keeps float inputs or carries FakeQuant ranges of its own: our interface, not a user concern.
+    """
+    with discarded(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Statistics for quantized inputs were expected")
+        return converter.convert()
 
 
 @contextlib.contextmanager

@@ -23,7 +23,6 @@ around it keeps its own arithmetic, and the model needs no Flex delegate.
 import collections
 import dataclasses
 import math
-import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -34,6 +33,7 @@ from keras_gelu import vocabulary
 
 from . import flatbuffer_model
 from . import int8 as integer
+from . import native_logs
 from . import verify
 
 _GELU = schema.BuiltinOperator.GELU
@@ -122,7 +122,7 @@ def _snippet(replacement, shape, quantized_input, quantized_output):
     """A one-GELU .tflite computing `replacement` on a float32 (or, quantized, int8) tensor of `shape`."""
     spec = _spec(shape, tf.float32)
     if quantized_input is None:
-        return _converter(lambda x: replacement.build(x, 1.0), spec).convert()
+        return native_logs.converted(_converter(lambda x: replacement.build(x, 1.0), spec))
     low, high = _range(*quantized_input)
     grid = ((np.arange(-128, 128) - quantized_input[1]) * quantized_input[0]).astype(np.float32)
     mark = integer.fake_quantizer(replacements.intermediate_ranges(replacement.build, 1.0, tf.constant(grid)))
@@ -136,9 +136,7 @@ def _snippet(replacement, shape, quantized_input, quantized_output):
     converter = _converter(quantized, spec)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter.inference_input_type = converter.inference_output_type = tf.int8
-    with warnings.catch_warnings():  # the ranges are the FakeQuants' own: there are no statistics to give
-        warnings.filterwarnings("ignore", message="Statistics for quantized inputs were expected")
-        return converter.convert()
+    return native_logs.converted(converter)
 
 
 def _snippet_16x8(replacement, shape, input_quantization):
@@ -157,7 +155,7 @@ def _snippet_16x8(replacement, shape, input_quantization):
     converter.representative_dataset = lambda: ([batch] for batch in batches)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
     converter.inference_input_type = converter.inference_output_type = tf.int16
-    return converter.convert()
+    return native_logs.converted(converter)
 
 
 def gelu_table(approximate, input_quantization, output_quantization):
@@ -180,7 +178,8 @@ def _table_snippet(table, shape):
     """A .tflite looking an int8 tensor of `shape` up in `table` (256 int8 values, indexed by value + 128):
     CAST, ADD, GATHER, exactly the GELU op's outputs."""
     constant = tf.constant(table, tf.int8)
-    return _converter(lambda x: tf.gather(constant, tf.cast(x, tf.int32) + 128), _spec(shape, tf.int8)).convert()
+    return native_logs.converted(_converter(lambda x: tf.gather(constant, tf.cast(x, tf.int32) + 128),
+                                            _spec(shape, tf.int8)))
 
 
 def _same_code(a, b):
@@ -329,7 +328,8 @@ def rewrite(tflite_model, mode, exact_as, table=True, form_steps=1):
         if isinstance(site, FlexErfOp):
             key = (site.op, _shape(source))
             if key not in snippets:
-                snippets[key] = _converter(replacements.BARE_ERF[site.op], _spec(_shape(source), tf.float32)).convert()
+                snippets[key] = native_logs.converted(
+                    _converter(replacements.BARE_ERF[site.op], _spec(_shape(source), tf.float32)))
             _splice(model, site, flatbuffer_model.as_object(snippets[key]))
             flex_erf["Flex" + site.op] += 1
             continue

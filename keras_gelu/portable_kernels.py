@@ -48,7 +48,19 @@ def _upstream(args, upstream):
     return args[0] if upstream is None else upstream
 
 
-def _gated_activation(forward, derivative):
+def _exporting_from_pytorch():
+    """Whether PyTorch is tracing the model for export (`torch.export`, which Keras's LiteRT export runs through
+    litert-torch), rather than running or compiling it."""
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return torch.compiler.is_exporting()
+
+
+def _gated_activation(forward, derivative, exported=None):
+    """The activation; `exported`, if given, is what its forward pass becomes in a PyTorch export."""
+
     @keras.ops.custom_gradient
     def activation_in_compute_dtype(x):
         y = forward(x)
@@ -61,12 +73,24 @@ def _gated_activation(forward, derivative):
     def activation(x):
         x = _as_float_tensor(x)
         dtype = keras.backend.standardize_dtype(x.dtype)
-        return keras.ops.cast(activation_in_compute_dtype(keras.ops.cast(x, compute_dtype_for(dtype))), dtype)
+        x_wide = keras.ops.cast(x, compute_dtype_for(dtype))
+        if exported is not None and _exporting_from_pytorch():
+            return keras.ops.cast(exported(x_wide), dtype)
+        return keras.ops.cast(activation_in_compute_dtype(x_wide), dtype)
 
     return activation
 
 
-exact = _gated_activation(formulas.exact_forward, formulas.exact_derivative)
+def _pytorch_exact_gelu(x):
+    """PyTorch's own exact GELU, for export: litert-torch lowers no erfc (0.10.0: "Lowering not found:
+    aten.erfc.default"), and its erf is a rational approximation that misses our bound in the tail; this becomes
+    TFLite's GELU op, which keras-gelu-convert rewrites for runtimes that lack it."""
+    import torch
+
+    return torch.nn.functional.gelu(x, approximate="none")
+
+
+exact = _gated_activation(formulas.exact_forward, formulas.exact_derivative, exported=_pytorch_exact_gelu)
 tanh = _gated_activation(formulas.tanh_forward, formulas.tanh_derivative)
 sigmoid = _gated_activation(formulas.sigmoid_forward, formulas.sigmoid_derivative)
 

@@ -232,6 +232,25 @@ def test_a_qat_model_saved_on_any_backend_loads_here_with_its_ranges(source):
     assert np.mean(actual.argmax(-1) == recorded["labels"]) >= 0.95  # it was trained: digits at 97%
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's export")
+def test_a_pytorch_export_carries_the_exact_gelu_as_pytorch_s_own():
+    """Keras's LiteRT export on PyTorch traces the model with torch.export for litert-torch, which lowers no erfc
+    (litert-torch 0.10.0). While exporting, the exact form is PyTorch's own exact GELU, which litert-torch lowers to
+    TFLite's GELU op (keras-gelu-convert rewrites that for runtimes without it); the tanh form keeps its sigmoid."""
+    import torch
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation=keras_gelu.GELU()),
+                              keras_gelu.GELU("tanh"), keras.layers.Dense(4)])
+    x = np.random.default_rng(3).normal(size=(5, 8)).astype(np.float32) * 3
+    exported = torch.export.export(model, (torch.from_numpy(x),))
+    called = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
+    assert "aten.gelu.default" in called and "aten.sigmoid.default" in called, called
+    assert not any("erfc" in name for name in called), called
+    # F.gelu against our exact GELU: 1e-7 apart at most (F.gelu's 1 + erf), through a Dense layer of 16
+    np.testing.assert_allclose(_numpy(exported.module()(torch.from_numpy(x))), _numpy(model(x)), rtol=0, atol=2e-6)
+
+
 def _dense_stack(activation):
     keras.utils.set_random_seed(5)
     return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation=activation, name="first"),

@@ -305,7 +305,7 @@ def test_a_quiet_command_prints_nothing(model_dir, tmp_path):
     nothing. In a process of its own: the chatter comes at start-up. (A command that is not quiet prints its own
     lines only: test_converter_backends, whose command is a process anyway.)"""
     code, stderr = _command(model_dir, "-o", str(tmp_path / "quiet_int8.tflite"), "-q", "--int8",
-                            "--calibration", "random:4")
+                            "--calibration", "random:4", TF_CPP_MIN_LOG_LEVEL="0")  # TensorFlow's default: all of it
     assert code == 0 and stderr == ""
 
 
