@@ -9,6 +9,8 @@ for keras.distribution.DataParallel.
 """
 
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -54,6 +56,16 @@ def pytest_collection_modifyitems(config, items):
         if marker is not None and LEG not in marker.args:
             assert set(marker.args) <= set(LEGS), marker.args
             item.add_marker(pytest.mark.skip(reason=f"runs in the {' and '.join(marker.args)} leg(s)"))
+
+def run_command(*argv, **environment):
+    """The installed keras-gelu-convert in a process of its own, as a user's shell runs it: at TensorFlow's
+    default log level (the suite's is quieter), so that the native chatter the command filters is there, with
+    `environment` added; (exit code, stderr)."""
+    command = os.path.join(os.path.dirname(sys.executable), "keras-gelu-convert")
+    result = subprocess.run([command, *argv], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0", **environment})
+    return result.returncode, result.stderr
+
 
 keras3_only = pytest.mark.skipif(not IS_KERAS3, reason="Keras 3 API (TF_USE_LEGACY_KERAS unset)")
 tf_keras_only = pytest.mark.skipif(IS_KERAS3, reason="tf-keras API (TF_USE_LEGACY_KERAS=1)")

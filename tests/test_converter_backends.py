@@ -3,13 +3,12 @@ TensorFlow whatever backend the user's shell names, and the .tflite computes wha
 backend it was trained on (`tests/data/keras_backends/make.py` recorded those outputs there)."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import tflite_helpers
+from conftest import run_command
 from keras_gelu import converters
 from test_backends import SAVED_ON
 from test_backends import saved_on
@@ -25,15 +24,13 @@ def test_the_command_converts_a_jax_model_whatever_backend_the_shell_names(tmp_p
     """The installed command, in a process of its own: it also prints its own lines only, none of TensorFlow's,
     the converter's or the runtime's start-up chatter (test_converter_cli: with --quiet, nothing at all)."""
     output = tmp_path / "jax_float.tflite"
-    command = os.path.join(os.path.dirname(sys.executable), "keras-gelu-convert")
     model = os.path.join(SAVED_ON, "jax_float.keras")
-    result = subprocess.run([command, model, "-o", str(output), "--form", "erf"], capture_output=True, text=True,
-                            timeout=600, env={**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "0"})
-    assert result.returncode == 0, result.stderr
-    lines = result.stderr.splitlines()
-    assert lines[0].startswith(model) and lines[-1].startswith("time: "), result.stderr
-    assert not any(marker in result.stderr for marker in ("I0000", "absl::InitializeLog", "XNNPACK", "cuda",
-                                                          "To enable", "Ignored output_format")), result.stderr
+    code, stderr = run_command(model, "-o", str(output), "--form", "erf", KERAS_BACKEND="jax")
+    assert code == 0, stderr
+    lines = stderr.splitlines()
+    assert lines[0].startswith(model) and lines[-1].startswith("time: "), stderr
+    assert not any(marker in stderr for marker in ("I0000", "absl::InitializeLog", "XNNPACK", "cuda", "To enable",
+                                                   "Ignored output_format")), stderr
     tflite_model = output.read_bytes()
     assert "GELU" not in tflite_helpers.ops(tflite_model)
     _, recorded = saved_on("jax", "float")

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import spelling_models
 import tflite_helpers
+from conftest import run_command
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
 
@@ -274,14 +275,6 @@ def test_unnamed_npz_arrays_feed_inputs_in_signature_order(tmp_path):
         verify.load_npz(str(tmp_path / "one_too_few.npz"), signature)
 
 
-def _command(*argv, **environment):
-    """Run the installed keras-gelu-convert command; (exit code, stderr)."""
-    command = os.path.join(os.path.dirname(sys.executable), "keras-gelu-convert")
-    result = subprocess.run([command, *argv], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, **environment})
-    return result.returncode, result.stderr
-
-
 @pytest.mark.parametrize("argv, exit_code", [
     (["/nonexistent/model"], errors.MissingPath.exit_code),
     (["{tmp}"], errors.NotAModel.exit_code),
@@ -304,8 +297,8 @@ def test_a_quiet_command_prints_nothing(model_dir, tmp_path):
     """Quiet, an int8 conversion (TensorFlow's start-up, the converter's and the calibrator's chatter) prints
     nothing. In a process of its own: the chatter comes at start-up. (A command that is not quiet prints its own
     lines only: test_converter_backends, whose command is a process anyway.)"""
-    code, stderr = _command(model_dir, "-o", str(tmp_path / "quiet_int8.tflite"), "-q", "--int8",
-                            "--calibration", "random:4", TF_CPP_MIN_LOG_LEVEL="0")  # TensorFlow's default: all of it
+    code, stderr = run_command(model_dir, "-o", str(tmp_path / "quiet_int8.tflite"), "-q", "--int8",
+                               "--calibration", "random:4")
     assert code == 0 and stderr == ""
 
 

@@ -9,8 +9,6 @@ import importlib.util
 import math
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -22,6 +20,7 @@ from hypothesis import strategies as st
 
 import tflite_helpers
 from conftest import keras
+from conftest import run_command
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
 from keras_gelu.converters import flatbuffer_model
@@ -188,12 +187,9 @@ def test_a_quiet_conversion_of_a_tflite_prints_nothing(tmp_path):
     """The stock converter builds every replacement spliced into a .tflite, and prints its own notices each time
     ("Ignored output_format", at TensorFlow's default log level): the command drops them, as it does for its main
     conversion. A process of its own, at that log level (the suite's is quieter)."""
-    command = os.path.join(os.path.dirname(sys.executable), "keras-gelu-convert")
-    model = os.path.join(LITERT_TORCH, "gelu_exact.tflite")
-    result = subprocess.run([command, model, "-o", str(tmp_path / "out.tflite"), "--target", "tflm", "-q"],
-                            capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
-    assert result.returncode == 0 and result.stderr == "", result.stderr
+    code, stderr = run_command(os.path.join(LITERT_TORCH, "gelu_exact.tflite"), "-o", str(tmp_path / "out.tflite"),
+                               "--target", "tflm", "-q")
+    assert code == 0 and stderr == "", stderr
 
 
 # x * 0.5 * (1 + erf(0.7071 x)): the inexact constant keeps the stock converter from fusing a GELU op, so with
