@@ -28,8 +28,12 @@ def _jax_candidates():
     import jax.numpy as jnp
 
     def forward_backward(function):
-        step = jax.jit(jax.value_and_grad(lambda x: jnp.sum(function(x))))
-        return lambda x: jax.block_until_ready(step(x))
+        def step(x, upstream):
+            y, backward = jax.vjp(function, x)
+            return y, backward(upstream)[0]
+
+        step = jax.jit(step)
+        return lambda x, upstream: jax.block_until_ready(step(x, upstream))
 
     return jnp.asarray, {
         # keras_gelu's form: (its function, the stock function it is compared with)
@@ -49,10 +53,11 @@ def _torch_candidates():
     def forward_backward(function, compiled):
         function = torch.compile(function) if compiled else function
 
-        def run(x):
+        def run(x, upstream):
             x = x.detach().requires_grad_(True)
-            function(x).sum().backward()
-            return x.grad
+            y = function(x)
+            y.backward(upstream)
+            return y, x.grad
 
         return run
 
@@ -69,15 +74,15 @@ def _torch_candidates():
     return torch.from_numpy, candidates
 
 
-def _interleaved_median_seconds(functions, x, rounds):
+def _interleaved_median_seconds(functions, arguments, rounds):
     samples = {key: [] for key in functions}
     for function in functions.values():
-        function(x)  # compile/warm up
+        function(*arguments)  # compile/warm up
     for round_index in range(rounds):
         for key in timing.in_turn(functions, round_index):
             function = functions[key]
             started = time.perf_counter()
-            function(x)
+            function(*arguments)
             samples[key].append(time.perf_counter() - started)
     return {key: statistics.median(values) for key, values in samples.items()}
 
@@ -90,14 +95,17 @@ def main():
     if BACKEND not in ("jax", "torch"):
         parser.error(f"set KERAS_BACKEND to jax or torch (TensorFlow: bench_layers.py). Received: backend={BACKEND}")
     as_tensor, candidates = _jax_candidates() if BACKEND == "jax" else _torch_candidates()
-    x = as_tensor(np.random.default_rng(0).normal(scale=3.0, size=(args.size, args.size)).astype(np.float32))
+    # The output and the input's gradient for an upstream gradient, as a layer in training makes them (a sum of the
+    # output instead would let a compiler fold the forward pass into its reduction and never write the output).
+    rng = np.random.default_rng(0)
+    x, upstream = (as_tensor(rng.normal(scale=3.0, size=(args.size, args.size)).astype(np.float32)) for _ in "xu")
     print(machine.header())
     print(f"Keras backend {BACKEND}; fwd+bwd on {args.size}x{args.size} float32; median of {args.rounds} "
           f"interleaved rounds\n")
     print("| form | keras_gelu ms | stock ms | stock | keras_gelu / stock |")
     print("|---|---|---|---|---|")
     for form, (ours, stock, stock_name) in candidates.items():
-        medians = _interleaved_median_seconds({"ours": ours, "stock": stock}, x, args.rounds)
+        medians = _interleaved_median_seconds({"ours": ours, "stock": stock}, (x, upstream), args.rounds)
         print(f"| {form} | {medians['ours'] * 1e3:.1f} | {medians['stock'] * 1e3:.1f} | {stock_name} | "
               f"{medians['ours'] / medians['stock']:.2f}x |")
 

@@ -13,6 +13,12 @@ Why not `keras.ops`: it has no erfc (1 - erf cancels for negative x, where
 exact GELU needs full relative accuracy), and under tf-keras the converter's
 graphs must hold exactly the TensorFlow ops these spell.
 
+`fuses(x)` says whether the formulas are compiled into one loop over memory
+here (XLA, torch.compile), where a dozen cheap operations cost less than one
+erfc; op by op each is a pass over memory. `converters_read_the_spelling`:
+TensorFlow graphs of these formulas are read by TFLite converters, which
+know exact GELU by its erfc.
+
 `clip` keeps NaN as NaN in every framework: TensorFlow's with selects (XLA
 before TF 2.19 lets min/max turn NaN into the bound), the others with their
 own clip, which propagates NaN: PyTorch's `where` was the slow op of its
@@ -21,6 +27,8 @@ backward pass (measured on 2048 x 2048 float32: 7.9 ms against 1.0 ms for
 """
 
 class _TensorFlow:
+    converters_read_the_spelling = True
+
     def __init__(self):
         import tensorflow as tf
 
@@ -34,6 +42,12 @@ class _TensorFlow:
 
     def clip(self, x, low, high):
         return self.where(x > high, high, self.where(x < low, low, x))
+
+    def is_float64(self, like):
+        return like.dtype == self.tf.float64
+
+    def fuses(self, x):
+        return True  # keras_gelu runs its TensorFlow formulas in XLA (`xla_kernels`)
 
     def lowest(self, like):
         return self.constant(like.dtype.min, like)
@@ -59,6 +73,8 @@ def _keras_fake_quant(x, low, high):
 class _ArrayModule:
     """What jax.numpy and NumPy spell alike, on the module `self.xp`."""
 
+    converters_read_the_spelling = False
+
     def constant(self, value, like):
         return self.xp.asarray(value, dtype=like.dtype)
 
@@ -71,6 +87,9 @@ class _ArrayModule:
     def full_like(self, like, value):
         return self.xp.full_like(like, value)
 
+    def is_float64(self, like):
+        return like.dtype == self.xp.float64
+
 
 class _Jax(_ArrayModule):
     def __init__(self):
@@ -81,11 +100,17 @@ class _Jax(_ArrayModule):
         self.maximum, self.minimum, self.where, self.erfc = jnp.maximum, jnp.minimum, jnp.where, jax.scipy.special.erfc
         self.sigmoid, self.exp, self.abs = jax.nn.sigmoid, jnp.exp, jnp.abs
         self.clip, self.zeros_like, self.equal = jnp.clip, jnp.zeros_like, jnp.equal
+        self.tracer = jax.core.Tracer
+
+    def fuses(self, x):
+        return isinstance(x, self.tracer)  # traced for jax.jit, as Keras runs every step
 
     fake_quant = staticmethod(_keras_fake_quant)
 
 
 class _Torch:
+    converters_read_the_spelling = False
+
     def __init__(self):
         import torch
 
@@ -107,6 +132,12 @@ class _Torch:
     def clip(self, x, low, high):
         return self.torch.clamp(x, low, high)
 
+    def is_float64(self, like):
+        return like.dtype == self.torch.float64
+
+    def fuses(self, x):
+        return self.torch.compiler.is_compiling()
+
     def full_like(self, like, value):
         return self.torch.full_like(like, value)
 
@@ -126,6 +157,9 @@ class _NumPy(_ArrayModule):
 
     def sigmoid(self, x):
         return 1.0 / (1.0 + self.xp.exp(-x))
+
+    def fuses(self, x):
+        return False
 
 
 # A tensor's framework, from the module its type lives in (tracers and symbolic tensors included).

@@ -2,9 +2,11 @@
 
 The forward pass is the formulas' own, in the backend's ops (`array_ops`); the
 backward pass is the same hand-written derivative as on TensorFlow
-(`xla_kernels`), which recovers the gate from the forward output and stays
-finite at +-inf. Under `jax.jit` (Keras's `jit_compile=True` on JAX) XLA fuses
-each pass into one loop, as the TensorFlow kernels' own XLA functions do.
+(`xla_kernels`), computed from x alone and finite at +-inf. Under `jax.jit`
+(Keras's `jit_compile=True` on JAX) XLA fuses each pass into one loop, as the
+TensorFlow kernels' own XLA functions do, and so does torch.compile; there
+exact GELU's gate is the normal tail's polynomial (`formulas`), which costs
+less than one erfc compiled, and more than one erfc op by op.
 
 Half-precision inputs are computed wide and rounded once, as on TensorFlow:
 float16 in float32, bfloat16 in float64 where the backend computes it
@@ -63,12 +65,10 @@ def _gated_activation(forward, derivative, exported=None):
 
     @keras.ops.custom_gradient
     def activation_in_compute_dtype(x):
-        y = forward(x)
-
         def grad(*args, upstream=None):
-            return _upstream(args, upstream) * derivative(x, y)
+            return _upstream(args, upstream) * derivative(x)
 
-        return y, grad
+        return forward(x), grad
 
     def activation(x):
         x = _as_float_tensor(x)
