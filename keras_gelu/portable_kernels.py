@@ -15,6 +15,8 @@ subnormal below x = -12.9 (exact form), which XLA flushes to zero, so GELU
 values bfloat16 could hold below 1e-37 come out as 0.
 """
 
+import warnings
+
 import keras
 
 from keras_gelu import formulas
@@ -60,15 +62,50 @@ def _exporting_from_pytorch():
     return torch.compiler.is_exporting()
 
 
+def _fused(pass_function):
+    """`pass_function` (one pass, forward or backward) run as one compiled loop where PyTorch would run it op by op.
+
+    On PyTorch, called eagerly, it runs through torch.compile (shapes dynamic, inputs made contiguous: each dtype
+    compiles once, on first use), as `xla_kernels` runs the same formulas through XLA on TensorFlow. In a model
+    PyTorch is compiling already, and under jax.jit, the formulas are traced as they are: the compiler around them
+    fuses them. Where torch.compile cannot compile (no C++ compiler, say), PyTorch runs them op by op, slower, after
+    one warning.
+    """
+    if keras.backend.backend() != "torch":
+        return pass_function
+    import torch
+
+    compiled = [torch.compile(pass_function, dynamic=True)]
+
+    def call(*tensors):
+        # Keras infers shapes by running layers on "meta" tensors, which have no values to compute.
+        if not compiled or torch.compiler.is_compiling() or tensors[0].device.type == "meta":
+            return pass_function(*tensors)
+        try:
+            # Detached: each pass is one side of a custom gradient, and Dynamo reads a tensor's .grad otherwise.
+            return compiled[0](*(tensor.detach().contiguous() for tensor in tensors))
+        except Exception as error:  # the compiler's failure; an error of the formulas' own recurs just below
+            result = pass_function(*tensors)
+            compiled.clear()
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            warnings.warn(f"keras_gelu: torch.compile failed here, so GELU runs op by op (slower): {reason}",
+                          stacklevel=2)
+            return result
+
+    return call
+
+
 def _gated_activation(forward, derivative, exported=None):
     """The activation; `exported`, if given, is what its forward pass becomes in a PyTorch export."""
+    fused_forward = _fused(forward)
+    fused_backward = _fused(lambda upstream, x: upstream * derivative(x))
 
     @keras.ops.custom_gradient
     def activation_in_compute_dtype(x):
         def grad(*args, upstream=None):
-            return _upstream(args, upstream) * derivative(x)
+            return fused_backward(_upstream(args, upstream), x)
 
-        return forward(x), grad
+        return fused_forward(x), grad
 
     def activation(x):
         x = _as_float_tensor(x)
@@ -107,17 +144,22 @@ def _sum_to_shape(grad, shape):
     return keras.ops.reshape(grad, shape)
 
 
+def _learnable_gradients_at_full_shape(upstream, x, alpha, beta):
+    by_x, by_alpha, by_beta = formulas.learnable_partials(x, alpha, beta)
+    return upstream * by_x, upstream * by_alpha, upstream * by_beta
+
+
+_learnable_forward = _fused(formulas.learnable_forward)
+_learnable_backward = _fused(_learnable_gradients_at_full_shape)
+
+
 @keras.ops.custom_gradient
 def _learnable_in_compute_dtype(x, alpha, beta):
-    y = formulas.learnable_forward(x, alpha, beta)
-
     def grad(*args, upstream=None):
-        upstream = _upstream(args, upstream)
-        by_x, by_alpha, by_beta = formulas.learnable_partials(x, alpha, beta)
-        return (upstream * by_x, _sum_to_shape(upstream * by_alpha, alpha.shape),
-                _sum_to_shape(upstream * by_beta, beta.shape))
+        grad_x, grad_alpha, grad_beta = _learnable_backward(_upstream(args, upstream), x, alpha, beta)
+        return grad_x, _sum_to_shape(grad_alpha, alpha.shape), _sum_to_shape(grad_beta, beta.shape)
 
-    return y, grad
+    return _learnable_forward(x, alpha, beta), grad
 
 
 def learnable(x, alpha, beta):

@@ -12,6 +12,7 @@ was saved on (`tests/data/keras_backends/make.py`).
 import os
 import subprocess
 import sys
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -85,6 +86,37 @@ def test_float32_values_and_gradients_on_a_dense_grid(function, compiled):
     assert excess.max() <= 0, DENSE_GRID[np.argmax(excess)]
     np.testing.assert_allclose(grads, references.derivative(function, DENSE_GRID), rtol=0,
                                atol=references.FLOAT32_DERIVATIVE_ATOL[function])
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's eager kernels are compiled by keras_gelu itself")
+def test_without_a_working_compiler_pytorch_runs_the_formulas_op_by_op_after_one_warning(monkeypatch):
+    """Called eagerly on PyTorch, each pass runs through torch.compile; where that fails (Inductor without a C++
+    compiler, say), the same formulas run op by op, erfc and all, within the same bounds, after one warning."""
+    import torch
+
+    from keras_gelu import formulas
+    from keras_gelu import portable_kernels
+
+    def compile_without_a_compiler(function, **options):
+        def fail(*tensors):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
+        return fail
+
+    monkeypatch.setattr(torch, "compile", compile_without_a_compiler)
+    exact = portable_kernels._gated_activation(formulas.exact_forward, formulas.exact_derivative)
+    with pytest.warns(UserWarning, match=r"torch.compile failed here, so GELU runs op by op \(slower\): "
+                                         r"InvalidCxxCompiler: No working C\+\+ compiler found"):
+        values, grads = _value_and_gradient(exact, DENSE_GRID)
+    excess = np.abs(values.astype(np.float64) - references.gelu_exact(DENSE_GRID)) - (
+        references.FLOAT32_TOLERANCE["exact"]["atol"]
+        + references.FLOAT32_TOLERANCE["exact"]["rtol"] * np.abs(references.gelu_exact(DENSE_GRID)))
+    assert excess.max() <= 0, DENSE_GRID[np.argmax(excess)]
+    np.testing.assert_allclose(grads, references.derivative("exact", DENSE_GRID), rtol=0,
+                               atol=references.FLOAT32_DERIVATIVE_ATOL["exact"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        _value_and_gradient(exact, DENSE_GRID)  # no second attempt, no second warning
 
 
 # Compiled once per form, in float32: what differs compiled (the normal tail) is computed in float32, and each
