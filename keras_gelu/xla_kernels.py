@@ -12,9 +12,9 @@ inlined.
 Why the gradient takes only x: the backward pass then reads two tensors, as
 ReLU's does, and recomputes the gate (`formulas`: the exact one from a cheap
 float32 normal tail). Recovering the gate as y / x from a third tensor, the
-forward output, was slower in every form (4096 x 4096 float32 on an AMD EPYC:
-16.4 against 14.5 ms for exact, 17.8 against 12.3 for sigmoid; a multiply of
-two tensors took 10.9): XLA's division, not the memory, was the cost.
+forward output, was slower in every form: XLA's division, not the memory, was
+the cost (2048 x 2048 float32 on an AMD EPYC, forward and backward over
+ReLU's time: exact 1.59x then, 1.14x now; sigmoid 1.57x, 1.04x; docs/speed.md).
 
 Half-precision inputs are computed in a wider dtype and rounded once at the
 end, so results are within an ulp of the true value:
