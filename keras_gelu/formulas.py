@@ -106,11 +106,16 @@ def exact_forward(x):
     return constant_like(0.5, x) * x * xp.erfc(-x * constant_like(SQRT_HALF, x))
 
 
+def _tanh_gate(x):
+    """The tanh form's gate, sigmoid(1.5957691 (x + 0.044715 x^3))."""
+    inner = x + constant_like(TANH_CUBIC, x) * (x * x * x)
+    return array_ops.of(x).sigmoid(constant_like(SIGMOID_OF_TANH_SCALE, x) * inner)
+
+
 def tanh_forward(x):
     """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as x * sigmoid(2u)."""
     x = without_minus_inf(x)
-    inner = x + constant_like(TANH_CUBIC, x) * (x * x * x)
-    return x * array_ops.of(x).sigmoid(constant_like(SIGMOID_OF_TANH_SCALE, x) * inner)
+    return x * _tanh_gate(x)
 
 
 def sigmoid_forward(x):
@@ -173,10 +178,10 @@ def exact_derivative(x):
 
 def tanh_derivative(x):
     """d/dx x g(x) = g + x g (1 - g) 1.5957691 (1 + 3 * 0.044715 x^2), g = sigmoid(1.5957691 (x + 0.044715 x^3))."""
-    scale = constant_like(SIGMOID_OF_TANH_SCALE, x)
-    gate = array_ops.of(x).sigmoid(scale * (x + constant_like(TANH_CUBIC, x) * (x * x * x)))
+    gate = _tanh_gate(x)
     x_held = _held(x)
-    inner_slope = scale * (constant_like(1.0, x) + constant_like(3.0 * TANH_CUBIC, x) * x_held * x_held)
+    inner_slope = constant_like(SIGMOID_OF_TANH_SCALE, x) * (
+        constant_like(1.0, x) + constant_like(3.0 * TANH_CUBIC, x) * x_held * x_held)
     return gate + x_held * (_sigmoid_slope(gate) * inner_slope)
 
 
