@@ -11,8 +11,6 @@ timed in interleaved rounds in one process.
 
 import argparse
 import os
-import statistics
-import time
 
 import numpy as np
 
@@ -74,19 +72,6 @@ def _torch_candidates():
     return torch.from_numpy, candidates
 
 
-def _interleaved_median_seconds(functions, arguments, rounds):
-    samples = {key: [] for key in functions}
-    for function in functions.values():
-        function(*arguments)  # compile/warm up
-    for round_index in range(rounds):
-        for key in timing.in_turn(functions, round_index):
-            function = functions[key]
-            started = time.perf_counter()
-            function(*arguments)
-            samples[key].append(time.perf_counter() - started)
-    return {key: statistics.median(values) for key, values in samples.items()}
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", type=int, default=2048, help="the input is size x size float32")
@@ -105,7 +90,10 @@ def main():
     print("| form | keras_gelu ms | stock ms | stock | keras_gelu / stock |")
     print("|---|---|---|---|---|")
     for form, (ours, stock, stock_name) in candidates.items():
-        medians = _interleaved_median_seconds({"ours": ours, "stock": stock}, (x, upstream), args.rounds)
+        calls = {"ours": lambda: ours(x, upstream), "stock": lambda: stock(x, upstream)}
+        for call in calls.values():
+            call()  # compile/warm up
+        medians = timing.call_medians(calls, args.rounds)
         print(f"| {form} | {medians['ours'] * 1e3:.1f} | {medians['stock'] * 1e3:.1f} | {stock_name} | "
               f"{medians['ours'] / medians['stock']:.2f}x |")
 

@@ -32,16 +32,20 @@ def in_turn(keys, round_index):
     return keys[shift:] + keys[:shift]
 
 
-def interleaved_medians(interpreters, rounds):
-    """{key: median seconds per invoke}, timing every interpreter once per round, in turn."""
-    samples = {key: [] for key in interpreters}
+def call_medians(calls, rounds):
+    """{key: median seconds of calls[key]()}, calling each once per round, each first in turn."""
+    samples = {key: [] for key in calls}
     for round_index in range(rounds):
-        for key in in_turn(interpreters, round_index):
-            runner = interpreters[key]
+        for key in in_turn(calls, round_index):
             started = time.perf_counter()
-            runner.invoke()
+            calls[key]()
             samples[key].append(time.perf_counter() - started)
     return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def interleaved_medians(interpreters, rounds):
+    """{key: median seconds per invoke}, timing every interpreter once per round, in turn."""
+    return call_medians({key: runner.invoke for key, runner in interpreters.items()}, rounds)
 
 
 def runtime_name():
