@@ -31,7 +31,7 @@ import machine  # noqa: E402
 import timing  # noqa: E402
 
 from keras_gelu import replacements  # noqa: E402
-from keras_gelu.converters import verify  # noqa: E402
+from keras_gelu.converters.running import verify  # noqa: E402
 from keras_gelu.formulas import constant_like  # noqa: E402
 
 SHAPE = (512, 512)
@@ -108,9 +108,9 @@ def to_tflite(build, bounded, shape):
 
 
 def op_count(tflite_model):
-    from keras_gelu.converters import report
+    from keras_gelu.converters.tflite import operators
 
-    return sum(report.op_histogram(tflite_model).values())
+    return sum(operators.op_histogram(tflite_model).values())
 
 
 def max_error(tflite_model):

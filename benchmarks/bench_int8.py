@@ -37,7 +37,7 @@ import timing  # noqa: E402
 import keras_gelu  # noqa: E402
 from keras_gelu import converters  # noqa: E402
 import keras_gelu.qat  # noqa: E402
-from keras_gelu.converters import verify  # noqa: E402
+from keras_gelu.converters.running import verify  # noqa: E402
 from keras_gelu.flavour import keras  # noqa: E402
 
 FUNCTIONS = keras_gelu.GELU_LAYER_FUNCTIONS

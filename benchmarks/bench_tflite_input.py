@@ -25,7 +25,7 @@ import machine  # noqa: E402
 import timing  # noqa: E402
 
 from keras_gelu import vocabulary  # noqa: E402
-from keras_gelu.converters import tflite_gelus  # noqa: E402
+from keras_gelu.converters.tflite import tflite_gelus  # noqa: E402
 
 HIDDEN, FFN, SEQUENCE = 768, 3072, 128
 ALONE = (512, 512)

@@ -10,7 +10,7 @@ import time
 
 def interpreter(tflite_model, inputs, threads=1):
     """A ready interpreter (inputs set, one warm-up run) for float `inputs`, quantized if it takes int8."""
-    from keras_gelu.converters import verify
+    from keras_gelu.converters.running import verify
 
     interpreter_type, _ = verify.interpreter_class()
     runner = interpreter_type(model_content=tflite_model, num_threads=threads)
@@ -49,7 +49,7 @@ def interleaved_medians(interpreters, rounds):
 
 
 def runtime_name():
-    from keras_gelu.converters import verify
+    from keras_gelu.converters.running import verify
 
     return verify.interpreter_class()[1]
 

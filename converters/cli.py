@@ -193,7 +193,7 @@ def _convert_and_write(args):
 
     tf.get_logger().setLevel("ERROR")  # TF's deprecation notices are not the user's business
 
-    from .convert import convert
+    from .running.pipeline import convert
 
     try:
         tflite_model, report = convert(

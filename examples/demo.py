@@ -25,8 +25,8 @@ from sklearn.model_selection import train_test_split  # noqa: E402
 
 import keras_gelu  # noqa: E402
 from keras_gelu.converters import cli as converter_cli  # noqa: E402
-from keras_gelu.converters import runtimes  # noqa: E402
-from keras_gelu.converters import verify  # noqa: E402
+from keras_gelu.converters.running import runtimes  # noqa: E402
+from keras_gelu.converters.running import verify  # noqa: E402
 from keras_gelu.flavour import keras  # noqa: E402
 
 

@@ -24,7 +24,7 @@ from keras_gelu import converters  # noqa: E402
 import keras_gelu.qat  # noqa: E402
 from keras_gelu import vocabulary  # noqa: E402
 from keras_gelu.converters.paths import write_atomically  # noqa: E402
-from keras_gelu.converters import verify  # noqa: E402
+from keras_gelu.converters.running import verify  # noqa: E402
 from keras_gelu.flavour import keras  # noqa: E402
 from tables import print_table  # noqa: E402
 

@@ -38,8 +38,9 @@ from int8_recipe import np  # noqa: E402
 
 import keras_gelu  # noqa: E402
 from keras_gelu import converters  # noqa: E402
+from keras_gelu.converters.tflite import operators  # noqa: E402
 from keras_gelu.converters import errors  # noqa: E402
-from keras_gelu.converters import verify  # noqa: E402
+from keras_gelu.converters.running import verify  # noqa: E402
 from keras_gelu.swapping import computed_function  # noqa: E402
 from tables import print_table  # noqa: E402
 from tasks import CLASSES  # noqa: E402
@@ -198,7 +199,7 @@ def run_family(name, function, data, args, directory):
     int8_model, report = converters.convert(keras_path, int8=True, inputs=check_inputs, max_steps=QAT_MAX_STEPS,
                                             **modes)
     int8_logits = _logits(int8_model, x_test)
-    (scale,) = converters.report.output_scales(int8_model)
+    (scale,) = operators.output_scales(int8_model)
     shapes = {name: (1, *values.shape[1:]) for name, values in x_test.items()}
     int8_recipe.save(int8_model, f"{prefix}_int8.tflite", args.force)
     return {

@@ -439,7 +439,7 @@ def flex_read_file_named_erf(sentinel, path):
         return {"y": tf.nn.gelu(x, approximate=False) + length}
 
     _select_mode_tflite(reads, path)
-    from keras_gelu.converters import flatbuffer_model
+    from keras_gelu.converters.tflite import flatbuffer_model
 
     with open(path, "rb") as stream:
         data = stream.read()

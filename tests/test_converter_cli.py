@@ -22,7 +22,7 @@ pytestmark = pytest.mark.legs("tf_keras", "tf218")  # TensorFlow graphs, any fla
 
 
 # The module, not the convert() function that keras_gelu.converters exports under its name.
-pipeline = importlib.import_module("keras_gelu.converters.convert")
+pipeline = importlib.import_module("keras_gelu.converters.running.pipeline")
 
 
 @pytest.fixture(scope="module")
@@ -261,8 +261,8 @@ def test_unnamed_npz_array_feeds_a_one_input_signature(model_dir, capsys, tmp_pa
 
 
 def test_unnamed_npz_arrays_feed_inputs_in_signature_order(tmp_path):
-    from keras_gelu.converters import verify
-    from keras_gelu.converters.loading import TensorInfo
+    from keras_gelu.converters.running import verify
+    from keras_gelu.converters.reading.loading import TensorInfo
 
     signature = [TensorInfo("b_second", "b:0", tf.float32, (None, 2)), TensorInfo("a_first", "a:0", tf.float32, (None, 3))]
     first, second = np.zeros((1, 2), np.float32), np.ones((1, 3), np.float32)

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import conversions
 from keras_gelu import converters
-from keras_gelu.converters import report as reporting
+from keras_gelu.converters.tflite import operators
 
 pytestmark = pytest.mark.legs("tf_keras", "tf218")  # TensorFlow graphs, any flavour: the leg that balances the cores
 
@@ -74,7 +74,7 @@ def test_gelus_in_control_flow(saved, name, mode, exact_as):
     _, gelus, control_op = MODELS[name]
     tflite_model, report = converters.convert(saved[name], mode=mode, exact_as=exact_as)
     assert sum(g["count"] for g in report.gelus) == gelus, report.gelus
-    ops = reporting.op_histogram(tflite_model)
+    ops = operators.op_histogram(tflite_model)
     assert ops.get(control_op) == 1, ops
     assert not any(op.startswith("Flex") for op in ops), ops
     if mode == "builtin":
@@ -92,7 +92,7 @@ def test_gelus_in_control_flow(saved, name, mode, exact_as):
 
 def test_select_mode_keeps_control_flow_and_converts(saved):
     tflite_model, report = converters.convert(saved["cond"], mode="select")
-    assert reporting.op_histogram(tflite_model).get("IF") == 1
+    assert operators.op_histogram(tflite_model).get("IF") == 1
     assert {g["became"] for g in report.gelus} == {"unchanged"}
 
 

@@ -16,7 +16,7 @@ from conftest import keras
 from gelu_models import every_gelu_functional
 from keras_gelu import converters
 from keras_gelu.converters import cli
-from keras_gelu.converters import report as reporting
+from keras_gelu.converters.tflite import operators
 
 pytestmark = pytest.mark.legs("keras3", "tf_keras")
 
@@ -53,7 +53,7 @@ def _calibration_inputs(rng, path_to_npz):
 
 
 def _steps(tflite_model, model, x):
-    (scale,) = reporting.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     return np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - model(x).numpy())) / scale
 
 

@@ -194,7 +194,7 @@ def test_signature_is_kept_by_name(tmp_path, source, int8):
     """The .tflite runs through get_signature_runner() with the source signature's own names."""
     import tensorflow as tf
 
-    from keras_gelu.converters import verify
+    from keras_gelu.converters.running import verify
 
     model = _two_named_outputs_model()
     reference = _signature_reference(model, tmp_path)
@@ -217,8 +217,8 @@ def test_where_keras_moved_its_export_helper_the_model_is_exported_and_converts_
     """The converter traces a Keras model with the internal helper Keras's own export uses; where a Keras release
     has moved it, the model is exported to a SavedModel and read back instead: the same signature, by name, and
     the same .tflite outputs."""
-    from keras_gelu.converters import loading
-    from keras_gelu.converters import verify
+    from keras_gelu.converters.reading import loading
+    from keras_gelu.converters.running import verify
 
     model = _two_named_outputs_model()
     arrays = {"features": np.random.default_rng(2).normal(size=(3, 6)).astype(np.float32),
@@ -269,8 +269,8 @@ def test_reference_graph_computes_layer_normalization_as_written():
     what grappler turns into _MklLayerNorm when oneDNN is on; that kernel was
     2.5e-4 away from float64 here, the ops as written 5e-8.
     """
-    from keras_gelu.converters import loading
-    from keras_gelu.converters import verify
+    from keras_gelu.converters.reading import loading
+    from keras_gelu.converters.running import verify
 
     keras.utils.set_random_seed(10)
     inputs = keras.Input((16, 32), batch_size=4, name="x")

@@ -14,7 +14,7 @@ import references
 import spelling_models
 import tflite_helpers
 from keras_gelu import converters
-from keras_gelu.converters import verify
+from keras_gelu.converters.running import verify
 
 pytestmark = pytest.mark.legs("keras3", "tf218")
 

@@ -97,8 +97,8 @@ def test_the_cycle_finder_finds_a_cycle_through_three_modules():
 
 def test_the_reader_sees_function_local_and_relative_imports():
     edges = import_edges(_module_files())
-    assert "keras_gelu.qat" in edges["keras_gelu.converters.loading"]  # imported inside a function
-    assert "keras_gelu.converters.errors" in edges["keras_gelu.converters.convert"]  # from . import errors
+    assert "keras_gelu.qat" in edges["keras_gelu.converters.reading.loading"]  # imported inside a function
+    assert "keras_gelu.converters.errors" in edges["keras_gelu.converters.running.pipeline"]  # from . import errors
     assert "keras_gelu.converters.cli" in edges["keras_gelu_launcher"]
 
 

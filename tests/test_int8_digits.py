@@ -14,7 +14,7 @@ from conftest import clear_keras_state
 from conftest import keras
 from conversions import QAT_INT8_STEPS
 from keras_gelu import converters
-from keras_gelu.converters import report as reporting
+from keras_gelu.converters.tflite import operators
 
 pytestmark = pytest.mark.legs("tf_keras")
 
@@ -74,7 +74,7 @@ def results(digits, tmp_path_factory):
         int8, int8_report = converters.convert(qat, int8=True)
         qat_logits = qat.predict(x_test, verbose=0)
         int8_logits = tflite_helpers.run(int8, x_test)[0]
-        (scale,) = reporting.output_scales(int8)
+        (scale,) = operators.output_scales(int8)
         figures[function] = {
             "float": _accuracy(model.predict(x_test, verbose=0), y_test),
             "ptq_int8": _accuracy(tflite_helpers.run(ptq, x_test)[0], y_test),

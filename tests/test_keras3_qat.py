@@ -17,6 +17,7 @@ if not IS_KERAS3:
     pytest.skip("Keras 3's QAT engine (under tf-keras, quantize_model is tfmot's)", allow_module_level=True)
 
 from keras_gelu import converters  # noqa: E402
+from keras_gelu.converters.tflite import operators  # noqa: E402
 import keras_gelu.qat  # noqa: E402
 from keras_gelu.qat.keras3 import ranges  # noqa: E402
 from keras_gelu.qat.keras3 import rules  # noqa: E402
@@ -81,7 +82,7 @@ def test_a_small_cnn_converts_to_a_fully_integer_tflite_within_qat_int8_steps(po
     assert set(report.op_types["CONV_2D"]) == set(report.op_types["DEPTHWISE_CONV_2D"]) == {"int8"}
     # Average pooling runs as a second depthwise convolution (1/window kernel), which rescales as the rule does.
     assert sum(report.op_types["DEPTHWISE_CONV_2D"].values()) == 1 + (pooling == "AveragePooling2D")
-    (scale,) = converters.report.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     steps = np.max(np.abs(tflite_helpers.run(tflite_model, x[:64])[0] - qat(x[:64]).numpy())) / scale
     assert steps <= QAT_INT8_STEPS
 
@@ -111,7 +112,7 @@ def test_conv1d_computes_the_float_function_and_converts_within_qat_int8_steps(p
     x = rng.normal(size=(64, 16, 3)).astype(np.float32)
     qat = _quantized_and_trained(model, x, rng)
     tflite_model, report = _converted(qat)
-    (scale,) = converters.report.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     assert report.float_ops == {} and set(report.op_types["CONV_2D"]) == {"int8"}
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
@@ -141,7 +142,7 @@ def test_depthwise_and_separable_convolutions_train_and_convert_within_qat_int8_
     # a separable convolution is a DEPTHWISE_CONV_2D and a 1x1 CONV_2D
     assert sum(report.op_types["DEPTHWISE_CONV_2D"].values()) == (3 if one_dimensional else 2)
     assert sum(report.op_types["CONV_2D"].values()) == (1 if one_dimensional else 2)
-    (scale,) = converters.report.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= DEPTHWISE_INT8_STEPS
 
 
@@ -170,7 +171,7 @@ def test_einsum_dense_layer_normalization_and_softmax_convert_to_integer(layer_n
     for op in ("SOFTMAX", "FULLY_CONNECTED") + (("MEAN", "SQUARED_DIFFERENCE", "RSQRT", "SUB") if layer_normalization
                                                  else ()):
         assert set(report.op_types[op]) == {"int8"}, op
-    (scale,) = converters.report.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     assert scale == pytest.approx(1 / 256)  # SOFTMAX's fixed int8 output grid, which QAT trained against
     steps = np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy()) / scale
     if not layer_normalization:
@@ -411,7 +412,7 @@ def test_multi_head_attention_trains_saves_and_converts_to_integer_within_qat_in
     assert report.float_ops == {}, report.op_types
     for op in ("FULLY_CONNECTED", "BATCH_MATMUL", "SOFTMAX") + (() if cross else ("GATHER",)):
         assert set(report.op_types[op]) == {"int8"}, op
-    (scale,) = converters.report.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     outputs = tflite_helpers.run_matched_by_shape(tflite_model, x)
     assert np.max(np.abs(outputs[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
@@ -438,7 +439,7 @@ def test_masked_attention_converts_to_a_select_and_stays_within_qat_int8_steps(m
     qat = _quantized_and_trained(model, x, rng)
     tflite_model, report = _converted(qat)
     assert report.float_ops == {} and set(report.op_types["SELECT_V2"]) >= {"int8"}, report.op_types
-    (scale,) = converters.report.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     outputs = tflite_helpers.run_matched_by_shape(tflite_model, x if masking == "padding" else [x])[0]
     assert np.max(np.abs(outputs - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
@@ -476,7 +477,7 @@ def test_an_activation_layer_takes_its_int8_grid_and_converts_within_qat_int8_st
     tf.saved_model.save(qat, str(tmp_path / "activation"))
     tflite_model, report = converters.convert(str(tmp_path / "activation"), int8=True, mode="native")
     assert report.float_ops == {} and set(report.op_types[op]) == {"int8"}, report.op_types
-    (scale,) = converters.report.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
 
@@ -563,7 +564,7 @@ def test_mobilenet_v2_folds_its_batch_norms_and_converts_to_integer_within_qat_i
     tflite_model, report = _converted(qat)  # the folded biases are not zero: no training needed
     assert report.float_ops == {}, report.op_types
     assert sum(report.op_types["CONV_2D"].values()) == 35 and sum(report.op_types["DEPTHWISE_CONV_2D"].values()) == 17
-    (scale,) = converters.report.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
 
@@ -586,7 +587,7 @@ def test_fused_softmax_sigmoid_and_tanh_are_split_out_onto_their_grids(rng):
     assert report.float_ops == {}, report.op_types
     for op in ("TANH", "LOGISTIC", "SOFTMAX"):
         assert set(report.op_types[op]) == {"int8"}, op
-    (scale,) = converters.report.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     assert scale == pytest.approx(1 / 256)
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
@@ -636,7 +637,7 @@ def test_nested_models_at_any_depth_are_quantized_through_and_convert_to_integer
     assert not any(isinstance(getattr(layer, "layer", None), keras.layers.BatchNormalization) for layer in qat.layers)
     tflite_model, report = _converted(qat)
     assert report.float_ops == {}, report.op_types
-    (scale,) = converters.report.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
 
@@ -667,7 +668,7 @@ def test_operations_on_tensors_get_a_range_save_and_convert_to_integer(tmp_path,
     np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "qat.keras"))(x).numpy(), qat(x).numpy())
     tflite_model, report = _converted(qat)
     assert report.float_ops == {}, report.op_types
-    (scale,) = converters.report.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
 
@@ -721,7 +722,7 @@ def test_rescaling_normalization_and_a_layer_scale_train_as_int8_mul_and_add(rng
     assert affine == {"rescaling", "normalization", "layer_scale"}
     tflite_model, report = _converted(qat)
     assert report.float_ops == {}, report.op_types
-    (scale,) = converters.report.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
 
@@ -753,7 +754,7 @@ def test_a_grouped_convolution_with_a_channel_per_group_is_a_depthwise_one_and_o
     tflite_model, report = _converted(qat)
     assert report.float_ops == {} and "CONV_2D" not in report.ops, report.op_types
     assert report.op_types["DEPTHWISE_CONV_2D"] == {"int8": 1}
-    (scale,) = converters.report.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     steps = np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale
     assert steps <= DEPTHWISE_INT8_STEPS
     pairs = keras.Model(inputs, keras.layers.Conv2D(4, 3, groups=2, name="pairs")(inputs))

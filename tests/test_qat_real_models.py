@@ -22,8 +22,9 @@ if not IS_KERAS3:
 keras_hub = pytest.importorskip("keras_hub")
 
 from keras_gelu import converters  # noqa: E402
+from keras_gelu.converters.tflite import operators  # noqa: E402
 import keras_gelu.qat  # noqa: E402
-from keras_gelu.converters import target_checks  # noqa: E402
+from keras_gelu.converters.running import target_checks  # noqa: E402
 from keras_gelu.converters import targets  # noqa: E402
 from keras_gelu.qat.keras3 import composite  # noqa: E402
 
@@ -227,7 +228,7 @@ def test_a_custom_composite_layer_is_quantized_through_and_its_own_arithmetic_ge
     qat.export(str(tmp_path / "exported"), verbose=False)
     tflite_model, report = converters.convert(str(tmp_path / "exported"), int8=True)
     assert report.float_ops == {}, report.op_types
-    (scale,) = converters.report.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
 

@@ -20,6 +20,7 @@ import conversions
 from conversions import QAT_INT8_STEPS
 from gelu_models import every_gelu_functional
 from keras_gelu import converters
+from keras_gelu.converters.tflite import operators
 import keras_gelu.qat
 from keras_gelu import vocabulary
 
@@ -396,7 +397,7 @@ def test_qat_model_converts_to_a_fully_integer_tflite(name, qat_mode, mode, exac
     lookup_table = _trained_as_lookup_table(name, qat_mode)
     assert ("GELU" in report.ops) == (lookup_table and mode != "builtin"), report.ops
     # The .tflite against the QAT Keras model itself (not our rewritten graph).
-    (scale,) = converters.report.output_scales(tflite_model)
+    (scale,) = operators.output_scales(tflite_model)
     steps = np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale
     if _int8_ops_differ(name, qat_mode, mode):
         # Builtin mode's default form also swaps exact GELU for x*sigmoid(1.702x): 0.02 per activation.
@@ -412,7 +413,7 @@ def test_qat_model_converts_to_a_fully_integer_tflite(name, qat_mode, mode, exac
 @pytest.mark.parametrize("name", ["exact layer", "learnable layer"])
 def test_qat_int8_io_takes_and_returns_int8(name, trained_qat_models):
     import tflite_helpers
-    from keras_gelu.converters import verify
+    from keras_gelu.converters.running import verify
 
     qat, x = trained_qat_models[name, "native"]
     tflite_model, report = converters.convert(qat, mode="native", int8=True, int8_io=True)

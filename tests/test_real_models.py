@@ -19,7 +19,7 @@ import conversions
 from conftest import IS_KERAS3
 from keras_gelu import converters
 from keras_gelu.converters import errors
-from keras_gelu.converters import verify
+from keras_gelu.converters.running import verify
 
 pytestmark = pytest.mark.legs("keras3", "tf_keras")
 
@@ -275,7 +275,7 @@ def test_hugging_face_bert_activations(hugging_face_cases, name, mode, exact_as)
 def test_random_inputs_respect_embedding_tables_and_masks(hugging_face_cases):
     """Seeded random inputs (no --inputs) for a BERT: ids below the vocabulary, segment ids below 2, 0/1 masks."""
     _in_the_tf_keras_leg()
-    from keras_gelu.converters import loading
+    from keras_gelu.converters.reading import loading
 
     source = loading.load(hugging_face_cases["hf_bert_gelu"].path)
     values = {info.name: info.values for info in source.inputs}

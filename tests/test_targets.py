@@ -14,9 +14,9 @@ from gelu_models import every_gelu_functional
 from keras_gelu import converters
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
-from keras_gelu.converters import target_checks
+from keras_gelu.converters.running import target_checks
 from keras_gelu.converters import targets
-from keras_gelu.converters import verify
+from keras_gelu.converters.running import verify
 
 pytestmark = pytest.mark.legs("keras3", "tf_keras")
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from keras_gelu import converters
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
-from keras_gelu.converters import graph
-from keras_gelu.converters import tf_ops_as_builtins
+from keras_gelu.converters.rewriting import graph
+from keras_gelu.converters.rewriting import tf_ops_as_builtins
 
 pytestmark = pytest.mark.legs("keras3", "tf218")
 

@@ -23,8 +23,8 @@ from conftest import keras
 from conftest import run_command
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
-from keras_gelu.converters import flatbuffer_model
-from keras_gelu.converters import tflite_gelus
+from keras_gelu.converters.tflite import flatbuffer_model
+from keras_gelu.converters.tflite import tflite_gelus
 
 # Flavour-independent (tf.Module sources): in the tf-keras leg, which has the time to spare; Keras 3's own export
 # in the Keras 3 leg.

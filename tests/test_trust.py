@@ -26,9 +26,9 @@ from conftest import tf_keras_only
 from keras_gelu import converters
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
-from keras_gelu.converters import trust
-from keras_gelu.converters.trust import ops
-from keras_gelu.converters.trust import tf_symbols
+from keras_gelu.converters.reading import trust
+from keras_gelu.converters.reading.trust import ops
+from keras_gelu.converters.reading.trust import tf_symbols
 
 FLEX_RUNS = tf.__version__.startswith(("2.18", "2.17"))
 

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from keras_gelu.converters import report
-from keras_gelu.converters import verify
+from keras_gelu.converters.tflite import operators
+from keras_gelu.converters.running import verify
 
 
 def run(tflite_model, *arrays):
@@ -12,7 +12,7 @@ def run(tflite_model, *arrays):
 
 
 def ops(tflite_model):
-    return report.op_histogram(tflite_model)
+    return operators.op_histogram(tflite_model)
 
 
 def run_matched_by_shape(tflite_model, arrays):

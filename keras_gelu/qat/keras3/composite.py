@@ -13,7 +13,7 @@ range (or from the composite's input) is fake-quantized on a range of its
 own, and so is the composite's output. Where the layer's code hands such a
 value to another operation as well, the converter points that reader at the
 rounded value too (`fake_quants_read_by_every_reader` in
-`keras_gelu.converters.int8`), as the int8 model holds it. The int8 model
+`keras_gelu.converters.rewriting.int8`), as the int8 model holds it. The int8 model
 then has a range on every tensor an op computes, save those that only move
 values (a reshape, a concatenation, which keep their inputs' grids).
 

@@ -24,7 +24,7 @@ traced in memory, and the traced graph is checked like a SavedModel's
 before any of it runs.
 """
 
-from .. import errors
+from ... import errors
 from . import flex_ops
 from . import keras_files
 from . import saved_model

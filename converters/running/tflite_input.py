@@ -29,18 +29,19 @@ from tensorflow.lite.python import schema_py_generated as schema
 from keras_gelu import replacements
 from keras_gelu import vocabulary
 
-from . import equivalent_ops
-from . import errors
-from . import flatbuffer_model
-from . import float_islands
-from . import integer_inputs
-from . import loading
-from . import paths
-from . import report as reporting
+from .. import errors
+from .. import paths
+from .. import report as reporting
+from .. import targets
+from ..reading import integer_inputs
+from ..reading import loading
+from ..reading import trust
+from ..tflite import equivalent_ops
+from ..tflite import flatbuffer_model
+from ..tflite import float_islands
+from ..tflite import operators
+from ..tflite import tflite_gelus
 from . import target_checks
-from . import targets
-from . import tflite_gelus
-from . import trust
 from . import verify as parity
 
 # An int8 GELU's replacement is within a step of the GELU op on all 256 inputs (tests/test_tflite_input.py).
@@ -187,7 +188,7 @@ def convert(data, path, options):
                     and tensor.quantization.scale is not None for subgraph in model.subgraphs
                     for tensor in subgraph.tensors or ())
     target = targets.TARGETS.get(options.target)
-    original_flex_ops = [op for op in reporting.op_histogram(data) if op.startswith("Flex")]
+    original_flex_ops = [op for op in operators.op_histogram(data) if op.startswith("Flex")]
     _refuse_graph_flags(options, path, quantized, bool(original_flex_ops), target)
     _, runtime = parity.interpreter_class()
     signature = _signature(interpreter, path, options.signature)
@@ -214,11 +215,11 @@ def convert(data, path, options):
         report.target = target_checks.section(target, options)
         if target.ops is not None:
             tflite_model, report.target["renamed_ops"] = equivalent_ops.for_target(tflite_model, target.ops)
-    report.ops = reporting.op_histogram(tflite_model)
+    report.ops = operators.op_histogram(tflite_model)
     report.note_flex_ops()
     if quantized:
-        report.op_types = reporting.typed_op_histogram(tflite_model)
-        report.float_ops = reporting.float_islands(tflite_model)
+        report.op_types = operators.typed_op_histogram(tflite_model)
+        report.float_ops = operators.float_islands(tflite_model)
     report.size_bytes = len(tflite_model)
     if target is not None:
         report.target["ops"] = target_checks.check(tflite_model, target, options.allow_cpu_fallback,
@@ -251,7 +252,7 @@ def _verify(original, interpreter, tflite_model, model, signature, options, repo
     except (RuntimeError, ValueError) as error:  # Flex ops left: no runtime of TensorFlow >= 2.19 links them
         report.not_verified_reason = f"{runtime} cannot run the rewritten .tflite: {loading.first_line(error)}"
         return
-    scale_of = dict(zip(model.subgraphs[0].outputs, reporting.output_scales(original)))
+    scale_of = dict(zip(model.subgraphs[0].outputs, operators.output_scales(original)))
     scales = [scale_of.get(detail["index"]) for detail in output_details]
     limits, report.tolerance = _limits(options, rewritten, scales)
     limit = (f"{report.tolerance['max_steps']} {report.step_type} steps" if "max_steps" in report.tolerance

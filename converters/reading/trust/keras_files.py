@@ -19,7 +19,7 @@ both without deserializing anything:
 import json
 import zipfile
 
-from .. import errors
+from ... import errors
 from . import tf_symbols
 
 CODE_CARRYING_LAYERS = ("Lambda",)

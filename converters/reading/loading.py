@@ -11,10 +11,10 @@ import tensorflow as tf
 from tensorflow.python.framework import convert_to_constants
 from tensorflow.python.saved_model import signature_serialization
 
-from . import errors
-from . import graph
+from .. import errors
+from .. import paths
+from ..rewriting import graph
 from . import integer_inputs
-from . import paths
 from . import trust
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
-from . import errors
-from .options import DEFAULT_DYNAMIC_SIZE
+from .. import errors
+from ..options import DEFAULT_DYNAMIC_SIZE
 
 
 @dataclasses.dataclass

@@ -13,21 +13,22 @@ import tensorflow as tf
 from keras_gelu import replacements
 from keras_gelu import vocabulary
 
-from . import equivalent_ops
-from . import errors
-from . import graph
-from . import int8 as integer
-from . import loading
-from . import native_logs
-from . import options as conversion_options
-from . import report as reporting
-from . import rewrite
-from . import signatures
+from .. import errors
+from .. import native_logs
+from .. import options as conversion_options
+from .. import report as reporting
+from .. import targets
+from ..reading import loading
+from ..reading import trust
+from ..rewriting import graph
+from ..rewriting import int8 as integer
+from ..rewriting import rewrite
+from ..rewriting import tf_ops_as_builtins
+from ..tflite import equivalent_ops
+from ..tflite import operators
+from ..tflite import signatures
 from . import target_checks
-from . import targets
-from . import tf_ops_as_builtins
 from . import tflite_input
-from . import trust
 from . import verify as parity
 
 # A full garbage collection takes about 0.2 s with TensorFlow loaded, as long as converting a small
@@ -253,15 +254,15 @@ def _converted(serialized, source, requested, options, int8_setup, target, repor
         report.target = target_checks.section(target, options)
         if target.ops is not None:
             tflite_model, report.target["renamed_ops"] = equivalent_ops.for_target(tflite_model, target.ops)
-    report.ops = reporting.op_histogram(tflite_model)
+    report.ops = operators.op_histogram(tflite_model)
     if "GELU" in report.ops and vocabulary.conversion_mode(options.mode, options.int8).exact_as:
         # A mode that spells exact GELU in builtins promises no GELU op: the converter fused one we did not find.
         raise errors.ConverterFailed(f"{source.path}: {report.ops['GELU']} GELU op(s) the rewrite missed would "
                                      "remain in builtin mode (a keras-gelu bug: please report the model); "
                                      "nothing written")
     if options.int8:
-        report.op_types = reporting.typed_op_histogram(tflite_model)
-        report.float_ops = reporting.float_islands(tflite_model)
+        report.op_types = operators.typed_op_histogram(tflite_model)
+        report.float_ops = operators.float_islands(tflite_model)
         if report.float_ops:
             report.warnings.append(f"not fully integer: {reporting.counted(report.float_ops)} compute in float")
     report.note_flex_ops()
@@ -354,7 +355,7 @@ def _verify(tflite_model, source, reference, options, report, target, arrays, so
     report.tolerance = {"atol": options.atol, "rtol": options.rtol, "max_drift": options.max_drift}
     scales = [None] * len(source.outputs)
     if options.int8:
-        scales = reporting.output_scales(tflite_model)
+        scales = operators.output_scales(tflite_model)
         max_steps = options.max_steps
         if max_steps is None and report.quantization_aware:
             max_steps = conversion_options.DEFAULT_QAT_STEPS

@@ -31,10 +31,10 @@ from tensorflow.lite.python import schema_py_generated as schema
 from keras_gelu import replacements
 from keras_gelu import vocabulary
 
+from .. import native_logs
+from ..rewriting import int8 as integer
+from ..running import verify
 from . import flatbuffer_model
-from . import int8 as integer
-from . import native_logs
-from . import verify
 
 _GELU = schema.BuiltinOperator.GELU
 _CUSTOM = schema.BuiltinOperator.CUSTOM

@@ -9,8 +9,8 @@ file-writing op cannot reach a device by way of select mode.
 from flatbuffers import flexbuffers
 from tensorflow.core.framework import node_def_pb2
 
-from .. import errors
-from .. import flatbuffer_model
+from ... import errors
+from ...tflite import flatbuffer_model
 from . import ops
 
 _FLEX_PREFIX = "Flex"

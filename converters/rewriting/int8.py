@@ -21,7 +21,7 @@ import tensorflow as tf
 from keras_gelu import formulas
 from keras_gelu import replacements
 
-from . import errors
+from .. import errors
 from . import graph
 
 FAKE_QUANT_OPS = ("FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs")
@@ -280,7 +280,7 @@ def calibration_samples(spec, inputs, seed):
     or an .npz path holding one array per input, samples along the first axis
     (each becomes a batch of one).
     """
-    from . import verify
+    from ..running import verify
 
     matched = _RANDOM_CALIBRATION.match(spec)
     if matched:

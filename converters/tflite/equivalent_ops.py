@@ -8,9 +8,9 @@ same, so an op the target lacks becomes its twin where the target has that.
 
 from tensorflow.lite.python import schema_py_generated as schema
 
+from . import operators
+from ..targets import TWINS
 from . import flatbuffer_model
-from . import report as reporting
-from .targets import TWINS
 
 _OPTIONS = {"SELECT": "SelectOptions", "SELECT_V2": "SelectV2Options"}
 
@@ -21,7 +21,7 @@ def for_target(tflite_model, target_ops):
     renamed = {}
     for subgraph in model.subgraphs:
         for operator in subgraph.operators:
-            name = reporting.op_name(model, operator)
+            name = operators.op_name(model, operator)
             twin = TWINS.get(name)
             if twin is None or name in target_ops or twin not in target_ops:
                 continue

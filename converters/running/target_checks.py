@@ -6,14 +6,14 @@ import collections
 import dataclasses
 
 import numpy as np
-
 from tensorflow.core.framework import graph_pb2
 
-from . import errors
-from . import graph
-from . import report as reporting
+from .. import errors
+from .. import report as reporting
+from ..rewriting import graph
+from ..tflite import operators
+from ..targets import GUARD_OPS
 from . import runtimes
-from .targets import GUARD_OPS
 
 
 def _shown(shape):
@@ -79,7 +79,7 @@ def check(tflite_model, target, allow_cpu_fallback, cause=""):
     """{"on_target": {op: count}, "cpu_fallback": {op: count}}, or DoesNotFitTarget naming what does not run
     (and `cause`, where the caller knows where such ops come from)."""
     on_target, fallback, missing, wrong_type, unsupported = (collections.Counter() for _ in range(5))
-    for operator in reporting.operators(tflite_model):
+    for operator in operators.operators(tflite_model):
         if target.ops is None or operator.name in target.ops:
             on_target[operator.name] += 1
             if target.output_types is not None and operator.output_type not in target.output_types:

@@ -4,7 +4,7 @@ import flatbuffers
 from tensorflow.lite.python import schema_py_generated as schema
 from tensorflow.lite.tools import flatbuffer_utils
 
-from . import paths
+from .. import paths
 
 
 def as_object(tflite_model):

@@ -26,7 +26,7 @@ import re
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 
-from .. import errors
+from ... import errors
 from . import ops
 
 # The saver's checkpoint ops: it reads the model's variables with the first, and writes a checkpoint with the

@@ -22,7 +22,7 @@ import dataclasses
 
 import numpy as np
 
-from . import graph
+from ..rewriting import graph
 
 # Ops through which the input's values reach their use unchanged (or a subset of them).
 _VALUE_PRESERVING = graph.PASS_THROUGH_OPS + (

@@ -21,8 +21,8 @@ import tempfile
 import numpy as np
 from tensorflow.lite.python import schema_py_generated as schema
 
-from . import errors
-from . import native_logs
+from .. import errors
+from .. import native_logs
 from . import verify
 
 _ARENA_TOTAL = re.compile(r"Arena allocation total (\d+) bytes")
