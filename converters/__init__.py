@@ -15,8 +15,8 @@ if BACKEND != "tensorflow":
                       f"loads it there. Received: backend={BACKEND}")
 
 from . import errors  # noqa: E402
-from .rewriting import patterns  # noqa: E402
+from .convert import convert  # noqa: E402
 from .errors import ConversionError  # noqa: E402
-from .running.pipeline import convert  # noqa: E402
+from .rewriting import patterns  # noqa: E402
 
 __all__ = ["EXACT_AS", "MODES", "ConversionError", "convert", "errors", "patterns"]

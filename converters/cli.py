@@ -1,13 +1,14 @@
-"""keras-gelu-convert: the command line, a thin layer over convert.convert.
+"""keras-gelu-convert: the command line, a thin layer over convert.convert_to_file.
 
-Three steps, so that a mistake costs no TensorFlow start-up: `parse` and
-`preflight` need only the standard library (the flags, the model path, the
-input and output files), and only `run` imports TensorFlow. The installed
-command goes through keras_gelu_launcher, which holds back keras_gelu's own
-TensorFlow import until `preflight` has passed.
+Three steps, so that a mistake costs no TensorFlow start-up: `parse` and `preflight` check the flags, the
+model path, the input and output files, and `run` hands the model to the sandbox. This process never imports
+TensorFlow and never reads the model: the conversion runs in a confined process of its own (see `sandbox`),
+and what it printed comes out here before the report or the one error line, which is always last. The
+installed command goes through keras_gelu_launcher, which keeps keras_gelu's own TensorFlow import away.
 """
 
 import argparse
+import re
 import sys
 
 from keras_gelu import vocabulary
@@ -17,8 +18,10 @@ from . import native_logs
 from . import paths
 from . import targets
 from .options import DEFAULT_ATOL
+from .options import DEFAULT_CONFIG_LIMIT_MIB
 from .options import DEFAULT_DYNAMIC_SIZE
 from .options import DEFAULT_RTOL
+from .sandbox import limits
 
 EPILOG = """examples:
   keras-gelu-convert saved_model_dir                       # builtin ops, GELU as x*sigmoid(1.702x)
@@ -31,11 +34,13 @@ EPILOG = """examples:
   keras-gelu-convert model.keras --target tflm --int8 --calibration samples.npz   # run and sized in TFLite Micro
   keras-gelu-convert qat_saved_model --target ethos-u55                           # compiled by Vela, 100% NPU
 
-exit codes: 0 ok, 2 bad flags (an unknown --target among them), 3 missing path, 4 not a model,
-5 corrupt model, 6 unknown signature, 7 output exists, 8 output folder missing or not writable,
-9 bad --inputs or --calibration, 10 parity failure, 11 the TFLite converter failed,
+exit codes: 0 ok (the .tflite written), 2 bad flags (an unknown --target among them), 3 missing path,
+4 not a model, 5 corrupt model, 6 unknown signature, 7 output exists, 8 output folder missing or not
+writable, 9 bad --inputs or --calibration, 10 parity failure, 11 the TFLite converter failed,
 12 the model carries code or file-system ops (see --trust-model), 13 the model has ops or types the
---target lacks, 14 the --target's runtime or compiler refused it, 15 that tool crashed, 1 internal error
+--target lacks, 14 the --target's runtime or compiler refused it, 15 that tool crashed, 16 past
+--time-limit, 17 past --memory-limit, 18 part of the file past its size limit (--config-limit),
+19 the conversion process crashed or ended without an answer, 20 NaN or Inf weights, 1 internal error
 """
 
 
@@ -87,6 +92,15 @@ def _parser():
     parser.add_argument("--trust-model", action="store_true",
                         help="convert a model that carries Python code (a Lambda layer) or ops that reach outside "
                              "the process (file I/O, Python calls); only for models you made or trust")
+    parser.add_argument("--time-limit", type=float, metavar="SECONDS",
+                        help=f"stop the conversion after this long (default {limits.TIME_BASE_SECONDS} s plus "
+                             f"{limits.TIME_PER_GIB_SECONDS} s per GiB of model)")
+    parser.add_argument("--memory-limit", type=float, metavar="GIB",
+                        help=f"stop the conversion past this much memory (default {limits.MEMORY_SHARE:.0%} of the "
+                             "machine's)")
+    parser.add_argument("--config-limit", type=float, metavar="MIB", default=DEFAULT_CONFIG_LIMIT_MIB,
+                        help=f"refuse a Keras file whose model config inflates past this (default "
+                             f"{DEFAULT_CONFIG_LIMIT_MIB:g} MiB)")
     parser.add_argument("--report-json", help="also write the report as JSON to this file")
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("-q", "--quiet", action="store_true", help="print errors only")
@@ -131,6 +145,10 @@ def _check_flags(parser, args):
             parser.error(f"--{name.replace('_', '-')} must be >= 0")
     if args.dynamic_size < 1:
         parser.error("--dynamic-size must be >= 1")
+    for name in ("time_limit", "memory_limit", "config_limit"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            parser.error(f"--{name.replace('_', '-')} must be > 0")
     if not args.int8:
         # A quantization-aware model converts to int8 for a target that runs int8, unasked: its limit may be set
         int8_implied = args.target is not None and targets.TARGETS[args.target].takes_int8
@@ -153,11 +171,19 @@ def parse(argv=None):
     return args
 
 
+# Control characters a model's names could carry into a message (a terminal's escape sequences among them).
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _say(text):
+    print(_UNPRINTABLE.sub(lambda match: f"\\x{ord(match.group()):02x}", text), file=sys.stderr)
+
+
 def _fail(error, args):
-    """Print a user error as one line; its exit code."""
-    if args.debug:
-        raise error
-    print(f"keras-gelu-convert: error: {error.message}", file=sys.stderr)
+    """Print a user error as one line, the last; its exit code."""
+    if args.debug and error.traceback:
+        _say(error.traceback.rstrip())
+    _say(f"keras-gelu-convert: error: {error.message}")
     return error.exit_code
 
 
@@ -176,49 +202,34 @@ def preflight(args):
     return None
 
 
-def run(args, before_import=None):
-    """Convert, verify and write; the exit code.
+def run(args):
+    """Convert, verify and write, in the sandbox; the exit code."""
+    from .convert import convert_to_file
 
-    `before_import` runs first, with TensorFlow's start-up logging already
-    held back (the launcher runs keras_gelu's __init__ there).
-    """
-    with native_logs.filtered(show_all=args.verbose or args.debug):
-        if before_import is not None:
-            before_import()
-        return _convert_and_write(args)
-
-
-def _convert_and_write(args):
-    import tensorflow as tf
-
-    tf.get_logger().setLevel("ERROR")  # TF's deprecation notices are not the user's business
-
-    from .running.pipeline import convert
+    def log(lines):
+        for line in lines if args.verbose or args.debug else [] if args.quiet else native_logs.worth_showing(lines):
+            _say(line)
 
     try:
-        tflite_model, report = convert(
-            args.model, mode=args.mode, exact_as=args.exact_as, signature=args.signature,
-            float16_weights=args.float16_weights, verify=args.verify, inputs=args.inputs, seed=args.seed,
-            dynamic_size=args.dynamic_size, atol=args.atol, rtol=args.rtol, max_drift=args.max_drift,
-            int8=args.int8, calibration=args.calibration, int8_io=args.int8_io, max_steps=args.max_steps,
-            trust_model=args.trust_model, target=args.target, allow_cpu_fallback=args.allow_cpu_fallback,
-            input_shapes=args.input_shapes)
-        paths.write_atomically(tflite_model, args.output, args.force)
-        report.output = args.output
+        report = convert_to_file(
+            args.model, args.output, force=args.force, log=log, debug=args.debug, mode=args.mode,
+            exact_as=args.exact_as, signature=args.signature, float16_weights=args.float16_weights,
+            verify=args.verify, inputs=args.inputs, seed=args.seed, dynamic_size=args.dynamic_size, atol=args.atol,
+            rtol=args.rtol, max_drift=args.max_drift, int8=args.int8, calibration=args.calibration,
+            int8_io=args.int8_io, max_steps=args.max_steps, trust_model=args.trust_model, target=args.target,
+            allow_cpu_fallback=args.allow_cpu_fallback, input_shapes=args.input_shapes, time_limit=args.time_limit,
+            memory_limit=args.memory_limit, config_limit=args.config_limit)
         if args.report_json:
             paths.write_atomically(report.to_json().encode(), args.report_json, force=True)
     except errors.ConversionError as error:
-        if isinstance(error, errors.ParityFailure) and not args.quiet and not args.debug:
-            print(error.report.to_text(args.verbose), file=sys.stderr)
+        if isinstance(error, errors.ParityFailure) and not args.quiet:
+            _say(error.report.to_text(args.verbose))
         return _fail(error, args)
-    except Exception as error:  # noqa: BLE001 - one line, not a traceback, for anything unforeseen
-        if args.debug:
-            raise
-        print(f"keras-gelu-convert: internal error: {type(error).__name__}: {' '.join(str(error).split())[:300]} "
-              "(rerun with --debug for a traceback)", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt:
+        _say("keras-gelu-convert: error: interrupted; nothing written")
+        return 130
     if not args.quiet:
-        print(report.to_text(args.verbose), file=sys.stderr)
+        _say(report.to_text(args.verbose))
     return 0
 
 

@@ -11,6 +11,13 @@ class ConversionError(Exception):
     def __init__(self, message):
         super().__init__(message)
         self.message = message
+        self.traceback = None  # where the sandbox's worker raised it, with --debug
+
+
+class InternalError(ConversionError):
+    """Anything unforeseen in the conversion process: a bug of ours, reported in one line."""
+
+    exit_code = 1
 
 
 class MissingPath(ConversionError):
@@ -64,6 +71,13 @@ class UntrustedModel(ConversionError):
                    "(convert(..., trust_model=True))")
 
 
+class SandboxStopped(ConversionError):
+    """The model tried to reach outside the conversion's sandbox (a file, a connection, a program), which denied
+    it: what the op checks refuse up front, met while it ran (--trust-model, or a check's blind spot)."""
+
+    exit_code = 12
+
+
 class DoesNotFitTarget(ConversionError):
     """The .tflite has ops or tensor types the --target's runtime lacks (found from its op table)."""
 
@@ -80,6 +94,37 @@ class TargetToolFailed(ConversionError):
     """The --target's runtime or compiler is installed but crashed or answered nothing we can read."""
 
     exit_code = 15
+
+
+class TimeLimitExceeded(ConversionError):
+    """The conversion process ran past --time-limit and was stopped."""
+
+    exit_code = 16
+
+
+class MemoryLimitExceeded(ConversionError):
+    """The conversion process used more memory than --memory-limit and was stopped."""
+
+    exit_code = 17
+
+
+class SizeLimitExceeded(ConversionError):
+    """Part of a model file (a Keras config, an archive member) would inflate past its limit (--config-limit,
+    --memory-limit)."""
+
+    exit_code = 18
+
+
+class ConversionCrashed(ConversionError):
+    """The conversion process died (a signal: a crash in TensorFlow or a runtime) or ended without answering."""
+
+    exit_code = 19
+
+
+class NonFiniteWeights(ConversionError):
+    """The model's weights hold NaN or Inf (a training that diverged): its .tflite would compute garbage."""
+
+    exit_code = 20
 
 
 # argparse's own code for bad flags.

@@ -1,4 +1,4 @@
-"""Keep TensorFlow's and LiteRT's native logging off the command line's stderr.
+"""TensorFlow's and LiteRT's native logging: what of it a user sees, and what the converter reads.
 
 TensorFlow's C++ core, the TFLite converter and the TFLite interpreter write
 straight to file descriptor 2, past Python's sys.stderr and past
@@ -6,17 +6,17 @@ TF_CPP_MIN_LOG_LEVEL for everything absl logs before it is initialised: about
 six lines at each import (CUDA probing, oneDNN, CPU instruction notices), one
 per interpreter ("Created TensorFlow Lite XNNPACK delegate"), and the
 converter's MLIR diagnostics, whose substance reaches us in its exception.
+The sandbox's worker writes all of it to its log; the command shows it before
+its report or its one error line.
 
-* `filtered` sends fd 2 to a temporary file while it runs, keeps Python's own
-  stderr on the terminal, and afterwards passes on every native line that is
-  not start-up chatter, so a real native warning or error still shows.
+* `worth_showing` picks the lines of a log a user should see: not CHATTER,
+  not a traceback a library logged and went on from.
 * `discarded` drops fd 2 altogether (around the TFLite converter).
-* `captured` keeps what is written to fd 2, for a runtime whose only account
-  of a failure or a figure is a line it prints there (TFLite Micro).
+* `captured` keeps what is written to a descriptor, for a runtime whose only
+  account of a failure or a figure is a line it prints (TFLite Micro, Vela).
 """
 
 import contextlib
-import io
 import os
 import re
 import sys
@@ -37,33 +37,45 @@ CHATTER = re.compile("|".join((
     r"^([EW]\d{4} |" + _TF_PREFIX + "[EW] ).*\\b(cuda|cuInit|cuDNN|cuFFT|cuBLAS|computation_placer)",
     # oneDNN's kernels for a dtype it leaves to Eigen (int32 shape arithmetic, as in Swin's window masks).
     r"^([EW]\d{4} |" + _TF_PREFIX + "[EW] ).*oneDNN supports \\w+ only on platforms with",
+    # A kernel's failure restated, and the allocator's account of an allocation that failed: the error says it.
+    r"^([EW]\d{4} |" + _TF_PREFIX + "[EW] ).*(OP_REQUIRES failed|bfc_allocator|cpu_allocator|allocator\\.cc)",
 )))
+_TRACEBACK = ("Traceback (most recent call last):", "During handling of the above exception",
+              "The above exception was the direct cause")
+
+
+def worth_showing(lines):
+    """The lines of a conversion process's log worth a user's eyes: not CHATTER, and not a Python traceback
+    that a library logged and went on from (the error that ended the conversion, if any, is one line)."""
+    shown, in_traceback = [], False
+    for line in lines:
+        if line.startswith(_TRACEBACK):
+            in_traceback = True
+        elif in_traceback:
+            in_traceback = line.startswith((" ", "\t"))  # its last line, the exception, is not indented
+        elif line.strip() and not CHATTER.search(line):
+            shown.append(line)
+    return shown
 
 
 @contextlib.contextmanager
-def _fd2_redirected_to(target_fd):
-    """fd 2 goes to `target_fd` within the block; yields a duplicate of the fd 2 it had before."""
-    sys.stderr.flush()
-    previous = os.dup(2)
-    os.dup2(target_fd, 2)
+def _redirected(descriptor, target):
+    """`descriptor` goes to `target` within the block."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    previous = os.dup(descriptor)
+    os.dup2(target, descriptor)
     try:
-        yield previous
+        yield
     finally:
-        os.dup2(previous, 2)
+        os.dup2(previous, descriptor)
         os.close(previous)
-
-
-def _python_stderr_is_fd2():
-    try:
-        return sys.stderr.fileno() == 2
-    except (AttributeError, OSError, ValueError):  # pytest's capture, a StringIO
-        return False
 
 
 @contextlib.contextmanager
 def discarded():
     """Within this block, whatever is written to fd 2 is dropped."""
-    with open(os.devnull, "wb") as devnull, _fd2_redirected_to(devnull.fileno()):
+    with open(os.devnull, "wb") as devnull, _redirected(2, devnull.fileno()):
         yield
 
 
@@ -80,37 +92,16 @@ def converted(converter):
 
 
 @contextlib.contextmanager
-def captured():
-    """Within this block, fd 2 is held back; yields a list that afterwards holds its lines."""
+def captured(descriptors=(2,)):
+    """Within this block, what is written to `descriptors` is held back; yields a list that afterwards holds
+    its lines."""
     lines = []
-    with tempfile.TemporaryFile() as held:
+    with tempfile.TemporaryFile() as held, contextlib.ExitStack() as redirections:
         try:
-            with _fd2_redirected_to(held.fileno()):
-                yield lines
+            for descriptor in descriptors:
+                redirections.enter_context(_redirected(descriptor, held.fileno()))
+            yield lines
         finally:
+            redirections.close()
             held.seek(0)
             lines.extend(line for line in held.read().decode(errors="replace").splitlines() if line.strip())
-
-
-@contextlib.contextmanager
-def filtered(show_all=False):
-    """Within this block, native lines on fd 2 are held back; afterwards all but CHATTER are printed."""
-    if show_all:
-        yield
-        return
-    python_stderr = sys.stderr
-    with tempfile.TemporaryFile() as held:
-        with _fd2_redirected_to(held.fileno()) as terminal:
-            if _python_stderr_is_fd2():
-                sys.stderr = io.TextIOWrapper(os.fdopen(os.dup(terminal), "wb"), line_buffering=True,
-                                              encoding=python_stderr.encoding, errors="backslashreplace")
-            try:
-                yield
-            finally:
-                if sys.stderr is not python_stderr:
-                    sys.stderr.close()
-                    sys.stderr = python_stderr
-        held.seek(0)
-        for line in held.read().decode(errors="replace").splitlines():
-            if line.strip() and not CHATTER.search(line):
-                print(line, file=sys.stderr)

@@ -31,6 +31,11 @@ DEFAULT_DYNAMIC_SIZE = 2
 # island is off by tens of steps.
 DEFAULT_QAT_STEPS = 10.0
 
+# The largest model config (a .keras file's config.json, an .h5 file's model_config) read, in MiB: the
+# configs of the suite's real models (keras-hub backbones, keras.applications) are under 1 MiB; a config that
+# inflates to gigabytes (a zip bomb) is refused before it is read.
+DEFAULT_CONFIG_LIMIT_MIB = 64.0
+
 
 @dataclasses.dataclass
 class Options:
@@ -53,6 +58,9 @@ class Options:
     target: str = None  # targets.TARGETS: the runtime to convert for, which completes mode, exact_as and int8
     allow_cpu_fallback: bool = False  # a target's ops may run on the CPU beside its accelerator
     input_shapes: dict = None  # {input name: static shape} (--input-shape), for dimensions the model leaves open
+    time_limit: float = None  # seconds the contained conversion may take; None: sandbox.limits' default
+    memory_limit: float = None  # GiB it may use; None: sandbox.limits' default
+    config_limit: float = DEFAULT_CONFIG_LIMIT_MIB  # MiB a Keras file's model config may inflate to
 
     def __post_init__(self):
         if self.target is not None:
@@ -62,3 +70,9 @@ class Options:
             raise ValueError("Argument `allow_cpu_fallback` applies to a `target` only. Received: target=None")
         self.mode = self.mode or "builtin"
         self.exact_as = vocabulary.resolve_exact_as(self.mode, self.exact_as)
+        if self.input_shapes:
+            self.input_shapes = {name: tuple(shape) for name, shape in self.input_shapes.items()}
+        for name in ("time_limit", "memory_limit", "config_limit"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"Argument `{name}` must be positive. Received: {name}={value}")

@@ -45,6 +45,8 @@ class Report:
     target: dict = dataclasses.field(default_factory=dict)  # --target: profile, checks, verdict, figures
     seconds: float = 0.0
     stage_seconds: dict = dataclasses.field(default_factory=dict)  # load (and freeze), rewrite, convert, verify
+    containment: str = ""  # what confined the process that read and ran the model (sandbox.worker)
+    peak_bytes: int = 0  # that process's peak resident memory
 
     def note_flex_ops(self):
         """Name the Flex ops left in `ops`, with a warning: most runtimes cannot run them."""
@@ -53,8 +55,23 @@ class Report:
             self.warnings.append("the model uses Flex ops (" + ", ".join(self.flex_ops) + "): the runtime must "
                                  "link the Flex delegate (select TF ops), which most mobile and MCU runtimes do not")
 
+    def to_dict(self):
+        return json.loads(self.to_json())
+
     def to_json(self):
         return json.dumps(dataclasses.asdict(self), indent=2, default=str)
+
+    @classmethod
+    def from_dict(cls, data):
+        """A report from its dict, as the sandbox's worker sends it: its own fields only, each of its type."""
+        values = dict.fromkeys(("input", "kind", "signature", "mode", "exact_as"))
+        for field in dataclasses.fields(cls):
+            value = data.get(field.name)
+            types = (float, int) if field.type is float else (field.type, type(None)) if field.type is str \
+                else field.type
+            if field.name in data and isinstance(value, types) and not (field.type is int and value is True):
+                values[field.name] = value
+        return cls(**values)
 
     def _target_lines(self):
         if not self.target:
@@ -83,6 +100,8 @@ class Report:
                  + (", float16 weights" if self.float16_weights else "")]
         if self.trusted:
             lines.append("model trusted (--trust-model): not checked for code or file-system ops")
+        if self.containment:
+            lines.append(self.containment)
         if self.promoted_to_float32:
             lines.append("half-precision compute graph: recomputed in float32")
         total = sum(entry["count"] for entry in self.gelus)
@@ -124,5 +143,6 @@ class Report:
         lines.extend(self._target_lines())
         lines.extend(f"warning: {warning}" for warning in self.warnings)
         stages = ", ".join(f"{stage} {seconds:.1f}" for stage, seconds in self.stage_seconds.items())
-        lines.append(f"time: {self.seconds:.1f} s" + (f" ({stages})" if verbose and stages else ""))
+        memory = f", peak memory {self.peak_bytes / 2**30:.2f} GiB" if verbose and self.peak_bytes else ""
+        lines.append(f"time: {self.seconds:.1f} s" + (f" ({stages})" if verbose and stages else "") + memory)
         return "\n".join(lines)

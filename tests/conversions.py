@@ -52,3 +52,14 @@ def ids(conversions):
 def keeps_exact_gelu(mode, exact_as):
     """Whether the conversion keeps exact GELU's function: the GELU op, no rewrite, or the erf polynomial."""
     return exact_as in (None, "erf")
+
+
+def convert_here(path, **options):
+    """(tflite bytes, Report) of the conversion pipeline run in this process, outside the sandbox: for the tests
+    that change the pipeline's own parts (monkeypatch), which the sandbox's process, forked from a zygote that
+    imported them before, would not see."""
+    from keras_gelu.converters import paths
+    from keras_gelu.converters.options import Options
+    from keras_gelu.converters.running import pipeline
+
+    return pipeline.convert(path, Options(**options), kind=paths.model_kind(path))

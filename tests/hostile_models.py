@@ -336,6 +336,56 @@ def function_attribute_naming_an_op(sentinel, path):
     return edit_saved_model(innocent_main_op, call_write_file)
 
 
+def dataset_from_graph(sentinel, path):
+    """DatasetFromGraph, a stateless op that is no tf.data op by its signature, with a GraphDef in a string
+    constant: the embedded graph reads the secret and writes a copy of it to the marker."""
+    from tensorflow.core.framework import graph_pb2
+
+    dataset = graph_pb2.GraphDef.FromString(tf.data.Dataset.from_tensors(tf.constant("x"))._as_serialized_graph()
+                                            .numpy())
+    with tf.Graph().as_default() as effects:
+        tf.io.write_file(sentinel.marker, tf.io.read_file(sentinel.secret, name="secret_content"), name="copy")
+    dataset.node.extend(effects.as_graph_def().node)
+    for node in dataset.node:
+        if node.op == "TensorDataset":
+            node.input[0] = "secret_content"
+            node.input.append("^copy")
+    blob = dataset.SerializeToString()
+    module = _Gelu()
+
+    @tf.function(input_signature=[_INPUT])
+    def serving(x):
+        handle = tf.raw_ops.DatasetFromGraph(graph_def=tf.constant(blob))
+        with tf.control_dependencies([handle]):
+            return {"y": tf.nn.gelu(x, approximate=False) * 1.0}
+
+    tf.saved_model.save(module, path, signatures={"serving_default": serving})
+    return path
+
+
+def _aborting(path, exit_without_error):
+    module = _Gelu()
+
+    @tf.function(input_signature=[_INPUT])
+    def serving(x):
+        ends = tf.raw_ops.Abort(error_msg="the model ends the process", exit_without_error=exit_without_error)
+        with tf.control_dependencies([ends]):  # a stateless op the output needs nothing of: kept by this edge
+            return {"y": tf.nn.gelu(x, approximate=False)}
+
+    tf.saved_model.save(module, path, signatures={"serving_default": serving})
+    return path
+
+
+def abort_quietly(sentinel, path):
+    """Abort(exit_without_error=True): the process that runs the model exits 0, having written nothing."""
+    return _aborting(path, True)
+
+
+def abort(sentinel, path):
+    """Abort: the process that runs the model dies of SIGABRT."""
+    return _aborting(path, False)
+
+
 # --- Keras files -----------------------------------------------------------------------------------------
 
 
@@ -412,6 +462,60 @@ def h5_external_link(sentinel, path):
     return path
 
 
+def h5_with_a_zip_appended(sentinel, path):
+    """An .h5 whose Lambda starts a shell that writes the marker, with a zip archive appended that holds a
+    harmless config.json: a check that reads the zip sees a Dense, tf-keras's loader reads the HDF5 part."""
+    import base64
+    import marshal
+    import zipfile
+
+    code = eval(f"lambda x: (__import__('os').system('touch {sentinel.marker}'), x)[1]").__code__  # noqa: S307
+    lambda_layer = {"class_name": "Lambda", "name": "shell", "inbound_nodes": [[["dense", 0, 0, {}]]], "config": {
+        "name": "shell", "trainable": True, "dtype": "float32",
+        "function": [base64.b64encode(marshal.dumps(code)).decode("ascii"), None, None],
+        "function_type": "lambda", "module": "__main__", "output_shape": None, "output_shape_type": "raw",
+        "output_shape_module": None, "arguments": {}}}
+    _op_layer_h5(path, [lambda_layer])
+    import h5py
+
+    with h5py.File(path, "r+") as stream:
+        config = json.loads(stream.attrs["model_config"])
+        config["config"]["output_layers"] = [["shell", 0, 0]]
+        stream.attrs["model_config"] = json.dumps(config)
+    harmless = {"class_name": "Sequential", "config": {"name": "harmless", "layers": []}}
+    with zipfile.ZipFile(path, "a") as archive:  # appends the archive after the HDF5 bytes
+        archive.writestr("config.json", json.dumps(harmless))
+    return path
+
+
+def _keras_archive(path, layer):
+    """A Keras 3 .keras file by hand: a Sequential whose first layer, after its input, is `layer` (a config)."""
+    import zipfile
+
+    config = {"module": "keras", "class_name": "Sequential", "registered_name": None, "config": {
+        "name": "sequential", "layers": [
+            {"module": "keras.layers", "class_name": "InputLayer", "registered_name": None,
+             "config": {"batch_shape": [None], "dtype": "string", "name": "text"}},
+            layer]}}
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("metadata.json", json.dumps({"keras_version": "3.15.0", "date_saved": "2026-12-02"}))
+        archive.writestr("config.json", json.dumps(config))
+    return path
+
+
+def lookup_vocabulary_file(sentinel, path):
+    """A StringLookup whose vocabulary is the secret: building the layer reads it."""
+    return _keras_archive(path, {"module": "keras.layers", "class_name": "StringLookup", "registered_name": None,
+                                 "config": {"name": "lookup", "vocabulary": sentinel.secret}})
+
+
+def keras_hub_tokenizer_file(sentinel, path):
+    """keras-hub's PARSeqTokenizer, its vocabulary the secret: a class the op checks never named."""
+    return _keras_archive(path, {
+        "module": "keras_hub.src.models.parseq.parseq_tokenizer", "class_name": "PARSeqTokenizer",
+        "registered_name": "keras_hub>PARSeqTokenizer", "config": {"name": "tokenizer", "vocabulary": sentinel.secret}})
+
+
 def _select_mode_tflite(function, path):
     """`function` through the stock converter with SELECT_TF_OPS: its TensorFlow ops ship as Flex ops."""
     converter = tf.lite.TFLiteConverter.from_concrete_functions([function.get_concrete_function()])
@@ -468,12 +572,21 @@ SAVED_MODELS = {
     "asset_outside_the_model": asset_outside_the_model,
     "variables_symlink": variables_symlink,
     "function_attribute_naming_an_op": function_attribute_naming_an_op,
+    "dataset_from_graph": dataset_from_graph,
+    "abort_quietly": abort_quietly,
+    "abort": abort,
 }
 H5_FILES = {
     "tf_op_lambda_write_file": tf_op_lambda_write_file,
     "tf_op_lambda_makedirs": tf_op_lambda_makedirs,
     "h5_external_storage": h5_external_storage,
     "h5_external_link": h5_external_link,
+    "h5_with_a_zip_appended": h5_with_a_zip_appended,
+}
+# Keras 3 .keras files (the tf-keras leg has no keras-hub, and reads .keras files of its own format).
+KERAS_FILES = {
+    "lookup_vocabulary_file": lookup_vocabulary_file,
+    "keras_hub_tokenizer_file": keras_hub_tokenizer_file,
 }
 TFLITE_FILES = {
     "flex_write_file": flex_write_file,

@@ -10,6 +10,7 @@ import spelling_models
 import keras_gelu
 from conftest import IS_KERAS3
 from conftest import keras
+from conversions import convert_here
 from gelu_models import every_gelu_functional
 from keras_gelu import converters
 from keras_gelu.converters import cli
@@ -287,7 +288,7 @@ class _TopK(tf.Module):
 
 
 @needs_tflm
-def test_a_runtime_refusal_exits_14(spelling_dirs_small, monkeypatch, tmp_path, capsys):
+def test_a_runtime_refusal_is_target_rejected(spelling_dirs_small, monkeypatch):
     from tflite_micro import runtime
 
     def refusing(*args, **kwargs):
@@ -295,21 +296,18 @@ def test_a_runtime_refusal_exits_14(spelling_dirs_small, monkeypatch, tmp_path, 
         raise RuntimeError("TFLM failed to allocate tensors")
 
     monkeypatch.setattr(runtime.Interpreter, "from_bytes", staticmethod(refusing))
-    output = tmp_path / "m.tflite"
-    code = cli.main([spelling_dirs_small, "--target", "tflm", "-o", str(output)])
-    assert code == errors.TargetRejected.exit_code and not output.exists()
-    assert "TFLite Micro refused the model: Didn't find op for builtin opcode 'LOGISTIC'" in capsys.readouterr().err
+    with pytest.raises(errors.TargetRejected, match="TFLite Micro refused the model: Didn't find op for builtin "
+                                                    "opcode 'LOGISTIC'"):
+        convert_here(spelling_dirs_small, target="tflm")
 
 
 @needs_vela
-def test_a_crashing_compiler_exits_15(spelling_dirs_small, monkeypatch, tmp_path, capsys):
+def test_a_failing_compiler_is_target_tool_failed(spelling_dirs_small, monkeypatch):
     broken = targets.TARGETS["ethos-u55"]
     monkeypatch.setitem(targets.TARGETS, "ethos-u55", targets.dataclasses.replace(
         broken, vela_config=("ethos-u55-999",) + broken.vela_config[1:]))
-    output = tmp_path / "m.tflite"
-    code = cli.main([spelling_dirs_small, "--target", "ethos-u55", "--calibration", "random:8", "-o", str(output)])
-    assert code == errors.TargetToolFailed.exit_code and not output.exists()
-    assert "Vela (ethos-u55-999) failed" in capsys.readouterr().err
+    with pytest.raises(errors.TargetToolFailed, match=r"Vela \(ethos-u55-999\) failed"):
+        convert_here(spelling_dirs_small, target="ethos-u55", calibration="random:8")
 
 
 @pytest.fixture(scope="module")
@@ -319,7 +317,7 @@ def spelling_dirs_small(tmp_path_factory):
 
 def test_without_the_runtime_installed_the_table_check_says_how_to_install_it(spelling_dirs_small, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "tflite_micro", None)  # import fails as if not installed
-    _, report = converters.convert(spelling_dirs_small, target="tflm")
+    _, report = convert_here(spelling_dirs_small, target="tflm")
     assert report.target["runtime_check"] == ("checked against the op table, not run: pip install "
                                               "'keras-gelu[tflm]' to run it in tflm")
     assert "target tflm: TensorFlow Lite for Microcontrollers" in report.to_text()

@@ -4,6 +4,7 @@ import contextlib
 import dataclasses
 import importlib
 import os
+import re
 import sys
 import tempfile
 
@@ -73,11 +74,16 @@ def _saved_model_signature(path, directory, signature, trust_model):
     return loaded, choose_signature(path, loaded.signatures.keys(), signature)
 
 
-def _quantize_scope_if_needed(path):
+# Keras's words, deep in its error, for a class or function a config names and nothing registered defines
+# (Keras 3: "Could not locate class 'X'", tf-keras: "Unknown layer: 'X'").
+_UNKNOWN_CLASS = re.compile(r"(?:Could not locate|Unknown) (class|function|layer|object):? '([^']+)'")
+
+
+def _quantize_scope_if_needed(path, config):
     """keras_gelu's quantize scope for a tf-keras file holding a QAT (tfmot) model, else a no-op."""
     from keras_gelu.flavour import USE_LEGACY_KERAS
 
-    if USE_LEGACY_KERAS and _mentions(path, "QuantizeWrapper"):
+    if USE_LEGACY_KERAS and "QuantizeWrapper" in config:
         try:
             from keras_gelu.qat import quantize_scope
 
@@ -87,32 +93,35 @@ def _quantize_scope_if_needed(path):
     return contextlib.nullcontext()
 
 
-def _mentions(path, marker):
-    """Whether a Keras file's model config names `marker`."""
-    return marker in (trust.keras_file_config(path) or "")
-
-
-def _load_keras_file(path, trust_model):
+def _load_keras_file(path, description, trust_model, config_limit, member_limit):
     """The model of a .keras or .h5 file, loaded as Keras loads it (safe mode unless trusted)."""
     from keras_gelu.flavour import KERAS_FLAVOUR
     from keras_gelu.flavour import keras
 
-    if not trust_model:
-        trust.check_keras_file(path)  # before Keras rebuilds anything; tf-keras's .h5 loader has no safe mode
-
-    scope = _quantize_scope_if_needed(path)  # its own error (tfmot missing) is already a one-line one
+    if not trust_model:  # before Keras rebuilds anything; tf-keras's .h5 loader has no safe mode
+        trust.check_keras_file(description, path, config_limit, member_limit)
+    config = trust.keras_file_config(description, path, config_limit) or ""
+    scope = _quantize_scope_if_needed(description, config)  # its own error (tfmot missing) is already one line
     try:
         with scope:
             return keras.models.load_model(path, compile=False, safe_mode=not trust_model)
     except Exception as error:
         if trust.is_safe_mode_refusal(error):
-            raise trust.refuse_safe_mode(path, error) from None
+            raise trust.refuse_safe_mode(description, error) from None
+        unknown = _UNKNOWN_CLASS.search(str(error))
+        if unknown is not None:
+            raise errors.CorruptModel(
+                f"{description}: cannot load the Keras model: it names {unknown.group(1)} {unknown.group(2)!r}, which "
+                "no installed package defines (a class your program registers as it runs is unknown to the "
+                "conversion's own process: convert the live model, or define the class in an importable module)") \
+                from error
         hint = ""
         if path.endswith(".keras") and KERAS_FLAVOUR != "keras3":
             hint = " (a .keras file from Keras 3 needs TF_USE_LEGACY_KERAS unset)"
-        elif KERAS_FLAVOUR == "keras3" and _mentions(path, "QuantizeWrapper"):
+        elif KERAS_FLAVOUR == "keras3" and "QuantizeWrapper" in config:
             hint = " (a tf-keras quantization-aware model: set TF_USE_LEGACY_KERAS=1, or convert its SavedModel)"
-        raise errors.CorruptModel(f"{path}: cannot load the Keras model{hint} ({first_line(error)})") from error
+        raise errors.CorruptModel(f"{description}: cannot load the Keras model{hint} ({first_line(error)})") \
+            from error
 
 
 def _keras_model_flavour(model):
@@ -207,19 +216,22 @@ def describe(model):
     return f"<{type(model).__name__} {getattr(model, 'name', '?')!r}>"
 
 
-def load(model, signature=None, trust_model=False):
+def load(model, signature=None, trust_model=False, kind=None, name=None, config_limit=None, member_limit=None):
     """Load a path or a live Keras model and freeze its signature; raises errors.ConversionError subclasses.
 
-    Unless `trust_model`, the model is first inspected whole (see trust/) and
-    refused if it carries code or reaches outside the process.
+    A path is a model of `kind` ("SavedModel", ".keras" or ".h5", as paths.model_kind decided it; found here
+    where not given), named `name` in messages. Unless `trust_model`, the model is first inspected whole (see
+    trust/) and refused if it carries code or reaches outside the process; a Keras file's config is read up
+    to `config_limit` bytes, a .keras archive's members up to `member_limit`.
     """
-    description = describe(model)
+    description = name or describe(model)
     if isinstance(model, (str, os.PathLike)):
-        kind = paths.model_kind(description)
+        path = os.fspath(model)
+        kind = kind or paths.model_kind(path)
         if kind == "SavedModel":
-            loaded, key = _saved_model_signature(description, description, signature, trust_model)
+            loaded, key = _saved_model_signature(description, path, signature, trust_model)
             return _source(description, kind, key, loaded.signatures[key])
-        model = _load_keras_file(description, trust_model)
+        model = _load_keras_file(path, description, trust_model, config_limit, member_limit)
     else:
         kind = "Keras model"
     signatures = _keras_signatures(model, description)
@@ -227,6 +239,21 @@ def load(model, signature=None, trust_model=False):
     if not trust_model:  # what the model's layers traced, before any of it runs
         trust.check_graph(description, signatures[key].graph.as_graph_def())
     return _source(description, kind, key, signatures[key])
+
+
+class _FreezingData(convert_to_constants._FunctionConverterDataInEager):
+    """The freezer's view of a function: its graph as traced, not first put through grappler's function inlining,
+    as the freezer's own constructor does. That pass took time quadratic in the depth of nested control flow (80
+    nested tf.cond: 4.7 s of a 5 s load; 150: 27 s), and the freezer follows calls and control flow without it
+    (its converters for PartitionedCall, If, While and Case); inline_function_calls then inlines the calls."""
+
+    def __init__(self, function):  # noqa: super().__init__ is the constructor this one replaces
+        self._func = function
+        graph_def = convert_to_constants.disable_lower_using_switch_merge(function.graph.as_graph_def())
+        for library_function in graph_def.library.function:
+            library_function.attr.pop("api_implements", None)  # as the inlining pass does: one implementation
+        convert_to_constants._ConverterData.__init__(self, graph_def)
+        self._build_tensor_data()
 
 
 def _frozen_graph_def(function):
@@ -243,8 +270,7 @@ def _frozen_graph_def(function):
     fall back to the public API if that ever moves.
     """
     try:
-        data = convert_to_constants._FunctionConverterDataInEager(
-            func=function, lower_control_flow=False, aggressive_inlining=True)
+        data = _FreezingData(function)
         graph_def, _ = convert_to_constants._replace_variables_by_constants(converter_data=data)
         for node in graph_def.node:
             # Names of the functions the node was inlined from: the TFLite
@@ -257,8 +283,25 @@ def _frozen_graph_def(function):
         return frozen.graph.as_graph_def()
 
 
+def _refuse_non_finite_weights(path, function):
+    """NonFiniteWeights for a model whose floating-point variables hold NaN or Inf: the .tflite would compute
+    garbage (and its int8 scales would be NaN), whatever the conversion did."""
+    variables = [variable for variable in function.graph.variables if variable.dtype.is_floating]
+    spoilt = []
+    for variable in variables:
+        count = int(tf.math.count_nonzero(tf.logical_not(tf.math.is_finite(variable))))
+        if count:
+            spoilt.append((variable.name, count, int(tf.size(variable))))
+    if spoilt:
+        name, count, size = spoilt[0]
+        raise errors.NonFiniteWeights(f"{path}: {len(spoilt)} of {len(variables)} weight variables hold NaN or Inf "
+                                      f"(the first, {name}: {count:,} of {size:,} values), as a training that "
+                                      "diverged leaves them; nothing written")
+
+
 def _source(path, kind, signature, function):
     """The Source of a signature function: its inputs and outputs, and its graph frozen."""
+    _refuse_non_finite_weights(path, function)
     input_specs = tf.nest.flatten(function.structured_input_signature)
     input_keys = sorted(function.structured_input_signature[1]) if function.structured_input_signature[1] else [
         spec.name for spec in input_specs]

@@ -9,6 +9,7 @@ import itertools
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
+from tensorflow.core.framework import function_pb2
 from tensorflow.core.framework import graph_pb2
 from tensorflow.core.framework import types_pb2
 from tensorflow.python.framework import function_def_to_graph
@@ -99,10 +100,28 @@ def _copy_under_prefix(target, nodes, prefix, outer_tensors, control_inputs=(), 
     return copies, outer
 
 
+def called_directly(nodes, library):
+    """A FunctionDefLibrary of the functions `nodes` call (by op name, or a call op's `f`) and those they call so,
+    transitively: what turning a body into a graph and inlining its calls need of `library` ({name: FunctionDef}).
+    Not the control flow they name, which transform_control_flow_functions takes function by function: a body
+    that carried the whole library made a deep nest of tf.cond quadratic."""
+    needed, pending = {}, list(nodes)
+    while pending:
+        node = pending.pop()
+        names = [node.op] + ([node.attr["f"].func.name] if node.op in CALL_OPS else [])
+        for name in names:
+            if name in library and name not in needed:
+                needed[name] = library[name]
+                pending.extend(library[name].node_def)
+    result = function_pb2.FunctionDefLibrary()
+    result.function.extend(needed.values())
+    return result
+
+
 @contextlib.contextmanager
 def _functions_known(library):
-    """A default graph that holds `library`: function_def_to_graph looks up there the functions a body's
-    control flow names, and the freezer's renamed copies (..._frozen_...) are known nowhere else."""
+    """A default graph that holds `library`: function_def_to_graph looks up there the functions a body calls by
+    name, and the freezer's renamed copies (..._frozen_...) are known nowhere else."""
     library_only = graph_pb2.GraphDef()
     library_only.library.CopyFrom(library)
     with tf.Graph().as_default():
@@ -125,20 +144,20 @@ def inline_function_calls(graph_def):
             return graph_def
         rename = {}  # canonical 'call:i' -> the inlined tensor
         call_names = set()
-        for index in calls:
-            node = graph_def.node[index]
-            call_names.add(node.name)
-            function = library[node.attr["f"].func.name]
-            with _functions_known(graph_def.library):
+        with _functions_known(graph_def.library):
+            for index in calls:
+                node = graph_def.node[index]
+                call_names.add(node.name)
+                function = library[node.attr["f"].func.name]
                 body, flat_names = function_def_to_graph.function_def_to_graph_def(function)
-            operands = data_inputs(node)
-            arguments = {arg.name: operands[i] for i, arg in enumerate(function.signature.input_arg)}
-            _, outer = _copy_under_prefix(
-                graph_def, body.node, node.name + "/inlined/", arguments,
-                control_inputs=[name for name in node.input if name.startswith("^")],  # the call's own
-                device=node.device)
-            for position, output in enumerate(function.signature.output_arg):
-                rename[f"{node.name}:{position}"] = outer(flat_names[function.ret[output.name]])
+                operands = data_inputs(node)
+                arguments = {arg.name: operands[i] for i, arg in enumerate(function.signature.input_arg)}
+                _, outer = _copy_under_prefix(
+                    graph_def, body.node, node.name + "/inlined/", arguments,
+                    control_inputs=[name for name in node.input if name.startswith("^")],  # the call's own
+                    device=node.device)
+                for position, output in enumerate(function.signature.output_arg):
+                    rename[f"{node.name}:{position}"] = outer(flat_names[function.ret[output.name]])
         for index in reversed(calls):
             del graph_def.node[index]
         for node in graph_def.node:
@@ -178,10 +197,11 @@ def control_flow_functions(graph_def):
 
 
 def _function_as_graph(function, library):
-    """(GraphDef of the body with `library`, its output tensors, its control outputs' node names)."""
-    with _functions_known(library):
-        body, flat_names = function_def_to_graph.function_def_to_graph_def(function)
-    body.library.CopyFrom(library)
+    """(GraphDef of the body with the functions it calls, its output tensors, its control outputs' node names);
+    `library` is {name: FunctionDef}. Within _functions_known of the whole library."""
+    body, flat_names = function_def_to_graph.function_def_to_graph_def(function)
+    del body.library.function[:]  # function_def_to_graph's copies of what the body calls by name, as it was
+    body.library.CopyFrom(called_directly(function.node_def, library))
     outputs = []
     taken = {node.name for node in body.node}
     for arg in function.signature.output_arg:
@@ -246,42 +266,96 @@ def constant_arguments_inlined(graph_def):
     Where every call of the function passes the same Const for an argument,
     and, for a loop, the body hands the argument on unchanged, the body now
     reads a Const node of that value instead (the argument stays, unused).
-    Repeated until nothing changes, so constants reach nested control flow.
+    Functions are settled callers first, so a constant reaches nested control
+    flow in one pass: linear in the graph, however deep the nest.
     In place; returns how many arguments were inlined.
     """
     library = {function.signature.name: function for function in graph_def.library.function}
+    calls = {name: [] for name in library}  # function -> [(holder or None, node)], every call of it
+    for holder, _, nodes in _scopes(graph_def, library):
+        for node in nodes:
+            for name in _functions_named(node):
+                if name in library:
+                    calls[name].append((holder, node))
+    # Whether each loop body hands each argument on, read before any body changes.
+    bodies = {node.attr["body"].func.name for _, _, nodes in _scopes(graph_def, library) for node in nodes
+              if node.op in ("While", "StatelessWhile")}
+    passes_on = {(name, position): handed_on for name in bodies if name in library
+                 for position, handed_on in enumerate(_handed_on(library[name]))}
+    indexes = {}  # holder name -> {node name: node}, made once the holder itself is settled
+
+    def scope_nodes(holder):
+        key = None if holder is None else holder.signature.name
+        if key not in indexes:
+            indexes[key] = {node.name: node for node in (graph_def.node if holder is None else holder.node_def)}
+        return indexes[key]
+
     inlined = 0
-    while True:
-        bindings = {}  # (function, argument position) -> serialized constant, or None where any call differs
-        for holder, scope_nodes, nodes in _scopes(graph_def, library):
-            for node in nodes:
-                called = [node.op] + [value.func.name for value in node.attr.values() if value.HasField("func")]
-                called += [f.name for value in node.attr.values() if value.HasField("list") for f in value.list.func]
-                attributes, skipped = _CONTROL_FLOW_CALLS.get(node.op, ((), 0))
-                analysable = {node.attr[key].func.name for key in attributes if node.attr[key].HasField("func")}
-                analysable |= {f.name for key in attributes for f in node.attr[key].list.func}
-                operands = data_inputs(node)[skipped:]
-                for name in called:
-                    if name not in library:
-                        continue
-                    function = library[name]
-                    for position in range(len(function.signature.input_arg)):
-                        value = None
-                        if name in analysable and position < len(operands):
-                            value = _constant_operand(operands[position], holder, scope_nodes)
-                        if node.op in ("While", "StatelessWhile") and value is not None:
-                            body = library.get(node.attr["body"].func.name)
-                            if body is None or not _passes_on(body, position):
-                                value = None
-                        key = (name, position)
-                        bindings[key] = value if bindings.get(key, value) == value else None
-        changed = 0
-        for (name, position), value in bindings.items():
+    for name in _callers_first(graph_def, library):
+        function = library[name]
+        for position in range(len(function.signature.input_arg)):
+            values = {_call_operand_constant(name, position, holder, node, scope_nodes(holder), passes_on)
+                      for holder, node in calls[name]}
+            value = values.pop() if len(values) == 1 else None
             if value is not None:
-                changed += _inline_argument(library[name], position, value)
-        if not changed:
-            return inlined
-        inlined += changed
+                inlined += _inline_argument(function, position, value)
+    return inlined
+
+
+def _functions_named(node):
+    """The functions a node names: as its op, or in function attributes."""
+    yield node.op
+    for value in node.attr.values():
+        if value.HasField("func"):
+            yield value.func.name
+        elif value.HasField("list"):
+            yield from (function.name for function in value.list.func)
+
+
+def _callers_first(graph_def, library):
+    """Library functions in an order where every caller comes before the functions it names (a reversed
+    depth-first post-order from the graph)."""
+    ordered, visited = [], set()
+
+    def visit(name):
+        stack = [(name, iter(_functions_named_in(library[name])))]
+        visited.add(name)
+        while stack:
+            current, callees = stack[-1]
+            callee = next((callee for callee in callees if callee in library and callee not in visited), None)
+            if callee is None:
+                ordered.append(current)
+                stack.pop()
+            else:
+                visited.add(callee)
+                stack.append((callee, iter(_functions_named_in(library[callee]))))
+
+    for node in graph_def.node:
+        for name in _functions_named(node):
+            if name in library and name not in visited:
+                visit(name)
+    for name in library:
+        if name not in visited:
+            visit(name)
+    return ordered[::-1]
+
+
+def _functions_named_in(function):
+    return (name for node in function.node_def for name in _functions_named(node))
+
+
+def _call_operand_constant(name, position, holder, node, scope_nodes, passes_on):
+    """The serialized constant a call passes the function as argument `position`, or None: a call that is not
+    control flow, a computed operand, or a loop whose body changes the argument."""
+    attributes, skipped = _CONTROL_FLOW_CALLS.get(node.op, ((), 0))
+    analysable = {node.attr[key].func.name for key in attributes if node.attr[key].HasField("func")}
+    analysable |= {function.name for key in attributes for function in node.attr[key].list.func}
+    operands = data_inputs(node)[skipped:]
+    if name not in analysable or position >= len(operands):
+        return None
+    if node.op in ("While", "StatelessWhile") and not passes_on.get((node.attr["body"].func.name, position)):
+        return None
+    return _constant_operand(operands[position], holder, scope_nodes)
 
 
 def _scopes(graph_def, library):
@@ -303,12 +377,11 @@ def _constant_operand(operand, holder, scope_nodes):
     return node.attr["value"].SerializeToString()
 
 
-def _passes_on(body, position):
-    """Whether a loop body returns its argument `position` unchanged as its output `position`."""
-    argument = body.signature.input_arg[position].name
-    output = body.signature.output_arg[position].name
+def _handed_on(body):
+    """For each of a loop body's arguments, whether it returns it unchanged as the output in its position."""
     nodes = {node.name: node for node in body.node_def}
-    return _function_tensor_source(body.ret[output], nodes) == argument
+    return [_function_tensor_source(body.ret[output.name], nodes) == argument.name
+            for argument, output in zip(body.signature.input_arg, body.signature.output_arg)]
 
 
 def _inline_argument(function, position, serialized_value):
@@ -349,8 +422,10 @@ def loop_invariants_recomputed(graph_def):
             body = library.get(node.attr["body"].func.name) if node.op in ("While", "StatelessWhile") else None
             if body is None:
                 continue
+            handed_on = _handed_on(body)
             for position, operand in enumerate(data_inputs(node)):
-                if _passes_on(body, position) and _constant_operand(operand, holder, scope_nodes) is None:
+                if position < len(handed_on) and handed_on[position] \
+                        and _constant_operand(operand, holder, scope_nodes) is None:
                     rewritten += _recomputed(body, position)
     return rewritten
 
@@ -383,13 +458,18 @@ def transform_control_flow_functions(graph_def, transform):
         return graph_def
     result = graph_pb2.GraphDef()
     result.CopyFrom(graph_def)
-    for name in names:
-        position, function = next((index, function) for index, function in enumerate(result.library.function)
-                                  if function.signature.name == name)
-        body, outputs, control_outputs = _function_as_graph(function, result.library)
-        arguments = [arg.name + ":0" for arg in function.signature.input_arg]
-        new_body = transform(body, arguments + outputs + list(control_outputs.values()))
-        result.library.function[position].CopyFrom(_graph_as_function(new_body, function, outputs, control_outputs))
+    positions = {function.signature.name: index for index, function in enumerate(result.library.function)}
+    library = {function.signature.name: function for function in result.library.function}  # updated in place
+    # Every function's signature known once (function_def_to_graph checks the functions a body names): each
+    # body converted within its own import of the library made a deep nest quadratic.
+    with _functions_known(graph_def.library):
+        for name in names:
+            function = library[name]
+            body, outputs, control_outputs = _function_as_graph(function, library)
+            arguments = [arg.name + ":0" for arg in function.signature.input_arg]
+            new_body = transform(body, arguments + outputs + list(control_outputs.values()))
+            result.library.function[positions[name]].CopyFrom(
+                _graph_as_function(new_body, function, outputs, control_outputs))
     return result
 
 

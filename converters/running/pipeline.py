@@ -27,6 +27,8 @@ from ..rewriting import tf_ops_as_builtins
 from ..tflite import equivalent_ops
 from ..tflite import operators
 from ..tflite import signatures
+from ..tflite import validation
+from . import progress
 from . import target_checks
 from . import tflite_input
 from . import verify as parity
@@ -154,30 +156,28 @@ def _summarise(findings):
     return [{"pattern": p, "alpha": a, "became": b, "count": n} for (p, a, b), n in sorted(grouped.items())]
 
 
-def convert(model, **options):
-    """Convert a model to TFLite; returns (tflite bytes, Report).
+def convert(model, options, kind=None, name=None):
+    """Convert a model to TFLite; returns (tflite bytes, Report). Runs the model: in the sandbox's worker for
+    a file (`keras_gelu.converters.convert` is the entry point), in the caller's process for a live model.
 
-    `model` is a SavedModel directory, a .keras or .h5 file, or a live Keras
-    model (Keras 3 or tf-keras; Sequential, functional, or subclassed once
-    built), which is converted through its serving signature.
-
-    Options are those of `Options` (mode, exact_as, signature, float16_weights,
-    verify, inputs, seed, dynamic_size, atol, rtol, max_drift, int8,
-    calibration, int8_io, max_steps, trust_model). Unless trust_model, a
-    model that carries code or reaches outside the process is refused
-    (errors.UntrustedModel) before any of it is loaded or run. Raises a
-    `converters.errors.ConversionError` subclass for user errors, including
-    a parity failure, in which case nothing is returned.
+    `model` is the path of a model file of `kind` (paths.model_kind's, decided outside from its name and
+    content; `name` is how the report names it), or a live Keras model (Keras 3 or tf-keras; Sequential,
+    functional, or subclassed once built), converted through its serving signature. `options` is an
+    `Options`. Unless options.trust_model, a model that carries code or reaches outside the process is
+    refused (errors.UntrustedModel) before any of it is loaded or run. Raises a
+    `converters.errors.ConversionError` subclass for user errors, including a parity failure.
     """
-    options = conversion_options.Options(**options)
-    tflite = tflite_input.read(model)
-    if tflite is not None:
-        return tflite_input.convert(*tflite, options)
+    if kind == ".tflite":
+        progress.entered("load")
+        with open(model, "rb") as stream:
+            return tflite_input.convert(stream.read(), name or model, options)
     started = time.perf_counter()
     stages = dict.fromkeys(("load", "rewrite", "convert", "verify"), 0.0)  # where the time goes
     target = targets.TARGETS.get(options.target)
     with _timed(stages, "load"):
-        source = loading.load(model, options.signature, trust_model=options.trust_model)
+        source = loading.load(model, options.signature, trust_model=options.trust_model, kind=kind, name=name,
+                              config_limit=int(options.config_limit * 2**20),
+                              member_limit=None if options.memory_limit is None else int(options.memory_limit * 2**30))
         parity_inputs, batch_fixed = source.inputs, False  # parity runs on batches of the model's own shapes
         if (target is not None and target.static_shapes) or options.input_shapes:
             source, parity_inputs, batch_fixed = target_checks.with_static_shapes(source, target,
@@ -219,6 +219,7 @@ def convert(model, **options):
 
 @contextlib.contextmanager
 def _timed(stages, stage):
+    progress.entered(stage)
     started = time.perf_counter()
     try:
         yield
@@ -267,6 +268,10 @@ def _converted(serialized, source, requested, options, int8_setup, target, repor
             report.warnings.append(f"not fully integer: {reporting.counted(report.float_ops)} compute in float")
     report.note_flex_ops()
     report.size_bytes = len(tflite_model)
+    invalid = validation.problem(tflite_model)
+    if invalid is not None:  # before any runtime reads it
+        raise errors.ConverterFailed(f"{source.path}: the TFLite converter wrote a .tflite whose {invalid}; "
+                                     "nothing written")
     if target is not None:  # before any runtime sees the model: a refusal here names what does not fit
         report.target["ops"] = target_checks.check(tflite_model, target, options.allow_cpu_fallback)
     return tflite_model
@@ -370,6 +375,11 @@ def _verify(tflite_model, source, reference, options, report, target, arrays, so
         report.fidelity.append(parity.with_steps(fidelity, scale))
         report.drift.append(parity.with_steps(drift, scale))
     report.verified = True
+    garbage = [info.name for info in source.outputs
+               if parity.non_finite_where_finite(tflite_outputs[info.name], source_outputs[info.name])]
+    if garbage:
+        raise errors.ParityFailure(report, f"{source.path}: the .tflite gives NaN or Inf where the original model is "
+                                   f"finite, on output(s) {', '.join(garbage)}; nothing written")
     limit = f"atol {options.atol} + rtol {options.rtol}"
     if options.int8:
         limit = f"{report.tolerance['max_steps']} int8 steps"

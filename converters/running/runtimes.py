@@ -2,8 +2,8 @@
 
 * TFLite Micro (`pip install 'keras-gelu[tflm]'`): the real TFLM interpreter runs the model; we keep its
   outputs for parity and the tensor arena it allocated, which is what an MCU's RAM must hold.
-* Vela (`pip install 'keras-gelu[vela]'`): compiles the model for an Ethos-U NPU and says how many
-  operators run on the NPU and how many fall back to the CPU.
+* Vela (`pip install 'keras-gelu[vela]'`): compiles the model for an Ethos-U NPU, in this process, and says
+  how many operators run on the NPU and how many fall back to the CPU.
 * The GPU delegate's compatibility analyzer, which ships with TensorFlow.
 
 Each returns a `RuntimeCheck`, or None where its tool is not installed.
@@ -14,8 +14,6 @@ import dataclasses
 import io
 import os
 import re
-import subprocess
-import sys
 import tempfile
 
 import numpy as np
@@ -23,6 +21,7 @@ from tensorflow.lite.python import schema_py_generated as schema
 
 from .. import errors
 from .. import native_logs
+from . import progress
 from . import verify
 
 _ARENA_TOTAL = re.compile(r"Arena allocation total (\d+) bytes")
@@ -69,6 +68,7 @@ def run_tflm(tflite_model, samples):
         from tflite_micro import runtime
     except ImportError:
         return None
+    progress.entered("verify: TFLite Micro")
     interpreter = _tflm_interpreter(runtime, tflite_model)
     output_count = schema.Model.GetRootAsModel(tflite_model, 0).Subgraphs(0).OutputsLength()
     input_details = [_litert_style(interpreter.get_input_details(index)) for index in range(len(samples[0]))]
@@ -120,29 +120,41 @@ def _cpu_operator_reasons(printed):
 
 
 def run_vela(tflite_model, vela_config):
-    """Compile for an Ethos-U NPU with Vela; None if it is not installed. Figures: NPU and CPU operator counts."""
+    """Compile for an Ethos-U NPU with Vela; None if it is not installed. Figures: NPU and CPU operator counts.
+
+    Vela runs in this process (the sandbox's worker, which may start no program), its report read from what
+    it prints."""
     try:
         tool = _version("ethos-u-vela")
-    except Exception:  # noqa: BLE001 - importlib.metadata.PackageNotFoundError
+        from ethosu.vela import vela
+    except Exception:  # noqa: BLE001 - importlib.metadata.PackageNotFoundError, ImportError
         return None
+    progress.entered("verify: Vela")
     accelerator, system, memory = vela_config
+    printed = io.StringIO()
     with tempfile.TemporaryDirectory(prefix="keras_gelu_vela_") as directory:
         model = os.path.join(directory, "model.tflite")
         with open(model, "wb") as file:
             file.write(tflite_model)
-        command = [sys.executable, "-c", "import sys; from ethosu.vela.vela import main; sys.exit(main())", model,
-                   "--accelerator-config", accelerator, "--config", "Arm/vela.ini", "--system-config", system,
-                   "--memory-mode", memory, "--output-dir", os.path.join(directory, "out")]
-        try:
-            result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-        except subprocess.TimeoutExpired:
-            raise errors.TargetToolFailed(f"Vela ({accelerator}) ran for more than 10 minutes") from None
-    counts = {kind.lower(): int(count) for kind, count in _VELA_COUNT.findall(result.stdout)}
-    if result.returncode != 0 or set(counts) != {"cpu", "npu"}:
-        last = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[-1]
-        raise errors.TargetToolFailed(f"Vela ({accelerator}) failed (exit {result.returncode}): {last[:300]}")
+        arguments = [model, "--accelerator-config", accelerator, "--config", "Arm/vela.ini", "--system-config",
+                     system, "--memory-mode", memory, "--output-dir", os.path.join(directory, "out")]
+        # Vela's Python prints through sys.stdout, its compiler (regor) writes to descriptor 1
+        with native_logs.captured((1, 2)) as native, contextlib.redirect_stdout(printed), \
+                contextlib.redirect_stderr(printed):
+            try:
+                status = vela.main(arguments)
+            except SystemExit as exit_:  # argparse's way of refusing a flag
+                status = exit_.code
+            except Exception as error:  # noqa: BLE001 - Vela's own failure, in its words
+                status, printed_error = 1, f"{type(error).__name__}: {error}"
+                print(printed_error)
+    text = printed.getvalue() + "\n".join(native)
+    counts = {kind.lower(): int(count) for kind, count in _VELA_COUNT.findall(text)}
+    if status != 0 or set(counts) != {"cpu", "npu"}:
+        last = (text.strip() or "no output").splitlines()[-1]
+        raise errors.TargetToolFailed(f"Vela ({accelerator}) failed (exit {status}): {last[:300]}")
     figures = {"npu_operators": counts["npu"], "cpu_operators": counts["cpu"],
-               "cpu_operator_reasons": _cpu_operator_reasons(result.stdout)}
+               "cpu_operator_reasons": _cpu_operator_reasons(text)}
     return RuntimeCheck(tool, f"Vela {accelerator}: {counts['npu']} operators on the NPU, {counts['cpu']} on the CPU",
                         figures)
 

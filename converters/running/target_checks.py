@@ -11,8 +11,8 @@ from tensorflow.core.framework import graph_pb2
 from .. import errors
 from .. import report as reporting
 from ..rewriting import graph
-from ..tflite import operators
 from ..targets import GUARD_OPS
+from ..tflite import operators
 from . import runtimes
 
 

@@ -20,7 +20,6 @@ ops become builtin; where no runtime here runs Flex, the rewritten .tflite
 runs, but the report says that parity was not checked.
 """
 
-import os
 import time
 
 import tensorflow as tf
@@ -41,6 +40,7 @@ from ..tflite import flatbuffer_model
 from ..tflite import float_islands
 from ..tflite import operators
 from ..tflite import tflite_gelus
+from ..tflite import validation
 from . import target_checks
 from . import verify as parity
 
@@ -54,29 +54,19 @@ _INTEGER_TYPES = (schema.TensorType.INT8, schema.TensorType.INT16)
 _SAME_FUNCTION = {("exact", replacements.ERF_FORM), ("tanh", replacements.TANH_FORM)}
 
 
-def read(model):
-    """(bytes, the name the report gives it) where `model` is a .tflite (bytes, or a path to one), else None."""
-    if isinstance(model, (bytes, bytearray, memoryview)):
-        data = bytes(model)
-        return (data, "<.tflite bytes>") if paths.is_tflite(data) or not data else None
-    if not isinstance(model, (str, os.PathLike)) or not os.path.isfile(model):
-        return None
-    path = os.fspath(model)
-    if not paths.is_tflite_path(path):
-        return None
-    with open(path, "rb") as file:
-        return file.read(), path
-
-
 def _parsed(data, path):
     """The .tflite as a ModelT, else CorruptModel (exit 5). Read before any runtime sees it, to check its Flex
     ops: the object API fails on a corrupt file in whatever way the bytes lead it to."""
     if not paths.is_tflite(data):
         raise errors.CorruptModel(f"{path}: not a .tflite (no TFL3 flatbuffer identifier)")
     try:
-        return flatbuffer_model.as_object(data)
+        model = flatbuffer_model.as_object(data)
     except Exception as error:  # noqa: BLE001 (see above)
         raise errors.CorruptModel(f"{path}: not a valid .tflite ({type(error).__name__} reading it)") from error
+    invalid = validation.problem(data)
+    if invalid is not None:
+        raise errors.CorruptModel(f"{path}: not a valid .tflite: its {invalid}")
+    return model
 
 
 def _interpreter(data, path):
@@ -221,6 +211,10 @@ def convert(data, path, options):
         report.op_types = operators.typed_op_histogram(tflite_model)
         report.float_ops = operators.float_islands(tflite_model)
     report.size_bytes = len(tflite_model)
+    invalid = validation.problem(tflite_model)
+    if invalid is not None:  # before any runtime reads it
+        raise errors.ConverterFailed(f"{path}: the rewritten .tflite's {invalid} (a keras-gelu bug: please report "
+                                     "the model); nothing written")
     if target is not None:
         report.target["ops"] = target_checks.check(tflite_model, target, options.allow_cpu_fallback,
                                                    _dynamic_shape_cause(model, target))

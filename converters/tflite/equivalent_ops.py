@@ -8,9 +8,9 @@ same, so an op the target lacks becomes its twin where the target has that.
 
 from tensorflow.lite.python import schema_py_generated as schema
 
-from . import operators
 from ..targets import TWINS
 from . import flatbuffer_model
+from . import operators
 
 _OPTIONS = {"SELECT": "SelectOptions", "SELECT_V2": "SelectV2Options"}
 

@@ -14,12 +14,20 @@ stateful ops, not a deny-list over the dangerous ones:
   input pipeline reads files and opens connections when it runs;
 * a few ops are allowed only with harmless attributes (`print to stderr, not
   to a file`);
+* an op that carries a program runs it: a function attribute is allowed only
+  on the ops that call it as a plain call or control flow (`CALLS`: the check
+  reads the function's body like any other), and an op whose declared
+  interface holds a graph, a module or a program (`DatasetFromGraph`'s
+  `graph_def`, `MlirPassthroughOp`'s `mlir_module`) is refused, as the check
+  does not open it;
 * an op TensorFlow does not register here is refused: nobody can say what it
   does.
 
 An op TensorFlow adds next year is therefore refused if stateful, until
 someone reads its kernel and lists it, and allowed if pure.
 """
+
+import re
 
 from tensorflow.python.framework import op_def_registry
 
@@ -71,7 +79,18 @@ REACHES_OUTSIDE = {
     "PyFuncStateless": "calls Python code",
     "XlaCustomCall": "calls native code by name",
     "XlaCustomCallV2": "calls native code by name",
+    # Not outside the process, but its end: a conversion would die with it, or exit as if it had succeeded.
+    "Abort": "ends the process",
 }
+
+# The ops that run the functions their attributes name as a plain call or as control flow, bodies the check
+# reads like any other function. Any other op with a function attribute runs it another way (in a dataset, a
+# batch, a remote call, a compiled XLA or TPU program, as a gradient), which the check does not follow.
+CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall", "If", "StatelessIf", "While", "StatelessWhile",
+                   "Case", "StatelessCase"})
+# A string argument or attribute that holds a program by its declared name: a graph, a module, a computation.
+_PROGRAM_ARGUMENT = re.compile(r"(^|_)(graph_def|graph|module|program|computation|function_def)$")
+_STRING = 7  # DataType.DT_STRING
 
 # Ops allowed only when an attribute keeps them inside: (attribute, the test its value must pass, what else).
 _ATTRIBUTE_LIMITS = {
@@ -88,6 +107,18 @@ def _is_tf_data(op_def):
     arguments = list(op_def.input_arg) + list(op_def.output_arg)
     return (any("dataset" in argument.name for argument in arguments)
             or any(attribute.name in ("output_types", "Toutput_types") for attribute in op_def.attr))
+
+
+def _carried_program(op, op_def):
+    """What program the op carries and runs, by its declared interface, or None."""
+    functions = [attribute.name for attribute in op_def.attr if attribute.type in ("func", "list(func)")]
+    if functions and op not in CALLS:
+        return f"runs the function its attribute {functions[0]!r} names in a way the check does not follow"
+    for argument in list(op_def.input_arg) + list(op_def.attr):
+        is_string = getattr(argument, "type", None) in (_STRING, "string", "list(string)")
+        if is_string and _PROGRAM_ARGUMENT.search(argument.name):
+            return f"runs the program its {argument.name!r} holds, which the check does not open"
+    return None
 
 
 def stays_inside_reason(op):
@@ -108,6 +139,9 @@ def refusal(op, attributes=None):
         return REACHES_OUTSIDE[op]
     if _is_tf_data(op_def):
         return "is a tf.data op (input pipelines read files and connect to services when they run)"
+    carried = _carried_program(op, op_def)
+    if carried is not None:
+        return carried
     if op in _ATTRIBUTE_LIMITS:
         name, harmless, effect = _ATTRIBUTE_LIMITS[op]
         value = attributes[name].s.decode(errors="replace") if attributes is not None and name in attributes else ""

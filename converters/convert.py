@@ -1,0 +1,106 @@
+"""`convert`: the converter's entry point, outside the sandbox.
+
+A model in a file, or a .tflite's bytes, is converted in a process of its own that confines itself before it
+reads a byte of the model (`sandbox`), within time and memory limits: here, nothing of it is parsed or run,
+and a crash there is an error here. A live Keras model, your own object, already runs in your process: it is
+converted here, with the op checks.
+"""
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import sys
+import tempfile
+
+from . import native_logs
+from . import paths
+from .options import Options
+from .sandbox import limits
+from .sandbox import supervisor
+
+
+def convert(model, **options):
+    """Convert a model to TFLite; returns (tflite bytes, Report).
+
+    `model` is a SavedModel directory, a .keras, .h5 or .tflite file, a .tflite's bytes, or a live Keras
+    model (Keras 3 or tf-keras; Sequential, functional, or subclassed once built), which is converted through
+    its serving signature.
+
+    Options are those of `Options` (mode, exact_as, signature, float16_weights, verify, inputs, seed,
+    dynamic_size, atol, rtol, max_drift, int8, calibration, int8_io, max_steps, trust_model, target,
+    allow_cpu_fallback, input_shapes, time_limit, memory_limit, config_limit). Unless trust_model, a model
+    that carries code or reaches outside the process is refused (errors.UntrustedModel) before any of it is
+    loaded or run. Raises a `converters.errors.ConversionError` subclass for user errors, a parity failure
+    included, in which case nothing is returned. What TensorFlow printed while converting, its start-up
+    chatter left out, goes to sys.stderr.
+    """
+    options = Options(**options)
+    if _is_live_model(model):
+        return _converted_here(model, options)
+    with _contained(model, options, _printed, debug=False) as (report, output):
+        with open(output, "rb") as stream:
+            return stream.read(), report
+
+
+def convert_to_file(model, output, force=False, log=None, debug=False, **options):
+    """Convert a model file (not a live model) and write the .tflite to `output` atomically, never over a
+    file unless `force`; returns the Report. `log(lines)` gets what TensorFlow printed (default: sys.stderr);
+    with `debug`, an error carries the conversion process's traceback."""
+    options = Options(**options)
+    with _contained(model, options, log or _printed, debug) as (report, converted):
+        paths.copy_atomically(converted, output, force)
+    report.output = output
+    return report
+
+
+def _is_live_model(model):
+    return not isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview))
+
+
+def _converted_here(model, options):
+    from .running import pipeline
+
+    tflite_model, report = pipeline.convert(model, options)
+    report.containment = "not contained: a live model object runs in your own process; op checks only"
+    return tflite_model, report
+
+
+def _printed(lines):
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _contained(model, options, log, debug):
+    """Yields (Report, the .tflite's path in the job's scratch folder), after `log` has had what TensorFlow
+    printed; raises the job's ConversionError after it has."""
+    scratch = tempfile.mkdtemp(prefix="keras_gelu_")
+    try:
+        job = {**_job(model, options, scratch), "debug": debug}
+        outcome = supervisor.run(job, scratch)
+        log(native_logs.worth_showing(outcome.log_lines))
+        if outcome.error is not None:
+            raise outcome.error
+        yield outcome.report, outcome.output
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _job(model, options, scratch):
+    """worker.run's job: where the model is and what it is, what the worker may read, its options and limits."""
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        name, path, kind = "<.tflite bytes>", os.path.join(scratch, "input.tflite"), ".tflite"
+        with open(path, "wb") as stream:
+            stream.write(model)
+    else:
+        name = path = os.fspath(model)
+        kind = paths.model_kind(path)
+        path = os.path.abspath(path)
+    reads = [path] + [os.path.abspath(file) for file in (options.inputs, options.calibration)
+                      if file is not None and not file.startswith("random:")]
+    time_limit, memory_limit, file_limit = limits.resolve(options.time_limit, options.memory_limit,
+                                                          limits.model_bytes(path))
+    options = dataclasses.replace(options, time_limit=time_limit, memory_limit=memory_limit / 2**30)
+    return {"model": path, "kind": kind, "name": name, "options": dataclasses.asdict(options), "reads": reads,
+            "time_limit": time_limit, "memory_limit": memory_limit, "file_limit": file_limit}

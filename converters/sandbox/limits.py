@@ -1,0 +1,43 @@
+"""The bounds a contained conversion runs within: time, memory, and the size of any file it writes.
+
+The defaults serve a real model (keras-hub's GPT-2 at GPT-2 small's width, 124 M parameters, converts in
+about a minute at 8.4 GB here) and stop a hostile one in minutes rather than hours: the time limit grows with
+the model's size on disk, the memory limit is three quarters of the machine's (or its container's) memory,
+and no file the conversion writes (its .tflite, TensorFlow's own temporary files) may pass twice the model's
+size plus 1 GiB. `--time-limit` and `--memory-limit` change the first two.
+"""
+
+import os
+
+TIME_BASE_SECONDS = 300
+TIME_PER_GIB_SECONDS = 300
+MEMORY_SHARE = 0.75
+_GIB = 1 << 30
+
+
+def model_bytes(path):
+    """The bytes of a model file, or of every file in a SavedModel folder."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(path) for name in names
+               if os.path.isfile(os.path.join(folder, name)))
+
+
+def machine_memory_bytes():
+    """The memory this process may use: the machine's, or its cgroup's limit where that is lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as stream:
+                total = min(total, int(stream.read().strip()))
+        except (OSError, ValueError):  # absent, or "max"
+            continue
+    return total
+
+
+def resolve(time_limit, memory_limit_gib, size):
+    """(time limit in seconds, memory limit in bytes, file size cap in bytes) for a model of `size` bytes."""
+    if time_limit is None:
+        time_limit = TIME_BASE_SECONDS + TIME_PER_GIB_SECONDS * size / _GIB
+    memory = MEMORY_SHARE * machine_memory_bytes() if memory_limit_gib is None else memory_limit_gib * _GIB
+    return float(time_limit), int(memory), int(2 * size + _GIB)

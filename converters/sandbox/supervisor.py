@@ -1,0 +1,222 @@
+"""The caller's side of a contained conversion: a zygote to fork from, one job at a time, and what its end means.
+
+Runs in the command's process or a user's program; imports no TensorFlow and runs nothing of the model. It
+keeps one zygote per environment (the variables that change what Python, TensorFlow or Keras load), hands it
+a job, and reads the answer the worker left in the job's scratch folder. A worker that died, was killed at a
+limit, or ended without an answer (its nonce) becomes one ConversionError naming the step it was in.
+"""
+
+import atexit
+import dataclasses
+import json
+import os
+import secrets
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from .. import errors
+from ..report import Report
+
+# Environment variables that change what the zygote imports or how TensorFlow runs: a change starts another.
+# (keras-gelu's own, KERAS_GELU_*, are read here for each job.)
+_ENVIRONMENT_PREFIXES = ("TF_", "KERAS_", "PYTHON", "XLA_", "LD_", "OMP_", "MKL", "HDF5_", "CUDA")
+_OUR_PREFIX = "KERAS_GELU_"
+# How long a zygote may take to import TensorFlow and the converter (a cold disk: tens of seconds).
+_START_SECONDS = 600
+# How much longer than a job's limit the zygote may take to say it ended (it kills at the limit itself).
+_GRACE_SECONDS = 60
+_RESULT_BYTES = 64 << 20
+_LOG_BYTES = 1 << 20
+
+
+@dataclasses.dataclass
+class Outcome:
+    """A finished job: the worker's log lines, and its .tflite (a path in the scratch folder) and report, or the
+    error that says why there is none."""
+
+    log_lines: list
+    report: Report = None
+    output: str = None
+    error: errors.ConversionError = None
+
+
+class _Zygote:
+    def __init__(self, environment):
+        self._log = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "keras_gelu.converters.sandbox.zygote"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._log, env=environment, start_new_session=True, close_fds=True)
+        self._pending = b""
+        event = self.next_event(_START_SECONDS)
+        if event is None or "ready" not in event:
+            raise errors.ConversionCrashed(f"the conversion process could not start: {self._last_words()}")
+
+    def _last_words(self):
+        self._log.seek(0)
+        lines = [line for line in self._log.read().decode(errors="replace").splitlines() if line.strip()]
+        status = self.process.poll()
+        return (lines[-1].strip()[:300] if lines else "no message") + (f" (exit {status})" if status else "")
+
+    def send(self, request):
+        self.process.stdin.write(json.dumps(request).encode() + b"\n")
+        self.process.stdin.flush()
+
+    def next_event(self, timeout):
+        """The zygote's next event, or None if it ended or said nothing within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        descriptor = self.process.stdout.fileno()
+        while b"\n" not in self._pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([descriptor], [], [], remaining)[0]:
+                return None
+            chunk = os.read(descriptor, 1 << 16)
+            if not chunk:
+                return None
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return json.loads(line)
+
+    def alive(self):
+        return self.process.poll() is None
+
+    def close(self):
+        try:
+            self.process.stdin.close()
+            self.process.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.process.kill()
+        self._log.close()
+
+
+_zygotes = {}
+_lock = threading.Lock()
+
+
+def _environment():
+    """The zygote's environment: the caller's, with Keras on TensorFlow, which the converter computes in."""
+    return {**os.environ, "KERAS_BACKEND": "tensorflow"}
+
+
+def _zygote():
+    environment = _environment()
+    key = (sys.executable, tuple(sorted((name, value) for name, value in environment.items()
+                                        if name.startswith(_ENVIRONMENT_PREFIXES) and not name.startswith(_OUR_PREFIX))))
+    zygote = _zygotes.get(key)
+    if zygote is None or not zygote.alive():
+        if zygote is not None:
+            zygote.close()
+        zygote = _zygotes[key] = _Zygote(environment)
+    return zygote
+
+
+@atexit.register
+def _close_zygotes():
+    for zygote in _zygotes.values():
+        zygote.close()
+    _zygotes.clear()
+
+
+def _test_switches():
+    """The two switches the test suite throws, read for each job: KERAS_GELU_SANDBOX=off, to show what the op
+    checks stop alone (never for models you did not make), and KERAS_GELU_TEST_CRASH_AT=<stage>, a worker that
+    dies of SIGSEGV as it enters that step (a runtime that crashes, made to)."""
+    return {"sandbox": os.environ.get("KERAS_GELU_SANDBOX", "").lower() != "off",
+            "crash_at": os.environ.get("KERAS_GELU_TEST_CRASH_AT")}
+
+
+def run(job, scratch):
+    """Run `job` (worker.run's dict, without its nonce) in a worker; its Outcome. `scratch` is the job's folder,
+    which the caller made and removes."""
+    job = {**job, **_test_switches(), "scratch": scratch, "nonce": secrets.token_hex(16)}
+    with _lock:
+        zygote = _zygote()
+        zygote.send({"job": job})
+        try:
+            ended = _wait_for_end(zygote, job)
+        except KeyboardInterrupt:
+            zygote.send({"cancel": True})
+            _wait_for_end(zygote, job)
+            raise
+    return _outcome(job, ended)
+
+
+def _wait_for_end(zygote, job):
+    started = zygote.next_event(_GRACE_SECONDS)
+    ended = started and zygote.next_event(job["time_limit"] + _GRACE_SECONDS)
+    if not ended or "ended" not in ended:
+        zygote.close()  # it will not serve another job
+        _zygotes.clear()
+        return {"status": None, "stopped": None}
+    return ended
+
+
+def _read(path, limit):
+    try:
+        with open(path, "rb") as stream:
+            return stream.read(limit)
+    except OSError:
+        return b""
+
+
+def _outcome(job, ended):
+    scratch = job["scratch"]
+    log_lines = _read(os.path.join(scratch, "log"), _LOG_BYTES).decode(errors="replace").splitlines()
+    stage = _read(os.path.join(scratch, "stage"), 200).decode(errors="replace") or "start-up"
+    name, stopped, status = job["name"], ended["stopped"], ended["status"]
+    if stopped == "time":
+        return Outcome(log_lines, error=errors.TimeLimitExceeded(
+            f"{name}: {stage} ran past the time limit of {job['time_limit']:g} s (--time-limit); nothing written"))
+    if stopped == "memory":
+        return Outcome(log_lines, error=errors.MemoryLimitExceeded(
+            f"{name}: {stage} used more than {job['memory_limit'] / 2**30:.3g} GiB of memory (--memory-limit); "
+            "nothing written"))
+    result = _result(scratch, job["nonce"])
+    if status != 0 or result is None:
+        return Outcome(log_lines, error=errors.ConversionCrashed(f"{name}: {_death(status)} during {stage}, "
+                                                                 "without an answer; nothing written"))
+    report = Report.from_dict(result["report"]) if isinstance(result.get("report"), dict) else None
+    if report is not None:
+        report.peak_bytes = ended.get("peak_bytes", 0)
+    if result.get("status") == "converted" and report is not None:
+        output = os.path.join(scratch, "output.tflite")
+        if os.path.isfile(output):
+            return Outcome(log_lines, report=report, output=output)
+    return Outcome(log_lines, report=report, error=_error(result, report))
+
+
+def _result(scratch, nonce):
+    """The worker's answer, if it is one: JSON naming the job's nonce."""
+    try:
+        result = json.loads(_read(os.path.join(scratch, "result.json"), _RESULT_BYTES))
+    except ValueError:
+        return None
+    return result if isinstance(result, dict) and result.get("nonce") == nonce else None
+
+
+def _death(status):
+    if status is None:
+        return "the conversion process stopped answering"
+    if status < 0:
+        try:
+            return f"the conversion process died of {signal.Signals(-status).name} ({signal.strsignal(-status)})"
+        except ValueError:
+            return f"the conversion process died of signal {-status}"
+    return f"the conversion process ended (exit status {status})"
+
+
+def _error(result, report):
+    """The worker's error as the ConversionError it raised; anything else as an internal error."""
+    message = str(result.get("message", ""))
+    kind = getattr(errors, str(result.get("error")), None)
+    if result.get("status") == "refused" and isinstance(kind, type) and issubclass(kind, errors.ConversionError):
+        error = kind(report, message) if kind is errors.ParityFailure else kind(message)
+    else:
+        error = errors.InternalError(f"internal error: {result.get('error')}: {' '.join(message.split())[:300]} "
+                                     "(rerun with --debug for a traceback)")
+    error.traceback = result.get("traceback")
+    return error

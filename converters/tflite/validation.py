@@ -1,0 +1,68 @@
+"""A .tflite checked before any runtime reads it: the structure a runtime trusts, and numbers it cannot use.
+
+LiteRT's own verifier checks the flatbuffer's layout; what it leaves to the kernels (a NaN quantization scale,
+a zero point off its type's range, a buffer past the file's end, an index past a list) a kernel may meet as
+garbage output or a crash. `problem` finds the first such thing, for the converter's own output (its
+errors.ConverterFailed) and for a .tflite given as input (errors.CorruptModel).
+"""
+
+import math
+
+from tensorflow.lite.python import schema_py_generated as schema
+
+from . import flatbuffer_model
+
+# The zero points each integer type can hold; int16 activations are symmetric (TFLite's 16x8 scheme).
+_ZERO_POINT_RANGES = {getattr(schema.TensorType, name): limits for name, limits in (
+    ("INT8", (-128, 127)), ("UINT8", (0, 255)), ("INT16", (0, 0)), ("INT4", (-8, 7))) if hasattr(schema.TensorType, name)}
+
+
+def problem(tflite_model):
+    """The first thing in the .tflite a runtime must not meet, as a phrase, or None."""
+    try:
+        model = flatbuffer_model.as_object(tflite_model)
+    except Exception as error:  # noqa: BLE001 - the object API fails in whatever way the bytes lead it to
+        return f"its flatbuffer cannot be read ({type(error).__name__})"
+    buffers = model.buffers or []
+    for index, buffer in enumerate(buffers):
+        if buffer.offset and (buffer.offset < 0 or buffer.offset + buffer.size > len(tflite_model)):
+            return f"buffer {index} lies outside the file (offset {buffer.offset}, size {buffer.size})"
+    codes = len(model.operatorCodes or [])
+    for number, subgraph in enumerate(model.subgraphs or []):
+        tensors = subgraph.tensors or []
+        for tensor in tensors:
+            found = _tensor_problem(tensor, len(buffers))
+            if found is not None:
+                return f"tensor {flatbuffer_model.tensor_name(tensor)!r} of subgraph {number} {found}"
+        for index in [*(subgraph.inputs if subgraph.inputs is not None else []),
+                      *(subgraph.outputs if subgraph.outputs is not None else [])]:
+            if not 0 <= index < len(tensors):
+                return f"subgraph {number} names tensor {index}, of {len(tensors)}"
+        for position, operator in enumerate(subgraph.operators or []):
+            if not 0 <= operator.opcodeIndex < codes:
+                return f"operator {position} of subgraph {number} has op code {operator.opcodeIndex}, of {codes}"
+            for index in [*(operator.inputs if operator.inputs is not None else []),
+                          *(operator.outputs if operator.outputs is not None else [])]:
+                if not -1 <= index < len(tensors):
+                    return f"operator {position} of subgraph {number} names tensor {index}, of {len(tensors)}"
+    return None
+
+
+def _tensor_problem(tensor, buffer_count):
+    if not 0 <= tensor.buffer < max(buffer_count, 1):
+        return f"names buffer {tensor.buffer}, of {buffer_count}"
+    if tensor.shape is not None and any(size < 0 for size in tensor.shape):
+        return f"has shape {list(tensor.shape)}"
+    quantization = tensor.quantization
+    scales = [] if quantization is None or quantization.scale is None else list(quantization.scale)
+    zero_points = [] if quantization is None or quantization.zeroPoint is None else list(quantization.zeroPoint)
+    bad = next((scale for scale in scales if not (math.isfinite(scale) and scale > 0)), None)
+    if bad is not None:
+        return f"has quantization scale {bad} (a scale must be finite and positive)"
+    if scales and len(zero_points) not in (len(scales), 1):
+        return f"has {len(scales)} quantization scales but {len(zero_points)} zero points"
+    low, high = _ZERO_POINT_RANGES.get(tensor.type, (-math.inf, math.inf))
+    bad = next((point for point in zero_points if not low <= point <= high), None)
+    if bad is not None and scales:
+        return f"has zero point {bad}, outside [{low}, {high}] for its type"
+    return None
