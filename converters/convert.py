@@ -103,4 +103,4 @@ def _job(model, options, scratch):
                                                           limits.model_bytes(path))
     options = dataclasses.replace(options, time_limit=time_limit, memory_limit=memory_limit / 2**30)
     return {"model": path, "kind": kind, "name": name, "options": dataclasses.asdict(options), "reads": reads,
-            "time_limit": time_limit, "memory_limit": memory_limit, "file_limit": file_limit}
+            "time_limit": time_limit, "memory_limit": memory_limit, "file_limit": file_limit, "cwd": os.getcwd()}

@@ -134,13 +134,17 @@ def inline_function_calls(graph_def):
 
     TensorFlow's freezer leaves calls to XLA-compiled functions (keras_gelu's
     kernels among them) as PartitionedCall nodes; the rewrite has to see their
-    bodies. In place: a copy would hold every weight twice.
+    bodies. Functions nothing names any more are dropped from the library: a
+    control-flow branch an inlined function also called would otherwise seem
+    called with other arguments there. In place: a copy would hold every
+    weight twice.
     """
     library = {function.signature.name: function for function in graph_def.library.function}
     for _ in range(16):  # nested calls: one level per pass
         calls = [index for index, n in enumerate(graph_def.node)
                  if n.op in CALL_OPS and n.attr["f"].func.name in library]
         if not calls:
+            _drop_unnamed_functions(graph_def)
             return graph_def
         rename = {}  # canonical 'call:i' -> the inlined tensor
         call_names = set()
@@ -300,6 +304,25 @@ def constant_arguments_inlined(graph_def):
             if value is not None:
                 inlined += _inline_argument(function, position, value)
     return inlined
+
+
+def _drop_unnamed_functions(graph_def):
+    """Remove, in place, the library functions that neither the graph nor a function it names names (gradient
+    registrations keep theirs)."""
+    library = {function.signature.name: function for function in graph_def.library.function}
+    pending = [name for node in graph_def.node for name in _functions_named(node)]
+    pending += [name for gradient in graph_def.library.gradient
+                for name in (gradient.function_name, gradient.gradient_func)]
+    named = set()
+    while pending:
+        name = pending.pop()
+        if name in library and name not in named:
+            named.add(name)
+            pending.extend(_functions_named_in(library[name]))
+    if len(named) < len(library):
+        kept = [function for function in graph_def.library.function if function.signature.name in named]
+        del graph_def.library.function[:]
+        graph_def.library.function.extend(kept)
 
 
 def _functions_named(node):

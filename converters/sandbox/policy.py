@@ -1,9 +1,9 @@
 """What a contained conversion may do: the rules a worker confines itself to, stated once.
 
 Files (Landlock). It may read the model and the --inputs and --calibration files; the Python installation,
-the folders of the code already loaded (a module Keras imports late must still load) and the shared
-libraries mapped into the process; and the few system files the C library and TensorFlow read about the
-machine and the process itself. It may write its scratch folder, and /dev/null. Nothing else: not the
+the folders of the code already loaded (a module Keras imports late must still load), Keras's settings file
+and the shared libraries mapped into the process; and the few system files the C library and TensorFlow read
+about the machine and the process itself. It may write its scratch folder, and /dev/null. Nothing else: not the
 user's home, not the working directory, not /tmp. Landlock also denies TCP bind and connect, abstract unix
 sockets and signals to any process outside.
 
@@ -94,11 +94,18 @@ def _beneath_any(path, roots):
     return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots if root)
 
 
+def _keras_settings():
+    """Keras's settings file, which tf-keras reads again as a module imported late loads (tfmot's, for a
+    quantization-aware .h5): $KERAS_HOME/keras.json, or ~/.keras/keras.json."""
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    return os.path.join(home, "keras.json")
+
+
 def file_rules(model_reads, scratch):
     """[(path, Landlock rights)]: the model's own files (the model, --inputs, --calibration) and the system's
     to read, the scratch folder to write."""
     reads = {os.path.abspath(path) for path in model_reads}
-    reads |= _python_reads() | _mapped_libraries() | set(SYSTEM_READS)
+    reads |= _python_reads() | _mapped_libraries() | set(SYSTEM_READS) | {_keras_settings()}
     rules = [(path, landlock.READ) for path in sorted(reads)]
     rules += [(path, landlock.READ_FILE | landlock.WRITE_FILE | landlock.TRUNCATE) for path in DEVICE_WRITES]
     rules.append((scratch, landlock.READ_WRITE))

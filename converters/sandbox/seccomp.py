@@ -21,10 +21,17 @@ class _ArgumentTest(ctypes.Structure):  # struct scmp_arg_cmp
 
 
 def _library():
+    """libseccomp, loaded once (find_library runs ldconfig: before any confinement, so at import)."""
+    if isinstance(_LIBRARY, Unavailable):
+        raise _LIBRARY
+    return _LIBRARY
+
+
+def _loaded():
     try:
         library = ctypes.CDLL(ctypes.util.find_library("seccomp") or "libseccomp.so.2")
     except OSError:
-        raise Unavailable("libseccomp is not installed") from None
+        return Unavailable("libseccomp is not installed")
     library.seccomp_init.restype = ctypes.c_void_p
     library.seccomp_init.argtypes = [ctypes.c_uint32]
     library.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
@@ -33,6 +40,9 @@ def _library():
     library.seccomp_load.argtypes = [ctypes.c_void_p]
     library.seccomp_release.argtypes = [ctypes.c_void_p]
     return library
+
+
+_LIBRARY = _loaded()
 
 
 def _test(argument, comparison, *values):

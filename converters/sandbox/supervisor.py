@@ -49,7 +49,8 @@ class _Zygote:
     def __init__(self, environment):
         self._log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "keras_gelu.converters.sandbox.zygote"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "keras_gelu.converters.sandbox.zygote", *_registering_packages()],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log, env=environment, start_new_session=True, close_fds=True)
         self._pending = b""
         event = self.next_event(_START_SECONDS)
@@ -97,6 +98,18 @@ _zygotes = {}
 _lock = threading.Lock()
 
 
+def _registering_packages():
+    """The packages whose classes this process has registered with its Keras (keras-hub's, your own package's):
+    a Keras file names them, and the zygote imports them once rather than each worker for its file."""
+    packages = set()
+    for name in ("keras", "tf_keras"):
+        module = sys.modules.get(name)
+        saving = getattr(module, "saving", None)
+        if saving is not None and hasattr(saving, "get_custom_objects"):
+            packages |= {getattr(value, "__module__", "").split(".")[0] for value in saving.get_custom_objects().values()}
+    return sorted(name for name in packages if name and name != "__main__")
+
+
 def _environment():
     """The zygote's environment: the caller's, with Keras on TensorFlow, which the converter computes in."""
     return {**os.environ, "KERAS_BACKEND": "tensorflow"}
@@ -108,8 +121,7 @@ def _zygote():
                                         if name.startswith(_ENVIRONMENT_PREFIXES) and not name.startswith(_OUR_PREFIX))))
     zygote = _zygotes.get(key)
     if zygote is None or not zygote.alive():
-        if zygote is not None:
-            zygote.close()
+        _close_zygotes()  # one at a time: each holds TensorFlow's memory
         zygote = _zygotes[key] = _Zygote(environment)
     return zygote
 

@@ -38,6 +38,7 @@ def run(job):
 
 def _prepare_process(job):
     scratch = job["scratch"]
+    os.chdir(job["cwd"])  # the caller's: the paths it was given are relative to it
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the zygote's death is ours
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the file size cap a write fails, one clear error
     log = os.open(os.path.join(scratch, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -19,7 +19,7 @@ import sys
 import time
 
 # What every worker runs: the pipeline (which imports TensorFlow, Keras and the layers), and the runtimes a
-# target may run, where they are installed.
+# target may run, where they are installed; then the packages its arguments name.
 PRELOAD = ("keras_gelu.converters.running.pipeline",)
 OPTIONAL = ("ai_edge_litert.interpreter", "tflite_micro", "ethosu.vela.vela", "h5py")
 _POLL_SECONDS = 0.05
@@ -89,10 +89,10 @@ def main():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in PRELOAD:
         importlib.import_module(name)
-    for name in OPTIONAL:
+    for name in OPTIONAL + tuple(sys.argv[1:]):  # the packages the caller's Keras has classes of (supervisor)
         try:
             importlib.import_module(name)
-        except ImportError:
+        except Exception:  # noqa: BLE001 - a package that will not import here is one a worker imports, or not
             pass
     from . import worker
 

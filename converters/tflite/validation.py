@@ -20,13 +20,16 @@ _ZERO_POINT_RANGES = {getattr(schema.TensorType, name): limits for name, limits 
 def problem(tflite_model):
     """The first thing in the .tflite a runtime must not meet, as a phrase, or None."""
     try:
+        root = schema.Model.GetRootAsModel(tflite_model, 0)
+        # A model past 2 GB keeps its buffers after the flatbuffer, at offsets the object API follows unchecked
+        for index in range(root.BuffersLength()):
+            buffer = root.Buffers(index)
+            if buffer.Offset() and buffer.Offset() + buffer.Size() > len(tflite_model):
+                return f"buffer {index} lies outside the file (offset {buffer.Offset()}, size {buffer.Size()})"
         model = flatbuffer_model.as_object(tflite_model)
-    except Exception as error:  # noqa: BLE001 - the object API fails in whatever way the bytes lead it to
+    except Exception as error:  # noqa: BLE001 - the flatbuffer readers fail in whatever way the bytes lead them to
         return f"its flatbuffer cannot be read ({type(error).__name__})"
     buffers = model.buffers or []
-    for index, buffer in enumerate(buffers):
-        if buffer.offset and (buffer.offset < 0 or buffer.offset + buffer.size > len(tflite_model)):
-            return f"buffer {index} lies outside the file (offset {buffer.offset}, size {buffer.size})"
     codes = len(model.operatorCodes or [])
     for number, subgraph in enumerate(model.subgraphs or []):
         tensors = subgraph.tensors or []

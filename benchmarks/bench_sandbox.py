@@ -1,0 +1,135 @@
+"""What the sandbox costs a conversion: the command, and convert() called again and again in one program.
+
+Three ways to convert each model, timed in interleaved rounds (each first in turn), medians of wall time:
+
+* contained: `keras-gelu-convert`, as shipped: the conversion in a worker forked from a zygote, confined by
+  Landlock and seccomp;
+* unconfined: the same command and processes with KERAS_GELU_SANDBOX=off: what Landlock and seccomp alone cost;
+* in one process: TensorFlow imported and the pipeline run in the command's own process, as the command ran
+  before the sandbox: what the zygote, the fork and the answer through files cost.
+
+For a program that converts many models, `convert()` in one process against the pipeline called directly
+(both warm: the zygote started, TensorFlow imported): what each conversion's fork costs.
+
+Models: the suite's small ones (a GELU spelling, a Keras model of keras_gelu layers) and, with --real-width, a
+keras-hub GPT-2 at GPT-2 small's width (124 M parameters, random weights, exported at 1 x 128 tokens).
+Ratios measured in one run on a shared, noisy machine; not a test.
+
+    python benchmarks/bench_sandbox.py [--rounds 5] [--real-width]
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import machine  # noqa: E402
+import timing  # noqa: E402
+
+_COMMAND = os.path.join(os.path.dirname(sys.executable), "keras-gelu-convert")
+_IN_ONE_PROCESS = """
+import sys
+from keras_gelu.converters import paths
+from keras_gelu.converters.options import Options
+from keras_gelu.converters.running import pipeline
+tflite_model, _ = pipeline.convert(sys.argv[1], Options(), kind=paths.model_kind(sys.argv[1]))
+paths.write_atomically(tflite_model, sys.argv[2], force=True)
+"""
+
+
+def small_models(folder):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    import spelling_models
+    import keras_gelu
+    from keras_gelu.flavour import keras
+
+    models = {"GELU spelling (SavedModel)": spelling_models.save("tf_nn_gelu", os.path.join(folder, "spelling"))}
+    inputs = keras.Input((64,))
+    hidden = keras.layers.Dense(256, activation=keras_gelu.GELU())(inputs)
+    hidden = keras_gelu.LearnableGELU()(keras.layers.Dense(256, activation=keras_gelu.gelu_tanh)(hidden))
+    model = keras.Model(inputs, keras.layers.Dense(10)(hidden))
+    models["keras_gelu layers (.keras)"] = os.path.join(folder, "layers.keras")
+    model.save(models["keras_gelu layers (.keras)"])
+    return models
+
+
+def gpt2_small(folder):
+    import keras_hub
+
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768,
+                                             intermediate_dim=3072, max_sequence_length=1024)
+    path = os.path.join(folder, "gpt2_small")
+    import keras
+
+    backbone.export(path, verbose=False, input_signature={
+        "token_ids": keras.InputSpec(shape=(1, 128), dtype="int32"),
+        "padding_mask": keras.InputSpec(shape=(1, 128), dtype="int32")})
+    return path
+
+
+def command_seconds(model, output, how):
+    environment = {**os.environ, "KERAS_GELU_SANDBOX": "off"} if how == "unconfined" else dict(os.environ)
+    argv = ([sys.executable, "-c", _IN_ONE_PROCESS, model, output] if how == "in one process"
+            else [_COMMAND, model, "-o", output, "--force", "-q"])
+    started = time.perf_counter()
+    subprocess.run(argv, check=True, env=environment, capture_output=True)
+    return time.perf_counter() - started
+
+
+def library_seconds(models, rounds):
+    """{model: (median seconds of convert(), of the pipeline called directly)} in this process, both warm."""
+    from keras_gelu import converters
+    from keras_gelu.converters import paths
+    from keras_gelu.converters.options import Options
+    from keras_gelu.converters.running import pipeline
+
+    results = {}
+    for name, path in models.items():
+        calls = {"contained": lambda: converters.convert(path),
+                 "here": lambda: pipeline.convert(path, Options(), kind=paths.model_kind(path))}
+        for call in calls.values():
+            call()  # warm: the zygote started, this process's caches filled
+        medians = timing.call_medians(calls, rounds)
+        results[name] = (medians["contained"], medians["here"])
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--real-width", action="store_true", help="also GPT-2 at GPT-2 small's width")
+    args = parser.parse_args()
+    print(machine.header())
+    with tempfile.TemporaryDirectory() as folder:
+        models = small_models(folder)
+        if args.real_width:
+            models["GPT-2 small width (124 M, SavedModel)"] = gpt2_small(folder)
+        output = os.path.join(folder, "out.tflite")
+        ways = ("contained", "unconfined", "in one process")
+        print(f"\nthe command, median of {args.rounds} interleaved rounds (wall seconds, TensorFlow's import included)")
+        print(f"{'model':42s} {'contained':>10s} {'unconfined':>11s} {'one process':>12s} {'vs unconfined':>14s} "
+              f"{'vs one process':>15s}")
+        for name, path in models.items():
+            samples = {how: [] for how in ways}
+            for round_index in range(args.rounds):
+                for how in timing.in_turn(ways, round_index):
+                    samples[how].append(command_seconds(path, output, how))
+            medians = {how: statistics.median(values) for how, values in samples.items()}
+            print(f"{name:42s} {medians['contained']:10.2f} {medians['unconfined']:11.2f} "
+                  f"{medians['in one process']:12.2f} {medians['contained'] / medians['unconfined']:14.3f} "
+                  f"{medians['contained'] / medians['in one process']:15.3f}")
+        small = {name: path for name, path in models.items() if "GPT-2" not in name}
+        print(f"\nconvert() called again and again in one program, median of {args.rounds} rounds (warm)")
+        print(f"{'model':42s} {'convert()':>10s} {'pipeline here':>14s} {'ratio':>7s}")
+        for name, (contained, here) in library_seconds(small, args.rounds).items():
+            print(f"{name:42s} {contained:10.2f} {here:14.2f} {contained / here:7.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,354 @@
+"""The sandbox, its bounds and its crash isolation: what runs a model can act nowhere outside, hang nothing, crash
+nothing of ours, and fake no success.
+
+* The confinement on its own, in a bare process (no TensorFlow): the policy the worker applies, and every kind
+  of escape it must deny (files, TCP, sockets, programs, processes, signals), beside what it must allow.
+* Bounds: time (a loop of 2^62 trips), memory (a 3 GiB tf.fill), the size a Keras config or archive member
+  inflates to; each one line with its own exit code, nothing written.
+* Crash isolation: a worker made to die of SIGSEGV in each step; the step and the signal named, exit 19.
+* Never garbage: NaN weights refused; a .tflite with a NaN scale, an index past its lists or a buffer past
+  its end refused before any runtime reads it; a .tflite that gives NaN where the model is finite fails parity.
+* Linear in the graph: the transform of nested control flow does work proportional to the nest, not its square.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import spelling_models
+from conftest import IS_KERAS3
+from conftest import keras
+from conversions import convert_here
+from keras_gelu import converters
+from keras_gelu.converters import cli
+from keras_gelu.converters import errors
+from keras_gelu.converters.reading import loading
+from keras_gelu.converters.rewriting import graph
+from keras_gelu.converters.running import pipeline
+from keras_gelu.converters.sandbox import landlock
+from keras_gelu.converters.tflite import flatbuffer_model
+from keras_gelu.converters.tflite import validation
+
+pytestmark = pytest.mark.legs("keras3", "tf_keras")
+
+try:
+    LANDLOCK = landlock.abi_version()
+except landlock.Unavailable:
+    LANDLOCK = None
+needs_landlock = pytest.mark.skipif(LANDLOCK is None, reason="this kernel offers no Landlock")
+
+
+def _last_line(stderr):
+    lines = stderr.strip().splitlines()
+    assert lines and "Traceback" not in stderr, stderr
+    assert lines[-1].startswith("keras-gelu-convert: error: "), stderr
+    return lines[-1]
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    return spelling_models.save("tf_nn_gelu", str(tmp_path_factory.mktemp("small") / "model"))
+
+
+# --- the confinement on its own ----------------------------------------------------------------------------
+
+_PROBE = textwrap.dedent("""
+    import json, os, socket, sys
+    import keras_gelu_launcher
+    keras_gelu_launcher._create_packages_without_running_them()  # no TensorFlow: the policy is plain Python
+    from keras_gelu.converters.sandbox import landlock, policy, seccomp
+    model, scratch, secret, port, parent = sys.argv[1:6]
+    landlock.restrict(policy.file_rules([model], scratch))
+    seccomp.restrict(policy.denied_system_calls(os.getpid()))
+    def attempt(action):
+        try:
+            action()
+            return "allowed"
+        except OSError as error:
+            return "denied"
+    def connect():
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=2):
+            pass
+    results = {
+        "read the model": attempt(lambda: open(model, "rb").read()),
+        "write in the scratch folder": attempt(lambda: open(os.path.join(scratch, "f"), "w").write("x")),
+        "import a module not loaded yet": attempt(lambda: __import__("xml.dom.minidom")),
+        "read the secret": attempt(lambda: open(secret).read()),
+        "list the secret's folder": attempt(lambda: os.listdir(os.path.dirname(secret))),
+        "write beside the secret": attempt(lambda: open(secret + ".copy", "w")),
+        "write in /tmp": attempt(lambda: open("/tmp/keras_gelu_sandbox_probe", "w")),
+        "read the home folder": attempt(lambda: os.listdir(os.path.expanduser("~"))),
+        "connect over TCP": attempt(connect),
+        "open a unix socket": attempt(lambda: socket.socket(socket.AF_UNIX)),
+        "start a program": attempt(lambda: os.execv("/bin/true", ["/bin/true"])),
+        "fork": attempt(os.fork),
+        "signal its parent": attempt(lambda: os.kill(int(parent), 0)),
+    }
+    print(json.dumps(results))
+""")
+
+
+@needs_landlock
+def test_a_confined_process_reaches_its_model_and_scratch_folder_and_nothing_else(tmp_path):
+    """The worker's policy, applied in a bare Python process: everything a model could do outside is denied."""
+    from keras_gelu.converters.sandbox import seccomp
+
+    try:
+        seccomp._library()
+    except seccomp.Unavailable:
+        pytest.skip("no libseccomp here")
+    model, scratch, private = tmp_path / "model.bin", tmp_path / "scratch", tmp_path / "private"
+    model.write_bytes(b"weights")
+    scratch.mkdir()
+    private.mkdir()
+    (private / "secret").write_text("hunter2")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        result = subprocess.run([sys.executable, "-c", _PROBE, str(model), str(scratch), str(private / "secret"),
+                                 str(port), str(os.getpid())], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    results = json.loads(result.stdout)
+    allowed = {"read the model", "write in the scratch folder", "import a module not loaded yet"}
+    assert {what for what, outcome in results.items() if outcome == "allowed"} == allowed, results
+    assert not (private / "secret.copy").exists() and not os.path.exists("/tmp/keras_gelu_sandbox_probe")
+
+
+@needs_landlock
+def test_the_report_says_what_confined_the_conversion(small_model):
+    _, report = converters.convert(small_model)
+    assert report.containment.startswith("contained: Landlock ABI "), report.containment
+    assert report.containment.endswith(" + seccomp") or "seccomp:" in report.containment
+    assert report.containment in report.to_text()
+    assert report.peak_bytes > 0
+
+
+def test_a_live_model_says_it_ran_in_your_process(rng):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="gelu")])
+    _, report = converters.convert(model)
+    assert report.containment.startswith("not contained: a live model object runs in your own process")
+
+
+def test_the_command_never_imports_tensorflow(small_model, tmp_path):
+    """The command's own process reads no model and imports no TensorFlow: a conversion runs in the sandbox."""
+    probe = ("import sys\nfrom keras_gelu_launcher import main\nsys.argv = ['keras-gelu-convert'] + sys.argv[1:]\n"
+             "code = main()\nprint('tensorflow' in sys.modules, 'keras' in sys.modules, code)")
+    output = tmp_path / "m.tflite"
+    result = subprocess.run([sys.executable, "-c", probe, small_model, "-o", str(output), "-q"], capture_output=True,
+                            text=True, timeout=600)
+    assert result.stdout.split() == ["False", "False", "0"], result.stderr
+    assert output.read_bytes()[4:8] == b"TFL3"
+
+
+# --- bounds ------------------------------------------------------------------------------------------------
+
+
+def _saved(tmp_path, name, function):
+    module = tf.Module()
+    path = str(tmp_path / name)
+    tf.saved_model.save(module, path, signatures={"serving_default": tf.function(
+        function, input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])})
+    return path
+
+
+def test_a_loop_that_never_ends_stops_at_the_time_limit(tmp_path, capsys):
+    def forever(x):
+        steps = tf.while_loop(lambda i: i < 2**62, lambda i: i + 1, [tf.constant(0, tf.int64)])
+        return {"y": tf.nn.gelu(x) + tf.cast(steps, tf.float32) * 0.0}
+
+    output = tmp_path / "m.tflite"
+    code = cli.main([_saved(tmp_path, "forever", forever), "-o", str(output), "--time-limit", "3"])
+    line = _last_line(capsys.readouterr().err)
+    assert code == errors.TimeLimitExceeded.exit_code and not output.exists()
+    assert "ran past the time limit of 3 s (--time-limit); nothing written" in line
+
+
+def test_an_allocation_past_the_memory_limit_is_stopped_and_said_in_one_last_line(tmp_path, capsys):
+    def fills(x):
+        return {"y": tf.nn.gelu(x) + tf.reduce_sum(tf.fill([3 * 2**28], 1.0)) * 0.0}  # 3 GiB of float32
+
+    output = tmp_path / "m.tflite"
+    code = cli.main([_saved(tmp_path, "fills", fills), "-o", str(output), "--memory-limit", "2"])
+    stderr = capsys.readouterr().err
+    line = _last_line(stderr)
+    assert code == errors.MemoryLimitExceeded.exit_code and not output.exists(), stderr
+    assert "used more than 2 GiB of memory (--memory-limit); nothing written" in line
+    assert "allocator" not in stderr.lower()
+
+
+def _keras_file_with_config(path, config_bytes):
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("metadata.json", json.dumps({"keras_version": "3.15.0"}))
+        archive.writestr("config.json", config_bytes)
+    return str(path)
+
+
+def test_a_keras_config_that_inflates_past_its_limit_is_refused_before_it_is_read(tmp_path, capsys):
+    """A zip bomb in config.json: 80 MB of JSON in 80 kB. Refused by its declared size, with nothing inflated."""
+    bomb = _keras_file_with_config(tmp_path / "bomb.keras", b'{"class_name": "Sequential", "config": {}}'
+                                   + b" " * (80 << 20))
+    assert os.path.getsize(bomb) < 1 << 20
+    code = cli.main([bomb, "-o", str(tmp_path / "m.tflite")])
+    line = _last_line(capsys.readouterr().err)
+    assert code == errors.SizeLimitExceeded.exit_code
+    assert f"config.json inflates to {(80 << 20) + 42:,} bytes, past the limit of {64 << 20:,} (--config-limit)" in line
+
+
+def test_an_h5_config_past_a_small_limit_is_refused(tmp_path, capsys):
+    import h5py
+
+    path = str(tmp_path / "large_config.h5")
+    with h5py.File(path, "w") as stream:
+        stream.attrs["model_config"] = json.dumps({"class_name": "Sequential", "config": {"pad": "x" * (2 << 20)}})
+    assert cli.main([path, "-o", str(tmp_path / "m.tflite"), "--config-limit", "1"]) == \
+        errors.SizeLimitExceeded.exit_code
+    assert "its model_config inflates to" in _last_line(capsys.readouterr().err)
+
+
+@pytest.mark.skipif(not IS_KERAS3, reason="a .keras archive is Keras 3's")
+def test_an_archive_member_past_the_memory_limit_is_refused_before_it_is_inflated(tmp_path, capsys):
+    path = tmp_path / "member.keras"
+    _keras_file_with_config(path, json.dumps({"class_name": "Sequential", "config": {"name": "s", "layers": []}}))
+    with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as archive, \
+            archive.open("model.weights.h5", "w", force_zip64=True) as member:
+        for _ in range(5):
+            member.write(bytes(1 << 28))  # 1.25 GiB of zeros, a few MB compressed
+    code = cli.main([str(path), "-o", str(tmp_path / "m.tflite"), "--memory-limit", "1"])
+    line = _last_line(capsys.readouterr().err)
+    assert code == errors.SizeLimitExceeded.exit_code, line
+    assert "archive member model.weights.h5 inflates to 1,342,177,280 bytes" in line and "(--memory-limit)" in line
+
+
+# --- crash isolation ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage, options", [
+    ("load", []), ("convert", []), ("verify: LiteRT", []), ("verify: TFLite Micro", ["--target", "tflm"]),
+])
+def test_a_worker_that_dies_of_a_signal_is_one_line_naming_the_step(small_model, stage, options, tmp_path, capsys,
+                                                                    monkeypatch):
+    if stage.endswith("TFLite Micro") and __import__("importlib").util.find_spec("tflite_micro") is None:
+        pytest.skip("tflite-micro is not installed")
+    monkeypatch.setenv("KERAS_GELU_TEST_CRASH_AT", stage)
+    output = tmp_path / "m.tflite"
+    code = cli.main([small_model, "-o", str(output), *options])
+    line = _last_line(capsys.readouterr().err)
+    assert code == errors.ConversionCrashed.exit_code and not output.exists()
+    assert (f"the conversion process died of SIGSEGV (Segmentation fault) during {stage}, without an answer; "
+            "nothing written") in line
+    monkeypatch.delenv("KERAS_GELU_TEST_CRASH_AT")
+    assert cli.main([small_model, "-o", str(output), *options]) == 0  # the zygote serves on
+
+
+# --- never garbage -----------------------------------------------------------------------------------------
+
+
+def test_a_model_whose_weights_diverged_is_refused_naming_how_many_and_the_first(tmp_path, capsys):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="gelu", name="first"),
+                              keras.layers.Dense(2, name="second")])
+    kernel, bias = model.get_layer("first").get_weights()
+    kernel[0, :3] = np.nan
+    model.get_layer("first").set_weights([kernel, bias])
+    with pytest.raises(errors.NonFiniteWeights, match=r"1 of 4 weight variables hold NaN or Inf \(the first, "
+                                                      r"\S*first\S*kernel\S*: 3 of 32 values\)"):
+        converters.convert(model)
+    path = str(tmp_path / ("diverged.keras" if IS_KERAS3 else "diverged.h5"))
+    model.save(path)
+    output = tmp_path / "m.tflite"
+    assert cli.main([path, "-o", str(output), "--int8", "--calibration", "random:4"]) == \
+        errors.NonFiniteWeights.exit_code and not output.exists()
+    assert "weight variables hold NaN or Inf" in _last_line(capsys.readouterr().err)
+
+
+@pytest.fixture(scope="module")
+def int8_tflite(small_model):
+    return converters.convert(small_model, int8=True, calibration="random:8")[0]
+
+
+def _edited(tflite_model, edit):
+    model = flatbuffer_model.as_object(bytearray(tflite_model))  # writable arrays
+    edit(model)
+    return flatbuffer_model.as_bytes(model, len(tflite_model))
+
+
+def _first_quantized(model):
+    return next(tensor for tensor in model.subgraphs[0].tensors if tensor.quantization is not None
+                and tensor.quantization.scale is not None and len(tensor.quantization.scale))
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda model: _first_quantized(model).quantization.scale.__setitem__(0, np.nan), "has quantization scale nan"),
+    (lambda model: _first_quantized(model).quantization.scale.__setitem__(0, -0.5), "has quantization scale -0.5"),
+    (lambda model: _first_quantized(model).quantization.zeroPoint.__setitem__(0, 300), "has zero point 300"),
+    (lambda model: model.subgraphs[0].operators[0].inputs.__setitem__(0, 10_000), "names tensor 10000"),
+    (lambda model: setattr(model.subgraphs[0].operators[0], "opcodeIndex", 99), "has op code 99"),
+    (lambda model: setattr(model.buffers[1], "offset", 1 << 40) or setattr(model.buffers[1], "size", 8),
+     "lies outside the file"),
+])
+def test_a_tflite_a_runtime_must_not_read_is_refused_before_any_does(int8_tflite, edit, problem, tmp_path, capsys):
+    assert validation.problem(int8_tflite) is None
+    broken = _edited(int8_tflite, edit)
+    assert problem in validation.problem(broken)
+    path = tmp_path / "broken.tflite"
+    path.write_bytes(broken)
+    assert cli.main([str(path), "--target", "tflm", "-o", str(tmp_path / "m.tflite")]) == errors.CorruptModel.exit_code
+    assert problem in _last_line(capsys.readouterr().err)
+
+
+def test_a_tflite_that_gives_nan_where_the_model_is_finite_fails_parity(small_model, monkeypatch):
+    """The converter made to write NaN weights: the rewritten graph says so too, but the original model does not."""
+    to_tflite = pipeline.to_tflite
+
+    def poisoned(graph_def, *args, **kwargs):
+        graph_def = tf.compat.v1.GraphDef.FromString(graph_def.SerializeToString())
+        for node in graph_def.node:
+            value = node.attr["value"].tensor if node.op == "Const" else None
+            if value is not None and value.dtype == tf.float32.as_datatype_enum and len(value.tensor_shape.dim) == 2:
+                value.CopyFrom(tf.make_tensor_proto(tf.make_ndarray(value) * np.float32(np.nan)))
+        return to_tflite(graph_def, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "to_tflite", poisoned)
+    with pytest.raises(errors.ParityFailure, match="the .tflite gives NaN or Inf where the original model is finite"):
+        convert_here(small_model)
+
+
+# --- linear in the graph -----------------------------------------------------------------------------------
+
+
+def _nested_conds(tmp_path, depth):
+    def nest(y, level):
+        if level == 0:
+            return tf.nn.gelu(y)
+        return tf.cond(tf.reduce_sum(y) > float(level), lambda: nest(y * 1.01, level - 1), lambda: tf.nn.gelu(y))
+
+    return _saved(tmp_path, f"nest{depth}", lambda x: {"y": nest(x, depth)})
+
+
+def test_the_transform_of_nested_control_flow_is_linear_in_the_nest(tmp_path, monkeypatch):
+    """The functions every graph import holds, summed over loading and freezing a nest: twice the nest, twice the
+    work (a body converted with the whole library, as before, made it four times)."""
+    imported = []
+    import_graph_def = tf.compat.v1.import_graph_def
+
+    def counting(graph_def, *args, **kwargs):
+        imported.append(len(graph_def.library.function) + len(graph_def.node))
+        return import_graph_def(graph_def, *args, **kwargs)
+
+    monkeypatch.setattr(tf.compat.v1, "import_graph_def", counting)
+    work = {}
+    for depth in (8, 16, 32):
+        source = loading.load(_nested_conds(tmp_path, depth), kind="SavedModel")
+        imported.clear()
+        graph.with_passes(source.graph_def, [lambda body: None])  # every control-flow body taken out and put back
+        assert graph.constant_arguments_inlined(source.graph_def) >= 0
+        work[depth] = sum(imported)
+    assert work[16] / work[8] < 2.5 and work[32] / work[16] < 2.5, work
