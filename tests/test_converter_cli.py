@@ -298,16 +298,6 @@ def test_path_errors_come_before_tensorflow_is_imported(argv, exit_code, model_d
     assert line.startswith("keras-gelu-convert: error: ")
 
 
-@pytest.mark.legs("tf_keras", "tf218")  # start-up chatter differs by TensorFlow version, not by Keras
-def test_a_quiet_command_prints_nothing(model_dir, tmp_path):
-    """Quiet, an int8 conversion (TensorFlow's start-up, the converter's and the calibrator's chatter) prints
-    nothing. In a process of its own: the chatter comes at start-up. (A command that is not quiet prints its own
-    lines only: test_converter_backends, whose command is a process anyway.)"""
-    code, stderr = run_command(model_dir, "-o", str(tmp_path / "quiet_int8.tflite"), "-q", "--int8",
-                               "--calibration", "random:4")
-    assert code == 0 and stderr == ""
-
-
 def test_native_warnings_that_are_not_start_up_chatter_are_kept():
     from keras_gelu.converters import native_logs
 

@@ -37,7 +37,8 @@ from keras_gelu.converters.sandbox import landlock
 from keras_gelu.converters.tflite import flatbuffer_model
 from keras_gelu.converters.tflite import validation
 
-pytestmark = pytest.mark.legs("keras3", "tf_keras")
+# One leg: the sandbox is the same for either Keras (the corpus runs in every leg, in test_trust.py).
+pytestmark = pytest.mark.legs("tf_keras")
 
 try:
     LANDLOCK = landlock.abi_version()
@@ -138,14 +139,17 @@ def test_a_live_model_says_it_ran_in_your_process(rng):
     assert report.containment.startswith("not contained: a live model object runs in your own process")
 
 
-def test_the_command_never_imports_tensorflow(small_model, tmp_path):
-    """The command's own process reads no model and imports no TensorFlow: a conversion runs in the sandbox."""
+def test_the_command_imports_no_tensorflow_and_quiet_prints_nothing(small_model, tmp_path):
+    """The command's own process reads no model and imports no TensorFlow: a conversion runs in the sandbox.
+    Quiet, an int8 conversion (TensorFlow's start-up, the converter's and the calibrator's chatter, all in the
+    worker's log) prints nothing. In a process of its own, at TensorFlow's default log level."""
     probe = ("import sys\nfrom keras_gelu_launcher import main\nsys.argv = ['keras-gelu-convert'] + sys.argv[1:]\n"
              "code = main()\nprint('tensorflow' in sys.modules, 'keras' in sys.modules, code)")
     output = tmp_path / "m.tflite"
-    result = subprocess.run([sys.executable, "-c", probe, small_model, "-o", str(output), "-q"], capture_output=True,
-                            text=True, timeout=600)
-    assert result.stdout.split() == ["False", "False", "0"], result.stderr
+    result = subprocess.run([sys.executable, "-c", probe, small_model, "-o", str(output), "-q", "--int8",
+                             "--calibration", "random:4"], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert result.stdout.split() == ["False", "False", "0"] and result.stderr == "", result.stderr
     assert output.read_bytes()[4:8] == b"TFL3"
 
 
@@ -214,7 +218,7 @@ def test_an_h5_config_past_a_small_limit_is_refused(tmp_path, capsys):
     assert "its model_config inflates to" in _last_line(capsys.readouterr().err)
 
 
-@pytest.mark.skipif(not IS_KERAS3, reason="a .keras archive is Keras 3's")
+@pytest.mark.legs("keras3")  # a .keras archive is Keras 3's
 def test_an_archive_member_past_the_memory_limit_is_refused_before_it_is_inflated(tmp_path, capsys):
     path = tmp_path / "member.keras"
     _keras_file_with_config(path, json.dumps({"class_name": "Sequential", "config": {"name": "s", "layers": []}}))
@@ -252,6 +256,7 @@ def test_a_worker_that_dies_of_a_signal_is_one_line_naming_the_step(small_model,
 # --- never garbage -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.legs("keras3", "tf_keras")  # a Keras file of each flavour
 def test_a_model_whose_weights_diverged_is_refused_naming_how_many_and_the_first(tmp_path, capsys):
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="gelu", name="first"),
                               keras.layers.Dense(2, name="second")])

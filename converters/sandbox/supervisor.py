@@ -147,7 +147,12 @@ def run(job, scratch):
     job = {**job, **_test_switches(), "scratch": scratch, "nonce": secrets.token_hex(16)}
     with _lock:
         zygote = _zygote()
-        zygote.send({"job": job})
+        try:
+            zygote.send({"job": job})
+        except OSError:  # it died since: once more, with a new one
+            _close_zygotes()
+            zygote = _zygote()
+            zygote.send({"job": job})
         try:
             ended = _wait_for_end(zygote, job)
         except KeyboardInterrupt:
@@ -158,13 +163,16 @@ def run(job, scratch):
 
 
 def _wait_for_end(zygote, job):
-    started = zygote.next_event(_GRACE_SECONDS)
-    ended = started and zygote.next_event(job["time_limit"] + _GRACE_SECONDS)
-    if not ended or "ended" not in ended:
-        zygote.close()  # it will not serve another job
-        _zygotes.clear()
-        return {"status": None, "stopped": None}
-    return ended
+    """The zygote's {"ended"} event for the job; a zygote that stops answering is closed, and the job said to
+    have stopped answering."""
+    deadline = time.monotonic() + job["time_limit"] + _GRACE_SECONDS
+    while True:
+        event = zygote.next_event(max(deadline - time.monotonic(), 0))
+        if event is None:
+            _close_zygotes()  # it will serve no other job
+            return {"status": None, "stopped": None}
+        if "ended" in event:
+            return event
 
 
 def _read(path, limit):

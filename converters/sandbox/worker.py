@@ -102,36 +102,41 @@ def _stage_writer(scratch, crash_at):
 
 def _converted(job, containment):
     """(result, the .tflite's bytes or None): the pipeline's answer, or its error, as data."""
-    from ..errors import ConversionError
     from ..options import Options
     from ..running import pipeline
     from ..running import progress
 
     progress.listen(_stage_writer(job["scratch"], job["crash_at"]))
-    report = None
     try:
-        options = Options(**job["options"])
-        tflite_model, report = pipeline.convert(job["model"], options, kind=job["kind"], name=job["name"])
-        report.containment = containment
-        return {"status": "converted", "report": report.to_dict()}, tflite_model
+        tflite_model, report = pipeline.convert(job["model"], Options(**job["options"]), kind=job["kind"],
+                                                name=job["name"])
     except Exception as error:  # noqa: BLE001 - an answer, not a dead worker, for anything unforeseen
-        trace = traceback.format_exc()
-        denied = _denial(error) if job["sandbox"] else None
-        report = getattr(error, "report", None)
-        if denied is not None:
-            result = {"status": "refused", "error": "SandboxStopped", "message": (
-                f"{job['name']}: the sandbox stopped the model: it tried to reach a file, a connection or a program "
-                f"outside it ({denied}); nothing written")}
-        elif isinstance(error, ConversionError):
-            result = {"status": "refused", "error": type(error).__name__, "message": error.message}
-        else:
-            result = {"status": "internal", "error": type(error).__name__, "message": str(error)}
+        return _failure(job, error, containment, traceback.format_exc()), None
+    report.containment = containment
+    return {"status": "converted", "report": report.to_dict()}, tflite_model
+
+
+def _failure(job, error, containment, trace):
+    """The result that says why there is no .tflite: a user error by its class, the sandbox's denial behind any
+    error, or an internal error."""
+    from ..errors import ConversionError
+
+    denied = _denial(error) if job["sandbox"] else None
+    if denied is not None:
+        result = {"status": "refused", "error": "SandboxStopped", "message": (
+            f"{job['name']}: the sandbox stopped the model: it tried to reach a file, a connection or a program "
+            f"outside it ({denied}); nothing written")}
+    elif isinstance(error, ConversionError):
+        result = {"status": "refused", "error": type(error).__name__, "message": error.message}
+    else:
+        result = {"status": "internal", "error": type(error).__name__, "message": str(error)}
+    report = getattr(error, "report", None)  # a parity failure's figures
     if report is not None:
         report.containment = containment
         result["report"] = report.to_dict()
     if job["debug"]:
         result["traceback"] = trace
-    return result, None
+    return result
 
 
 # What a denied file or system call becomes: Python's PermissionError (EACCES from Landlock, EPERM from

@@ -62,7 +62,7 @@ def config_text(description, path, limit):
             with h5py.File(path, "r") as stream:
                 # HDF5 compresses no attribute: the config is no larger than the file, and is read to be measured
                 config = stream.attrs.get("model_config")
-            _within(description, "its model_config", len(config) if config is not None else 0, limit,
+            _within(description, "its model_config", len(config) if isinstance(config, (str, bytes)) else 0, limit,
                     "--config-limit")
     except (KeyError, zipfile.BadZipFile):
         return None
