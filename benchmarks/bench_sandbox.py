@@ -67,9 +67,9 @@ def gpt2_small(folder):
     path = os.path.join(folder, "gpt2_small")
     import keras
 
-    backbone.export(path, verbose=False, input_signature={
+    backbone.export(path, verbose=False, input_signature=[{
         "token_ids": keras.InputSpec(shape=(1, 128), dtype="int32"),
-        "padding_mask": keras.InputSpec(shape=(1, 128), dtype="int32")})
+        "padding_mask": keras.InputSpec(shape=(1, 128), dtype="int32")}])
     return path
 
 

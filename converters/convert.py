@@ -48,8 +48,11 @@ def convert_to_file(model, output, force=False, log=None, debug=False, **options
     file unless `force`; returns the Report. `log(lines)` gets what TensorFlow printed (default: sys.stderr);
     with `debug`, an error carries the conversion process's traceback."""
     options = Options(**options)
-    with _contained(model, options, log or _printed, debug) as (report, converted):
-        paths.copy_atomically(converted, output, force)
+    paths.check_output_path(output, force)
+    # The job's folder beside the output: the .tflite is moved into place, not copied (a real model's is GBs)
+    with _contained(model, options, log or _printed, debug, os.path.dirname(os.path.abspath(output))) as (
+            report, converted):
+        paths.move_atomically(converted, output, force)
     report.output = output
     return report
 
@@ -72,10 +75,11 @@ def _printed(lines):
 
 
 @contextlib.contextmanager
-def _contained(model, options, log, debug):
-    """Yields (Report, the .tflite's path in the job's scratch folder), after `log` has had what TensorFlow
-    printed; raises the job's ConversionError after it has."""
-    scratch = tempfile.mkdtemp(prefix="keras_gelu_")
+def _contained(model, options, log, debug, scratch_parent=None):
+    """Yields (Report, the .tflite's path in the job's scratch folder, made in `scratch_parent` or the system's
+    temporary folder), after `log` has had what TensorFlow printed; raises the job's ConversionError after it
+    has."""
+    scratch = tempfile.mkdtemp(prefix=".keras_gelu_", dir=scratch_parent)
     try:
         job = {**_job(model, options, scratch), "debug": debug}
         outcome = supervisor.run(job, scratch)

@@ -4,7 +4,6 @@ No TensorFlow here: the command line runs these checks before importing it.
 """
 
 import os
-import shutil
 import tempfile
 import zipfile
 
@@ -111,10 +110,18 @@ def write_atomically(data, output, force):
     _written_atomically(lambda stream: stream.write(data), output, force)
 
 
-def copy_atomically(source, output, force):
-    """Copy the file `source` to `output` as write_atomically writes, a chunk at a time (a .tflite may pass 2 GB)."""
-    with open(source, "rb") as data:
-        _written_atomically(lambda stream: shutil.copyfileobj(data, stream, 1 << 24), output, force)
+def move_atomically(source, output, force):
+    """Move the file `source`, in `output`'s folder, to `output`: as write_atomically, never over a file without
+    `force`; with the mode any new file of the user's gets."""
+    os.chmod(source, 0o666 & ~_current_umask())
+    if force:
+        os.replace(source, output)
+        return
+    try:
+        os.link(source, output)  # fails, atomically, if the output appeared meanwhile
+    except FileExistsError:
+        raise errors.OutputExists(f"{output}: exists; pass --force to overwrite it") from None
+    os.unlink(source)
 
 
 def _written_atomically(write, output, force):

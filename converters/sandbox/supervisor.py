@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import secrets
-import select
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import time
 
 from .. import errors
 from ..report import Report
+from . import channel
 
 # Environment variables that change what the zygote imports or how TensorFlow runs: a change starts another.
 # (keras-gelu's own, KERAS_GELU_*, are read here for each job.)
@@ -52,7 +52,7 @@ class _Zygote:
             [sys.executable, "-m", "keras_gelu.converters.sandbox.zygote", *_registering_packages()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log, env=environment, start_new_session=True, close_fds=True)
-        self._pending = b""
+        self._events = channel.Lines(self.process.stdout.fileno())
         event = self.next_event(_START_SECONDS)
         if event is None or "ready" not in event:
             raise errors.ConversionCrashed(f"the conversion process could not start: {self._last_words()}")
@@ -64,23 +64,11 @@ class _Zygote:
         return (lines[-1].strip()[:300] if lines else "no message") + (f" (exit {status})" if status else "")
 
     def send(self, request):
-        self.process.stdin.write(json.dumps(request).encode() + b"\n")
-        self.process.stdin.flush()
+        channel.send(self.process.stdin, request)
 
     def next_event(self, timeout):
         """The zygote's next event, or None if it ended or said nothing within `timeout` seconds."""
-        deadline = time.monotonic() + timeout
-        descriptor = self.process.stdout.fileno()
-        while b"\n" not in self._pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([descriptor], [], [], remaining)[0]:
-                return None
-            chunk = os.read(descriptor, 1 << 16)
-            if not chunk:
-                return None
-            self._pending += chunk
-        line, _, self._pending = self._pending.partition(b"\n")
-        return json.loads(line)
+        return self._events.next(timeout)
 
     def alive(self):
         return self.process.poll() is None

@@ -11,12 +11,12 @@ It talks to the supervisor in JSON lines: jobs and cancellations on stdin; {"rea
 """
 
 import importlib
-import json
 import os
-import select
 import signal
 import sys
 import time
+
+from . import channel
 
 # What every worker runs: the pipeline (which imports TensorFlow, Keras and the layers), and the runtimes a
 # target may run, where they are installed; then the packages its arguments name.
@@ -27,29 +27,7 @@ _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 def _say(event):
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
-
-
-class _Requests:
-    """The supervisor's lines on stdin, read from the descriptor itself: a line that came while a worker runs
-    must show to select(), not wait in a buffer."""
-
-    def __init__(self):
-        self._pending = b""
-
-    def waiting(self, timeout):
-        return b"\n" in self._pending or bool(select.select([0], [], [], timeout)[0])
-
-    def next(self):
-        """The next request (a dict), or None at the end of input."""
-        while b"\n" not in self._pending:
-            chunk = os.read(0, 1 << 16)
-            if not chunk:
-                return None
-            self._pending += chunk
-        line, _, self._pending = self._pending.partition(b"\n")
-        return json.loads(line)
+    channel.send(sys.stdout.buffer, event)
 
 
 def resident_bytes(pid):
@@ -61,25 +39,39 @@ def resident_bytes(pid):
         return 0
 
 
+def _end_of(pid):
+    """A descriptor readable once the process has ended (Linux 5.3 and later), so that a short job's end is seen
+    at once rather than at the next poll; None where the kernel has none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 def _watched(pid, time_limit, memory_limit, requests):
     """Wait for the worker to end, killing it at a limit or on request; the {"ended"} event."""
     started = time.monotonic()
     stopped, peak = None, 0
-    while True:
-        ended, status, usage = os.wait4(pid, os.WNOHANG)
-        if ended:
-            break
-        peak = max(peak, resident_bytes(pid))
-        if time.monotonic() - started > time_limit:
-            stopped = "time"
-        elif peak > memory_limit:
-            stopped = "memory"
-        elif requests.waiting(_POLL_SECONDS):
-            stopped = "cancelled" if requests.next() is not None else "caller gone"
-        if stopped is not None:
-            os.kill(pid, signal.SIGKILL)
-            _, status, usage = os.wait4(pid, 0)
-            break
+    ending = _end_of(pid)
+    try:
+        while True:
+            ended, status, usage = os.wait4(pid, os.WNOHANG)
+            if ended:
+                break
+            peak = max(peak, resident_bytes(pid))
+            if time.monotonic() - started > time_limit:
+                stopped = "time"
+            elif peak > memory_limit:
+                stopped = "memory"
+            elif requests.waiting(_POLL_SECONDS, also=() if ending is None else (ending,)):
+                stopped = "cancelled" if requests.next() is not None else "caller gone"
+            if stopped is not None:
+                os.kill(pid, signal.SIGKILL)
+                _, status, usage = os.wait4(pid, 0)
+                break
+    finally:
+        if ending is not None:
+            os.close(ending)
     return {"ended": pid, "status": os.waitstatus_to_exitcode(status), "stopped": stopped,
             "seconds": time.monotonic() - started, "peak_bytes": max(peak, usage.ru_maxrss * 1024)}
 
@@ -97,7 +89,7 @@ def main():
     from . import worker
 
     _say({"ready": os.getpid()})
-    requests = _Requests()
+    requests = channel.Lines(0)
     while True:
         request = requests.next()
         if request is None:
