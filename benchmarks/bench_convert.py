@@ -56,9 +56,12 @@ def child(kind, directory):
     if kind == "plain":
         tflite_model = tf.lite.TFLiteConverter.from_saved_model(directory).convert()
     else:
-        from keras_gelu import converters
+        # The pipeline in this process, as the stock converter runs in its: the sandbox's own cost is
+        # bench_sandbox's subject.
+        from keras_gelu.converters.options import Options
+        from keras_gelu.converters.running import pipeline
 
-        tflite_model, _ = converters.convert(directory, mode=kind, verify=False)
+        tflite_model, _ = pipeline.convert(directory, Options(mode=kind, verify=False), kind="SavedModel")
     seconds = time.perf_counter() - started
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"seconds": seconds, "peak_mib": peak_mib, "bytes": len(tflite_model)}))

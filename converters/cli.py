@@ -9,7 +9,9 @@ installed command goes through keras_gelu_launcher, which keeps keras_gelu's own
 
 import argparse
 import re
+import shutil
 import sys
+import time
 
 from keras_gelu import vocabulary
 
@@ -179,6 +181,34 @@ def _say(text):
     print(_UNPRINTABLE.sub(lambda match: f"\\x{ord(match.group()):02x}", text), file=sys.stderr)
 
 
+class _ProgressLine:
+    """On a terminal, one line of stderr naming the step and the time so far, rewritten in place from a few
+    seconds in, and cleared before anything else is printed; nothing on a pipe or a file."""
+
+    _AFTER_SECONDS = 3.0
+
+    def __init__(self, stream):
+        self._stream, self._started, self._shown = stream, time.monotonic(), ""
+        self.enabled = stream.isatty()
+
+    def __call__(self, step):
+        elapsed = time.monotonic() - self._started
+        if not self.enabled or elapsed < self._AFTER_SECONDS:
+            return
+        text = _UNPRINTABLE.sub("?", f"keras-gelu-convert: {step}, {elapsed:.0f} s")
+        text = text[:shutil.get_terminal_size().columns - 1]  # a line that wraps cannot be rewritten in place
+        if text != self._shown:
+            self._stream.write("\r" + text + "\x1b[K")
+            self._stream.flush()
+            self._shown = text
+
+    def clear(self):
+        if self._shown:
+            self._stream.write("\r\x1b[K")
+            self._stream.flush()
+            self._shown = ""
+
+
 def _fail(error, args):
     """Print a user error as one line, the last; its exit code."""
     if args.debug and error.traceback:
@@ -206,7 +236,11 @@ def run(args):
     """Convert, verify and write, in the sandbox; the exit code."""
     from .convert import convert_to_file
 
+    progress = _ProgressLine(sys.stderr)
+    progress.enabled = progress.enabled and not args.quiet
+
     def log(lines):
+        progress.clear()
         for line in lines if args.verbose or args.debug else [] if args.quiet else native_logs.worth_showing(lines):
             _say(line)
 
@@ -218,14 +252,16 @@ def run(args):
             rtol=args.rtol, max_drift=args.max_drift, int8=args.int8, calibration=args.calibration,
             int8_io=args.int8_io, max_steps=args.max_steps, trust_model=args.trust_model, target=args.target,
             allow_cpu_fallback=args.allow_cpu_fallback, input_shapes=args.input_shapes, time_limit=args.time_limit,
-            memory_limit=args.memory_limit, config_limit=args.config_limit)
+            memory_limit=args.memory_limit, config_limit=args.config_limit, progress=progress)
         if args.report_json:
             paths.write_atomically(report.to_json().encode(), args.report_json, force=True)
     except errors.ConversionError as error:
+        progress.clear()
         if isinstance(error, errors.ParityFailure) and not args.quiet:
             _say(error.report.to_text(args.verbose))
         return _fail(error, args)
     except KeyboardInterrupt:
+        progress.clear()
         _say("keras-gelu-convert: error: interrupted; nothing written")
         return 130
     if not args.quiet:

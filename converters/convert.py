@@ -15,6 +15,7 @@ import tempfile
 
 from . import native_logs
 from . import paths
+from . import targets
 from .options import Options
 from .sandbox import limits
 from .sandbox import supervisor
@@ -43,15 +44,16 @@ def convert(model, **options):
             return stream.read(), report
 
 
-def convert_to_file(model, output, force=False, log=None, debug=False, **options):
+def convert_to_file(model, output, force=False, log=None, debug=False, progress=None, **options):
     """Convert a model file (not a live model) and write the .tflite to `output` atomically, never over a
     file unless `force`; returns the Report. `log(lines)` gets what TensorFlow printed (default: sys.stderr);
-    with `debug`, an error carries the conversion process's traceback."""
+    with `debug`, an error carries the conversion process's traceback; `progress(step)`, if given, hears the
+    step the conversion is in every half second."""
     options = Options(**options)
     paths.check_output_path(output, force)
     # The job's folder beside the output: the .tflite is moved into place, not copied (a real model's is GBs)
-    with _contained(model, options, log or _printed, debug, os.path.dirname(os.path.abspath(output))) as (
-            report, converted):
+    with _contained(model, options, log or _printed, debug, os.path.dirname(os.path.abspath(output)),
+                    progress) as (report, converted):
         paths.move_atomically(converted, output, force)
     report.output = output
     return report
@@ -75,14 +77,14 @@ def _printed(lines):
 
 
 @contextlib.contextmanager
-def _contained(model, options, log, debug, scratch_parent=None):
+def _contained(model, options, log, debug, scratch_parent=None, progress=None):
     """Yields (Report, the .tflite's path in the job's scratch folder, made in `scratch_parent` or the system's
     temporary folder), after `log` has had what TensorFlow printed; raises the job's ConversionError after it
     has."""
     scratch = tempfile.mkdtemp(prefix=".keras_gelu_", dir=scratch_parent)
     try:
         job = {**_job(model, options, scratch), "debug": debug}
-        outcome = supervisor.run(job, scratch)
+        outcome = supervisor.run(job, scratch, progress)
         log(native_logs.worth_showing(outcome.log_lines))
         if outcome.error is not None:
             raise outcome.error
@@ -106,5 +108,7 @@ def _job(model, options, scratch):
     time_limit, memory_limit, file_limit = limits.resolve(options.time_limit, options.memory_limit,
                                                           limits.model_bytes(path))
     options = dataclasses.replace(options, time_limit=time_limit, memory_limit=memory_limit / 2**30)
+    target = targets.TARGETS.get(options.target)
     return {"model": path, "kind": kind, "name": name, "options": dataclasses.asdict(options), "reads": reads,
-            "time_limit": time_limit, "memory_limit": memory_limit, "file_limit": file_limit, "cwd": os.getcwd()}
+            "time_limit": time_limit, "memory_limit": memory_limit, "file_limit": file_limit, "cwd": os.getcwd(),
+            "preload": list(target.verifier_modules) if target is not None and options.verify else []}

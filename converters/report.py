@@ -47,6 +47,7 @@ class Report:
     stage_seconds: dict = dataclasses.field(default_factory=dict)  # load (and freeze), rewrite, convert, verify
     containment: str = ""  # what confined the process that read and ran the model (sandbox.worker)
     peak_bytes: int = 0  # that process's peak resident memory
+    stage_peak_bytes: dict = dataclasses.field(default_factory=dict)  # {step: peak resident memory seen in it}
 
     def note_flex_ops(self):
         """Name the Flex ops left in `ops`, with a warning: most runtimes cannot run them."""
@@ -144,5 +145,7 @@ class Report:
         lines.extend(f"warning: {warning}" for warning in self.warnings)
         stages = ", ".join(f"{stage} {seconds:.1f}" for stage, seconds in self.stage_seconds.items())
         memory = f", peak memory {self.peak_bytes / 2**30:.2f} GiB" if verbose and self.peak_bytes else ""
+        if memory and self.stage_peak_bytes:
+            memory += " (" + ", ".join(f"{stage} {peak / 2**30:.2f}" for stage, peak in self.stage_peak_bytes.items()) + ")"
         lines.append(f"time: {self.seconds:.1f} s" + (f" ({stages})" if verbose and stages else "") + memory)
         return "\n".join(lines)

@@ -126,6 +126,11 @@ class Target:
         """Whether the runtime has the ops of keras_gelu's inf/NaN guards (else they are dropped: NaN at +-inf)."""
         return self.ops is None or all(op in self.ops or TWINS.get(op) in self.ops for op in GUARD_OPS)
 
+    @property
+    def verifier_modules(self):
+        """The Python modules its runtime check imports (runtimes.py), where they are installed."""
+        return {"tflm": ("tflite_micro.runtime",), "vela": ("ethosu.vela.vela",)}.get(self.verifier, ())
+
 
 TARGETS = {target.name: target for target in (
     Target("tflm", "TensorFlow Lite for Microcontrollers", TFLM_OPS, ("builtin",), ("sigmoid", "tanh", "erf"),

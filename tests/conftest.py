@@ -9,6 +9,7 @@ for keras.distribution.DataParallel.
 """
 
 import os
+import pty
 import subprocess
 import sys
 
@@ -57,14 +58,39 @@ def pytest_collection_modifyitems(config, items):
             assert set(marker.args) <= set(LEGS), marker.args
             item.add_marker(pytest.mark.skip(reason=f"runs in the {' and '.join(marker.args)} leg(s)"))
 
-def run_command(*argv, **environment):
+def run_command(*argv, terminal=False, **environment):
     """The installed keras-gelu-convert in a process of its own, as a user's shell runs it: at TensorFlow's
     default log level (the suite's is quieter), so that the native chatter the command filters is there, with
-    `environment` added; (exit code, stderr)."""
+    `environment` added; (exit code, stderr). With `terminal`, its stderr is a terminal's (see on_a_terminal)."""
     command = os.path.join(os.path.dirname(sys.executable), "keras-gelu-convert")
-    result = subprocess.run([command, *argv], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0", **environment})
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0", **environment}
+    if terminal:
+        code, _, shown = on_a_terminal([command, *argv], environment)
+        return code, shown
+    result = subprocess.run([command, *argv], capture_output=True, text=True, timeout=600, env=environment)
     return result.returncode, result.stderr
+
+
+def on_a_terminal(argv, environment):
+    """Run argv with its stderr on a pseudo-terminal and its stdout on a pipe: (exit code, stdout, what the
+    terminal received, its line ends made "\n")."""
+    terminal, its_end = pty.openpty()
+    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=its_end,
+                          env=environment) as process:
+        os.close(its_end)
+        received = []
+        while True:
+            try:
+                chunk = os.read(terminal, 1 << 16)
+            except OSError:  # EIO: the last process that had the terminal closed it
+                break
+            if not chunk:
+                break
+            received.append(chunk)
+        os.close(terminal)
+        stdout = process.stdout.read().decode()
+        code = process.wait(timeout=600)
+    return code, stdout, b"".join(received).decode(errors="replace").replace("\r\n", "\n")
 
 
 keras3_only = pytest.mark.skipif(not IS_KERAS3, reason="Keras 3 API (TF_USE_LEGACY_KERAS unset)")

@@ -72,13 +72,35 @@ def test_report_json_and_quiet(model_dir, capsys, tmp_path):
     assert list(stages) == ["load", "rewrite", "convert", "verify"]
     assert all(seconds > 0.0 for seconds in stages.values())
     assert sum(stages.values()) <= report["seconds"]
+    # The peak memory seen in each step, sampled by the zygote: within the worker's whole peak.
+    peaks = report["stage_peak_bytes"]
+    assert peaks and all(0 < peak <= report["peak_bytes"] for peak in peaks.values()), peaks
+    assert all(step in ("start-up", *stages) or step.startswith("verify: ") for step in peaks), peaks
+
+
+@pytest.mark.legs("tf_keras")  # the command's own code: one leg
+def test_progress_shows_on_a_terminal_and_is_gone_before_the_report(model_dir, tmp_path):
+    """From a few seconds in (TensorFlow's import alone takes longer), one line on the terminal names the step
+    and the time so far, rewritten in place, and is cleared before the report. On a pipe or a file (the
+    other tests here), nothing of it; under -q, nothing either (test_sandbox's quiet probe)."""
+    code, shown = run_command(model_dir, "-o", str(tmp_path / "m.tflite"), terminal=True)
+    assert code == 0, shown
+    progress, cleared, after = shown.rpartition("\r\x1b[K")
+    assert cleared and "\n" not in progress, shown  # rewritten in place: never a second line
+    updates = progress.split("\r")[1:]
+    assert updates and all(re.fullmatch(r"keras-gelu-convert: [^\r\n\x1b]+, \d+ s\x1b\[K", u) for u in updates), updates
+    seconds = [int(re.search(r", (\d+) s", update).group(1)) for update in updates]
+    assert seconds == sorted(seconds) and seconds[0] >= 3, seconds
+    assert "starting (TensorFlow's import)" in progress
+    assert f"{model_dir} (SavedModel, signature serving_default) -> " in after and "\r" not in after, after
 
 
 def test_verbose_shows_tolerances_and_stage_times(model_dir, capsys, tmp_path):
     code, stderr = _run([model_dir, "-o", str(tmp_path / "m.tflite"), "-v"], capsys)
     assert code == 0 and "tolerance: {'atol': 0.0001" in stderr
     assert re.search(r"^time: [\d.]+ s \(load [\d.]+, rewrite [\d.]+, convert [\d.]+, verify [\d.]+\), peak memory "
-                     r"[\d.]+ GiB$", stderr, re.MULTILINE), stderr
+                     r"[\d.]+ GiB \(([\w:' -]+ [\d.]+(, )?)+\)$", stderr, re.MULTILINE), stderr
+    assert "\r" not in stderr and "\x1b" not in stderr  # no progress line: stderr is not a terminal
 
 
 def test_inputs_file_is_used(model_dir, capsys, tmp_path):

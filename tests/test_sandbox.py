@@ -25,6 +25,7 @@ import tensorflow as tf
 
 import spelling_models
 from conftest import IS_KERAS3
+from conftest import on_a_terminal
 from conftest import keras
 from conversions import convert_here
 from keras_gelu import converters
@@ -142,14 +143,14 @@ def test_a_live_model_says_it_ran_in_your_process(rng):
 def test_the_command_imports_no_tensorflow_and_quiet_prints_nothing(small_model, tmp_path):
     """The command's own process reads no model and imports no TensorFlow: a conversion runs in the sandbox.
     Quiet, an int8 conversion (TensorFlow's start-up, the converter's and the calibrator's chatter, all in the
-    worker's log) prints nothing. In a process of its own, at TensorFlow's default log level."""
+    worker's log) prints nothing, not even progress on a terminal. In a process of its own, at TensorFlow's
+    default log level, its stderr a terminal."""
     probe = ("import sys\nfrom keras_gelu_launcher import main\nsys.argv = ['keras-gelu-convert'] + sys.argv[1:]\n"
              "code = main()\nprint('tensorflow' in sys.modules, 'keras' in sys.modules, code)")
     output = tmp_path / "m.tflite"
-    result = subprocess.run([sys.executable, "-c", probe, small_model, "-o", str(output), "-q", "--int8",
-                             "--calibration", "random:4"], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
-    assert result.stdout.split() == ["False", "False", "0"] and result.stderr == "", result.stderr
+    code, stdout, shown = on_a_terminal([sys.executable, "-c", probe, small_model, "-o", str(output), "-q", "--int8",
+                                         "--calibration", "random:4"], {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert code == 0 and stdout.split() == ["False", "False", "0"] and shown == "", shown
     assert output.read_bytes()[4:8] == b"TFL3"
 
 

@@ -19,6 +19,7 @@ class Lines:
     def __init__(self, descriptor):
         self._descriptor = descriptor
         self._pending = b""
+        self.ended = False  # the writer closed its end
 
     def waiting(self, timeout, also=()):
         """Whether a line (or the end) waits, after at most `timeout` seconds; `also`: descriptors that end the
@@ -35,6 +36,7 @@ class Lines:
                 return None
             chunk = os.read(self._descriptor, 1 << 16)
             if not chunk:
+                self.ended = True
                 return None
             self._pending += chunk
         line, _, self._pending = self._pending.partition(b"\n")

@@ -30,6 +30,9 @@ _OUR_PREFIX = "KERAS_GELU_"
 _START_SECONDS = 600
 # How much longer than a job's limit the zygote may take to say it ended (it kills at the limit itself).
 _GRACE_SECONDS = 60
+# How often a caller that shows progress hears the step.
+_PROGRESS_SECONDS = 0.5
+_STARTING = "starting (TensorFlow's import)"
 _RESULT_BYTES = 64 << 20
 _LOG_BYTES = 1 << 20
 
@@ -46,14 +49,14 @@ class Outcome:
 
 
 class _Zygote:
-    def __init__(self, environment):
+    def __init__(self, environment, progress):
         self._log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "keras_gelu.converters.sandbox.zygote", *_registering_packages()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log, env=environment, start_new_session=True, close_fds=True)
         self._events = channel.Lines(self.process.stdout.fileno())
-        event = self.next_event(_START_SECONDS)
+        event = self.next_event(_START_SECONDS, lambda: progress(_STARTING))
         if event is None or "ready" not in event:
             raise errors.ConversionCrashed(f"the conversion process could not start: {self._last_words()}")
 
@@ -66,9 +69,16 @@ class _Zygote:
     def send(self, request):
         channel.send(self.process.stdin, request)
 
-    def next_event(self, timeout):
-        """The zygote's next event, or None if it ended or said nothing within `timeout` seconds."""
-        return self._events.next(timeout)
+    def next_event(self, timeout, waiting=None):
+        """The zygote's next event, or None if it ended or said nothing within `timeout` seconds; `waiting()` is
+        called every _PROGRESS_SECONDS meanwhile."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            event = self._events.next(max(min(left, _PROGRESS_SECONDS), 0) if waiting else max(left, 0))
+            if event is not None or left <= 0 or self._events.ended:
+                return event
+            waiting()
 
     def alive(self):
         return self.process.poll() is None
@@ -103,14 +113,14 @@ def _environment():
     return {**os.environ, "KERAS_BACKEND": "tensorflow"}
 
 
-def _zygote():
+def _zygote(progress):
     environment = _environment()
     key = (sys.executable, tuple(sorted((name, value) for name, value in environment.items()
                                         if name.startswith(_ENVIRONMENT_PREFIXES) and not name.startswith(_OUR_PREFIX))))
     zygote = _zygotes.get(key)
     if zygote is None or not zygote.alive():
         _close_zygotes()  # one at a time: each holds TensorFlow's memory
-        zygote = _zygotes[key] = _Zygote(environment)
+        zygote = _zygotes[key] = _Zygote(environment, progress)
     return zygote
 
 
@@ -129,33 +139,38 @@ def _test_switches():
             "crash_at": os.environ.get("KERAS_GELU_TEST_CRASH_AT")}
 
 
-def run(job, scratch):
+def run(job, scratch, progress=None):
     """Run `job` (worker.run's dict, without its nonce) in a worker; its Outcome. `scratch` is the job's folder,
-    which the caller made and removes."""
+    which the caller made and removes. `progress(step)`, if given, hears the step every half second."""
     job = {**job, **_test_switches(), "scratch": scratch, "nonce": secrets.token_hex(16)}
+    progress = progress or (lambda step: None)
     with _lock:
-        zygote = _zygote()
+        zygote = _zygote(progress)
         try:
             zygote.send({"job": job})
         except OSError:  # it died since: once more, with a new one
             _close_zygotes()
-            zygote = _zygote()
+            zygote = _zygote(progress)
             zygote.send({"job": job})
         try:
-            ended = _wait_for_end(zygote, job)
+            ended = _wait_for_end(zygote, job, progress)
         except KeyboardInterrupt:
             zygote.send({"cancel": True})
-            _wait_for_end(zygote, job)
+            _wait_for_end(zygote, job, progress)
             raise
     return _outcome(job, ended)
 
 
-def _wait_for_end(zygote, job):
+def _step(scratch):
+    return _read(os.path.join(scratch, "stage"), 200).decode(errors="replace") or "start-up"
+
+
+def _wait_for_end(zygote, job, progress):
     """The zygote's {"ended"} event for the job; a zygote that stops answering is closed, and the job said to
     have stopped answering."""
     deadline = time.monotonic() + job["time_limit"] + _GRACE_SECONDS
     while True:
-        event = zygote.next_event(max(deadline - time.monotonic(), 0))
+        event = zygote.next_event(max(deadline - time.monotonic(), 0), lambda: progress(_step(job["scratch"])))
         if event is None:
             _close_zygotes()  # it will serve no other job
             return {"status": None, "stopped": None}
@@ -174,7 +189,7 @@ def _read(path, limit):
 def _outcome(job, ended):
     scratch = job["scratch"]
     log_lines = _read(os.path.join(scratch, "log"), _LOG_BYTES).decode(errors="replace").splitlines()
-    stage = _read(os.path.join(scratch, "stage"), 200).decode(errors="replace") or "start-up"
+    stage = _step(scratch)
     name, stopped, status = job["name"], ended["stopped"], ended["status"]
     if stopped == "time":
         return Outcome(log_lines, error=errors.TimeLimitExceeded(
@@ -190,6 +205,7 @@ def _outcome(job, ended):
     report = Report.from_dict(result["report"]) if isinstance(result.get("report"), dict) else None
     if report is not None:
         report.peak_bytes = ended.get("peak_bytes", 0)
+        report.stage_peak_bytes = ended.get("stage_peak_bytes", {})
     if result.get("status") == "converted" and report is not None:
         output = os.path.join(scratch, "output.tflite")
         if os.path.isfile(output):

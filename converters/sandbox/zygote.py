@@ -18,10 +18,11 @@ import time
 
 from . import channel
 
-# What every worker runs: the pipeline (which imports TensorFlow, Keras and the layers), and the runtimes a
-# target may run, where they are installed; then the packages its arguments name.
+# What every worker runs: the pipeline (which imports TensorFlow, Keras and the layers), and LiteRT, where it
+# is installed; then the packages its arguments name. A target's runtime (TFLite Micro, Vela: a second's
+# import between them) is imported when the first job that runs it comes, and kept for the next.
 PRELOAD = ("keras_gelu.converters.running.pipeline",)
-OPTIONAL = ("ai_edge_litert.interpreter", "tflite_micro", "ethosu.vela.vela", "h5py")
+OPTIONAL = ("ai_edge_litert.interpreter", "h5py")
 _POLL_SECONDS = 0.05
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
@@ -48,17 +49,30 @@ def _end_of(pid):
         return None
 
 
-def _watched(pid, time_limit, memory_limit, requests):
-    """Wait for the worker to end, killing it at a limit or on request; the {"ended"} event."""
+def _stage(path, before):
+    """The step the worker says it is in (worker._stage_writer), or `before` while it has said none or is
+    rewriting the file."""
+    try:
+        with open(path) as stream:
+            return stream.read(200) or before
+    except (OSError, UnicodeDecodeError):
+        return before
+
+
+def _watched(pid, job, requests):
+    """Wait for the worker to end, killing it at a limit or on request; the {"ended"} event, with the peak
+    resident memory seen in each step (sampled: a spike shorter than a poll shows only in the whole's peak)."""
     started = time.monotonic()
-    stopped, peak = None, 0
+    time_limit, memory_limit, stage_file = job["time_limit"], job["memory_limit"], os.path.join(job["scratch"], "stage")
+    stopped, peak, stage, stage_peaks = None, 0, "start-up", {}
     ending = _end_of(pid)
     try:
         while True:
             ended, status, usage = os.wait4(pid, os.WNOHANG)
             if ended:
                 break
-            peak = max(peak, resident_bytes(pid))
+            resident, stage = resident_bytes(pid), _stage(stage_file, stage)
+            peak, stage_peaks[stage] = max(peak, resident), max(stage_peaks.get(stage, 0), resident)
             if time.monotonic() - started > time_limit:
                 stopped = "time"
             elif peak > memory_limit:
@@ -73,7 +87,16 @@ def _watched(pid, time_limit, memory_limit, requests):
         if ending is not None:
             os.close(ending)
     return {"ended": pid, "status": os.waitstatus_to_exitcode(status), "stopped": stopped,
-            "seconds": time.monotonic() - started, "peak_bytes": max(peak, usage.ru_maxrss * 1024)}
+            "seconds": time.monotonic() - started, "peak_bytes": max(peak, usage.ru_maxrss * 1024),
+            "stage_peak_bytes": stage_peaks}
+
+
+def _import_where_installed(names):
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a package that will not import here is one a worker imports, or not
+            pass
 
 
 def main():
@@ -81,11 +104,7 @@ def main():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in PRELOAD:
         importlib.import_module(name)
-    for name in OPTIONAL + tuple(sys.argv[1:]):  # the packages the caller's Keras has classes of (supervisor)
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a package that will not import here is one a worker imports, or not
-            pass
+    _import_where_installed(OPTIONAL + tuple(sys.argv[1:]))  # and the packages the caller's Keras has classes of
     from . import worker
 
     _say({"ready": os.getpid()})
@@ -97,11 +116,12 @@ def main():
         job = request.get("job")
         if job is None:
             continue  # a cancellation that came after its worker ended
+        _import_where_installed(job.get("preload", ()))
         pid = os.fork()
         if pid == 0:
             worker.run(job)
         _say({"started": pid})
-        _say(_watched(pid, job["time_limit"], job["memory_limit"], requests))
+        _say(_watched(pid, job, requests))
 
 
 if __name__ == "__main__":
