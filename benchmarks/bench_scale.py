@@ -53,8 +53,9 @@ if sys.argv[3] == "int8":
     rng = np.random.default_rng(0)
     def samples():
         for _ in range(4):
-            yield {name: (rng.integers(0, 100, shape) if dtype.startswith("int") else
-                          rng.normal(size=shape)).astype(dtype) for name, (shape, dtype) in json.loads(sys.argv[4]).items()}
+            # in the signature's input order, which its sorted names give (Keras's export names them args_0...)
+            yield [(rng.integers(0, 2, shape) if dtype.startswith("int") else rng.normal(size=shape)).astype(dtype)
+                   for _, (shape, dtype) in sorted(json.loads(sys.argv[4]).items())]
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter.representative_dataset = samples
 open(sys.argv[2], "wb").write(converter.convert())
@@ -120,7 +121,7 @@ def main():
             built = subprocess.run([sys.executable, __file__, "--build", name, path], capture_output=True,
                                    text=True, check=True, env={**os.environ, "KERAS_BACKEND": "tensorflow"})
             weight_bytes = json.loads(built.stdout.strip().splitlines()[-1])["weight_bytes"]
-            stock = None
+            stock = {}  # {"float" or "int8": (seconds, peak)}: each of ours against the stock converter's same kind
             for way in args.ways:
                 output, report, log = (os.path.join(scratch, f"out.{suffix}") for suffix in ("tflite", "json", "log"))
                 for leftover in (output, report):
@@ -128,10 +129,11 @@ def main():
                         os.remove(leftover)
                 with open(log, "w") as stream:
                     seconds, peak, code = measured(WAYS[way](path, output, report), stream)
-                if way == "stock":
-                    stock = (seconds, peak) if code == 0 else None
-                ratios = (f"{seconds / stock[0]:.2f}x | {peak / stock[1]:.2f}x" if stock and way != "stock"
-                          else " | ")
+                kind = "int8" if "int8" in way else "float"
+                if way.startswith("stock") and code == 0:
+                    stock[kind] = (seconds, peak)
+                against = None if way.startswith("stock") else stock.get(kind)
+                ratios = f"{seconds / against[0]:.2f}x | {peak / against[1]:.2f}x" if against else " | "
                 steps = f"failed (exit {code}): {_last_line(log)}" if code != 0 else ""
                 if code == 0 and os.path.exists(report):
                     with open(report) as stream:

@@ -72,7 +72,8 @@ def _watched(pid, job, requests):
             if ended:
                 break
             resident, stage = resident_bytes(pid), _stage(stage_file, stage)
-            peak, stage_peaks[stage] = max(peak, resident), max(stage_peaks.get(stage, 0), resident)
+            if resident:  # 0: it has just ended
+                peak, stage_peaks[stage] = max(peak, resident), max(stage_peaks.get(stage, 0), resident)
             if time.monotonic() - started > time_limit:
                 stopped = "time"
             elif peak > memory_limit:

@@ -1,0 +1,48 @@
+"""What a conversion costs as the model grows: the suite's small guard on peak memory.
+
+The real widths (GPT-2 small to large, ViT-B/16, past 2 GB of weights) are benchmarks/bench_scale.py's,
+against the stock converter; here a model of 28 MB of weights is converted beside a tiny one, and the
+difference in the worker's peak resident memory (what the sandbox's zygote measured) is held to a stated
+multiple of the weights, so that a step that copies the weights once more shows as a failure here.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_gelu import converters
+
+pytestmark = pytest.mark.legs("tf_keras")  # the converter's own cost: one leg
+
+# Peak memory past a tiny model's, per byte of float32 weights. Measured on 2026-12-03 (AMD EPYC, AVX-512):
+# ours 12.6x at 28 MB and 9.8x at 67 MB (the converter's input as bytes and parsed, its own copies, the
+# reference graph's constants), where the stock converter's is 7.1x and 6.9x on the same models; issue 37's
+# goal is 1.15x the stock's. Every copy of the weights more adds 1x: the bound catches one while the gap
+# is being closed.
+PEAK_PER_WEIGHT_BYTE = 14.0
+
+
+def _saved(path, width, layers):
+    """A SavedModel of `layers` square matmuls with exact GELU; its weight bytes."""
+    module = tf.Module()
+    rng = np.random.default_rng(0)
+    module.weights = [tf.Variable(rng.normal(0, 0.03, (width, width)).astype(np.float32)) for _ in range(layers)]
+
+    @tf.function(input_signature=[tf.TensorSpec([None, width], tf.float32, name="x")])
+    def serve(x):
+        for weight in module.weights:
+            x = tf.nn.gelu(tf.matmul(x, weight), approximate=False)
+        return {"y": x}
+
+    tf.saved_model.save(module, path, signatures={"serving_default": serve})
+    return sum(weight.numpy().nbytes for weight in module.weights)
+
+
+def test_peak_memory_grows_by_a_stated_multiple_of_the_weights(tmp_path):
+    _saved(str(tmp_path / "tiny"), 64, 1)
+    weight_bytes = _saved(str(tmp_path / "mid"), 1536, 3)
+    _, tiny = converters.convert(str(tmp_path / "tiny"))
+    _, mid = converters.convert(str(tmp_path / "mid"))
+    assert mid.verified and tiny.peak_bytes > 0
+    multiple = (mid.peak_bytes - tiny.peak_bytes) / weight_bytes
+    assert 1.0 < multiple <= PEAK_PER_WEIGHT_BYTE, (multiple, mid.stage_peak_bytes)
