@@ -116,16 +116,7 @@ def _converter_with_weights_off_by_one_percent(to_tflite):
     The .tflite then really differs from the rewritten graph, by far more than
     the default tolerance, on every machine.
     """
-
-    def faulty(graph_def, *args, **kwargs):
-        scaled = tf.compat.v1.GraphDef.FromString(graph_def.SerializeToString())
-        for node in scaled.node:
-            value = node.attr["value"].tensor if node.op == "Const" else None
-            if value is not None and value.dtype == tf.float32.as_datatype_enum and len(value.tensor_shape.dim) == 2:
-                value.CopyFrom(tf.make_tensor_proto(tf.make_ndarray(value) * np.float32(1.01)))
-        return to_tflite(scaled, *args, **kwargs)
-
-    return faulty
+    return lambda *args, **kwargs: tflite_helpers.with_weight_matrices_scaled(to_tflite(*args, **kwargs), 1.01)
 
 
 def test_a_tflite_that_differs_from_the_rewritten_graph_fails_parity(model_dir, monkeypatch):

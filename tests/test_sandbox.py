@@ -24,6 +24,7 @@ import pytest
 import tensorflow as tf
 
 import spelling_models
+import tflite_helpers
 from conftest import IS_KERAS3
 from conftest import on_a_terminal
 from conftest import keras
@@ -299,6 +300,9 @@ def _first_quantized(model):
     (lambda model: setattr(model.subgraphs[0].operators[0], "opcodeIndex", 99), "has op code 99"),
     (lambda model: setattr(model.buffers[1], "offset", 1 << 40) or setattr(model.buffers[1], "size", 8),
      "lies outside the file"),
+    # the file fuzzer's find: LiteRT and the report read names as text
+    (lambda model: setattr(model.subgraphs[0].tensors[0], "name", b"\xff\xfe"), "is not UTF-8 text"),
+    (lambda model: setattr(model.signatureDefs[0], "signatureKey", b"serving\xff"), "is not UTF-8 text"),
 ])
 def test_a_tflite_a_runtime_must_not_read_is_refused_before_any_does(int8_tflite, edit, problem, tmp_path, capsys):
     assert validation.problem(int8_tflite) is None
@@ -311,16 +315,11 @@ def test_a_tflite_a_runtime_must_not_read_is_refused_before_any_does(int8_tflite
 
 
 def test_a_tflite_that_gives_nan_where_the_model_is_finite_fails_parity(small_model, monkeypatch):
-    """The converter made to write NaN weights: the rewritten graph says so too, but the original model does not."""
+    """The converter made to write NaN weights into the .tflite, where the original model's are finite."""
     to_tflite = pipeline.to_tflite
 
-    def poisoned(graph_def, *args, **kwargs):
-        graph_def = tf.compat.v1.GraphDef.FromString(graph_def.SerializeToString())
-        for node in graph_def.node:
-            value = node.attr["value"].tensor if node.op == "Const" else None
-            if value is not None and value.dtype == tf.float32.as_datatype_enum and len(value.tensor_shape.dim) == 2:
-                value.CopyFrom(tf.make_tensor_proto(tf.make_ndarray(value) * np.float32(np.nan)))
-        return to_tflite(graph_def, *args, **kwargs)
+    def poisoned(*args, **kwargs):
+        return tflite_helpers.with_weight_matrices_scaled(to_tflite(*args, **kwargs), np.nan)
 
     monkeypatch.setattr(pipeline, "to_tflite", poisoned)
     with pytest.raises(errors.ParityFailure, match="the .tflite gives NaN or Inf where the original model is finite"):

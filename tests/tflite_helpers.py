@@ -1,7 +1,9 @@
 """Running a .tflite in tests with whichever interpreter the converter would use."""
 
 import numpy as np
+from tensorflow.lite.python import schema_py_generated as schema
 
+from keras_gelu.converters.tflite import flatbuffer_model
 from keras_gelu.converters.tflite import operators
 from keras_gelu.converters.running import verify
 
@@ -9,6 +11,18 @@ from keras_gelu.converters.running import verify
 def run(tflite_model, *arrays):
     """Outputs (in the model's order) for inputs given in the model's order."""
     return verify.invoke(tflite_model, arrays)
+
+
+def with_weight_matrices_scaled(tflite_model, factor):
+    """The .tflite with every float32 weight matrix (a 2-D tensor with data) multiplied by `factor`: a converter
+    that is wrong on purpose, whatever route it took."""
+    model = flatbuffer_model.as_object(tflite_model)
+    for tensor in model.subgraphs[0].tensors:
+        data = model.buffers[tensor.buffer].data
+        if tensor.type == schema.TensorType.FLOAT32 and len(tensor.shape) == 2 and data is not None and len(data):
+            values = np.frombuffer(bytes(data), np.float32) * np.float32(factor)
+            model.buffers[tensor.buffer].data = np.frombuffer(values.tobytes(), np.uint8)
+    return flatbuffer_model.as_bytes(model, len(tflite_model))
 
 
 def ops(tflite_model):

@@ -5,7 +5,7 @@ parity check and random calibration fail deep inside TensorFlow or TFLite
 ("gather index out of bounds"). An integer input's valid values show where it
 is used:
 
-* as the indices of a gather from a constant table (an embedding: its rows)
+* as the indices of a gather from a table, constant or variable (an embedding: its rows)
   or of a one-hot (its depth): an index, below the tightest such bound;
 * otherwise, cast to bool or compared (mask > 0), or, with no telling use,
   named "...mask" (Hugging Face multiplies its attention_mask in as a float):
@@ -46,13 +46,23 @@ class IntegerValues:
         return (positions < lengths).astype(dtype)
 
 
-def _index_bound(node, position, nodes):
+def _table_shape(operand, nodes, variable_shapes):
+    """The shape of a gather's table: a constant's, or a variable's (read, or a ResourceGather's handle)."""
+    table = graph.constant_value(operand, nodes)
+    if table is not None:
+        return table.shape
+    node = graph.producer(operand, nodes)
+    handle = node.input[0] if node is not None and node.op == "ReadVariableOp" else operand
+    return variable_shapes.get(graph.split_tensor_name(graph.resolve(handle, nodes))[0])
+
+
+def _index_bound(node, position, nodes, variable_shapes):
     """The number of valid indices a use allows its operand, or None if it is no indexing use."""
     operands = graph.data_inputs(node)
     if node.op in _GATHERS and position == 1:
-        table = graph.constant_value(operands[0], nodes)
+        shape = _table_shape(operands[0], nodes, variable_shapes)
         axis = graph.constant_value(operands[2], nodes) if len(operands) > 2 else None
-        return None if table is None else table.shape[int(axis) if axis is not None else 0]
+        return None if shape is None else shape[int(axis) if axis is not None else 0]
     if node.op == "OneHot" and position == 0:
         depth = graph.constant_value(operands[1], nodes)
         return None if depth is None else int(depth)
@@ -65,8 +75,11 @@ def _passes_values_on(node, position):
     return node.op in _VALUE_PRESERVING
 
 
-def integer_values(graph_def, tensor, name):
-    """IntegerValues for the integer signature input `name` (tensor `tensor`), or None if nothing tells them."""
+def integer_values(graph_def, tensor, name, variable_shapes=None):
+    """IntegerValues for the integer signature input `name` (tensor `tensor`), or None if nothing tells them.
+    `variable_shapes`: {resource placeholder's name: its variable's shape}, for a graph whose weights are
+    variables."""
+    variable_shapes = variable_shapes or {}
     nodes = graph.nodes_by_name(graph_def)
     consumer_map = graph.consumers(graph_def)
     bounds, masked = [], False
@@ -77,7 +90,7 @@ def integer_values(graph_def, tensor, name):
             continue
         seen.add(reached)
         for node, position in consumer_map.get(reached, []):
-            bound = _index_bound(node, position, nodes)
+            bound = _index_bound(node, position, nodes, variable_shapes)
             if bound is not None:
                 bounds.append(bound)
             elif node.op in _COMPARISONS or (node.op == "Cast" and node.attr["DstT"].type == _DT_BOOL):

@@ -36,8 +36,9 @@ class Source:
     function: object  # the original signature, callable with the inputs as keywords
     inputs: list
     outputs: list
-    graph_def: object  # frozen, inlined; float16/bfloat16/float64 retyped as float32
+    graph_def: object  # inlined, float16/bfloat16/float64 retyped as float32; frozen unless load(freeze=False)
     promoted_to_float32: bool
+    directory: str = None  # a SavedModel's folder, where its graph is rewritten (rewriting.saved_model)
 
 
 def first_line(error):
@@ -216,13 +217,16 @@ def describe(model):
     return f"<{type(model).__name__} {getattr(model, 'name', '?')!r}>"
 
 
-def load(model, signature=None, trust_model=False, kind=None, name=None, config_limit=None, member_limit=None):
+def load(model, signature=None, trust_model=False, kind=None, name=None, config_limit=None, member_limit=None,
+         freeze=True):
     """Load a path or a live Keras model and freeze its signature; raises errors.ConversionError subclasses.
 
     A path is a model of `kind` ("SavedModel", ".keras" or ".h5", as paths.model_kind decided it; found here
     where not given), named `name` in messages. Unless `trust_model`, the model is first inspected whole (see
     trust/) and refused if it carries code or reaches outside the process; a Keras file's config is read up
-    to `config_limit` bytes, a .keras archive's members up to `member_limit`.
+    to `config_limit` bytes, a .keras archive's members up to `member_limit`. A SavedModel loaded with
+    `freeze=False` keeps its weights in its variables: its Source's graph_def has the structure only (see
+    `freeze` for the rest).
     """
     description = name or describe(model)
     if isinstance(model, (str, os.PathLike)):
@@ -230,7 +234,9 @@ def load(model, signature=None, trust_model=False, kind=None, name=None, config_
         kind = kind or paths.model_kind(path)
         if kind == "SavedModel":
             loaded, key = _saved_model_signature(description, path, signature, trust_model)
-            return _source(description, kind, key, loaded.signatures[key])
+            source = _source(description, kind, key, loaded.signatures[key], freeze)
+            source.directory = path
+            return source
         model = _load_keras_file(path, description, trust_model, config_limit, member_limit)
     else:
         kind = "Keras model"
@@ -299,8 +305,20 @@ def _refuse_non_finite_weights(path, function):
                                       "diverged leaves them; nothing written")
 
 
-def _source(path, kind, signature, function):
-    """The Source of a signature function: its inputs and outputs, and its graph frozen."""
+def freeze(source):
+    """Freeze, in place, the graph of a Source loaded with freeze=False (its function still held)."""
+    source.graph_def, source.promoted_to_float32 = _inlined_in_float32(_frozen_graph_def(source.function))
+
+
+def _variable_shapes(function):
+    """{the name of the placeholder through which the function's graph reads a variable: its shape}."""
+    variables = {id(variable.handle): variable for variable in function.graph.variables}
+    return {internal.op.name: tuple(variables[id(external)].shape.as_list())
+            for external, internal in function.graph.captures if id(external) in variables}
+
+
+def _source(path, kind, signature, function, freeze=True):
+    """The Source of a signature function: its inputs and outputs, and its graph, frozen or structure only."""
     _refuse_non_finite_weights(path, function)
     input_specs = tf.nest.flatten(function.structured_input_signature)
     input_keys = sorted(function.structured_input_signature[1]) if function.structured_input_signature[1] else [
@@ -319,10 +337,14 @@ def _source(path, kind, signature, function):
                    tuple(tensor.shape.as_list()) if tensor.shape.rank is not None else None)
         for key, tensor in zip(output_keys, function.outputs)
     ]
-    graph_def, promoted = _inlined_in_float32(_frozen_graph_def(function))
+    if freeze:
+        graph_def, variable_shapes = _frozen_graph_def(function), {}
+    else:
+        graph_def, variable_shapes = graph.inline_function_calls(function.graph.as_graph_def()), _variable_shapes(function)
+    graph_def, promoted = _inlined_in_float32(graph_def)
     for info in inputs:
         if info.dtype.is_integer:
-            info.values = integer_inputs.integer_values(graph_def, info.tensor, info.name)
+            info.values = integer_inputs.integer_values(graph_def, info.tensor, info.name, variable_shapes)
     return Source(path, kind, signature, function, inputs, outputs, graph_def, promoted)
 
 

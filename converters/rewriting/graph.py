@@ -119,7 +119,7 @@ def called_directly(nodes, library):
 
 
 @contextlib.contextmanager
-def _functions_known(library):
+def functions_known(library):
     """A default graph that holds `library`: function_def_to_graph looks up there the functions a body calls by
     name, and the freezer's renamed copies (..._frozen_...) are known nowhere else."""
     library_only = graph_pb2.GraphDef()
@@ -148,7 +148,7 @@ def inline_function_calls(graph_def):
             return graph_def
         rename = {}  # canonical 'call:i' -> the inlined tensor
         call_names = set()
-        with _functions_known(graph_def.library):
+        with functions_known(graph_def.library):
             for index in calls:
                 node = graph_def.node[index]
                 call_names.add(node.name)
@@ -200,9 +200,9 @@ def control_flow_functions(graph_def):
     return ordered
 
 
-def _function_as_graph(function, library):
+def function_as_graph(function, library):
     """(GraphDef of the body with the functions it calls, its output tensors, its control outputs' node names);
-    `library` is {name: FunctionDef}. Within _functions_known of the whole library."""
+    `library` is {name: FunctionDef}. Within functions_known of the whole library."""
     body, flat_names = function_def_to_graph.function_def_to_graph_def(function)
     del body.library.function[:]  # function_def_to_graph's copies of what the body calls by name, as it was
     body.library.CopyFrom(called_directly(function.node_def, library))
@@ -219,7 +219,7 @@ def _function_as_graph(function, library):
     return body, outputs, dict(function.control_ret)
 
 
-def _graph_as_function(body, function, outputs, control_outputs):
+def graph_as_function(body, function, outputs, control_outputs):
     """A FunctionDef with `function`'s name, argument and output names, attributes, computing `body`."""
     with tf.Graph().as_default() as scratch:
         tf.compat.v1.import_graph_def(body, name="")
@@ -278,7 +278,7 @@ def constant_arguments_inlined(graph_def):
     calls = {name: [] for name in library}  # function -> [(holder or None, node)], every call of it
     for holder, _, nodes in _scopes(graph_def, library):
         for node in nodes:
-            for name in _functions_named(node):
+            for name in functions_named(node):
                 if name in library:
                     calls[name].append((holder, node))
     # Whether each loop body hands each argument on, read before any body changes.
@@ -310,7 +310,7 @@ def _drop_unnamed_functions(graph_def):
     """Remove, in place, the library functions that neither the graph nor a function it names names (gradient
     registrations keep theirs)."""
     library = {function.signature.name: function for function in graph_def.library.function}
-    pending = [name for node in graph_def.node for name in _functions_named(node)]
+    pending = [name for node in graph_def.node for name in functions_named(node)]
     pending += [name for gradient in graph_def.library.gradient
                 for name in (gradient.function_name, gradient.gradient_func)]
     named = set()
@@ -318,14 +318,14 @@ def _drop_unnamed_functions(graph_def):
         name = pending.pop()
         if name in library and name not in named:
             named.add(name)
-            pending.extend(_functions_named_in(library[name]))
+            pending.extend(functions_named_in(library[name]))
     if len(named) < len(library):
         kept = [function for function in graph_def.library.function if function.signature.name in named]
         del graph_def.library.function[:]
         graph_def.library.function.extend(kept)
 
 
-def _functions_named(node):
+def functions_named(node):
     """The functions a node names: as its op, or in function attributes."""
     yield node.op
     for value in node.attr.values():
@@ -341,7 +341,7 @@ def _callers_first(graph_def, library):
     ordered, visited = [], set()
 
     def visit(name):
-        stack = [(name, iter(_functions_named_in(library[name])))]
+        stack = [(name, iter(functions_named_in(library[name])))]
         visited.add(name)
         while stack:
             current, callees = stack[-1]
@@ -351,10 +351,10 @@ def _callers_first(graph_def, library):
                 stack.pop()
             else:
                 visited.add(callee)
-                stack.append((callee, iter(_functions_named_in(library[callee]))))
+                stack.append((callee, iter(functions_named_in(library[callee]))))
 
     for node in graph_def.node:
-        for name in _functions_named(node):
+        for name in functions_named(node):
             if name in library and name not in visited:
                 visit(name)
     for name in library:
@@ -363,14 +363,19 @@ def _callers_first(graph_def, library):
     return ordered[::-1]
 
 
-def _functions_named_in(function):
-    return (name for node in function.node_def for name in _functions_named(node))
+def functions_named_in(function):
+    return (name for node in function.node_def for name in functions_named(node))
+
+
+# The calls whose arguments constant_arguments_inlined follows: control flow, and the calls of functions a
+# SavedModel keeps (its signature wrappers receive the constants a function captured).
+_ARGUMENT_PASSING_CALLS = {**_CONTROL_FLOW_CALLS, "PartitionedCall": (("f",), 0), "StatefulPartitionedCall": (("f",), 0)}
 
 
 def _call_operand_constant(name, position, holder, node, scope_nodes, passes_on):
-    """The serialized constant a call passes the function as argument `position`, or None: a call that is not
-    control flow, a computed operand, or a loop whose body changes the argument."""
-    attributes, skipped = _CONTROL_FLOW_CALLS.get(node.op, ((), 0))
+    """The serialized constant a call passes the function as argument `position`, or None: a call that passes
+    no arguments on, a computed operand, or a loop whose body changes the argument."""
+    attributes, skipped = _ARGUMENT_PASSING_CALLS.get(node.op, ((), 0))
     analysable = {node.attr[key].func.name for key in attributes if node.attr[key].HasField("func")}
     analysable |= {function.name for key in attributes for function in node.attr[key].list.func}
     operands = data_inputs(node)[skipped:]
@@ -485,14 +490,14 @@ def transform_control_flow_functions(graph_def, transform):
     library = {function.signature.name: function for function in result.library.function}  # updated in place
     # Every function's signature known once (function_def_to_graph checks the functions a body names): each
     # body converted within its own import of the library made a deep nest quadratic.
-    with _functions_known(graph_def.library):
+    with functions_known(graph_def.library):
         for name in names:
             function = library[name]
-            body, outputs, control_outputs = _function_as_graph(function, library)
+            body, outputs, control_outputs = function_as_graph(function, library)
             arguments = [arg.name + ":0" for arg in function.signature.input_arg]
             new_body = transform(body, arguments + outputs + list(control_outputs.values()))
             result.library.function[positions[name]].CopyFrom(
-                _graph_as_function(new_body, function, outputs, control_outputs))
+                graph_as_function(new_body, function, outputs, control_outputs))
     return result
 
 

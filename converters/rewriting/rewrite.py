@@ -26,6 +26,7 @@ from keras_gelu import replacements
 
 from . import graph
 from . import patterns
+from . import saved_model
 
 # Name scope of the ops the rewrite adds; their erf is ours, not a leftover.
 REWRITE_SCOPE = "/keras_gelu_rewrite/"
@@ -276,6 +277,24 @@ def rewrite(graph_def, keep_tensors, mode, exact_as, int8=False, marker=None):
 
     rewritten = graph.transform_control_flow_functions(rewrite_one(graph_def, keep_tensors), rewrite_one)
     return RewriteResult(rewritten, findings, dict(leftover))
+
+
+def rewrite_saved_model(saved_model_proto, signature_key, mode, exact_as, passes=()):
+    """rewrite() on a SavedModel where it keeps its graph (saved_model.rewrite_functions): every function the
+    signature runs, after the in-place graph `passes`; a RewriteResult without a graph_def (the protocol
+    buffer itself is rewritten). A function with nothing to rewrite is left as it was written."""
+    findings, leftover = [], collections.Counter()
+
+    def rewrite_one(body, outputs, calls):
+        passed = sum(graph_pass(body) for graph_pass in passes)
+        rewritten, found, bare = _rewrite_graph(body, outputs, mode, exact_as, False, None)
+        findings.extend(found * calls)  # each call's GELU, as the frozen route finds it inlined at each call
+        leftover.update({op: count * calls for op, count in bare.items()})
+        changed = passed or (bare and mode.rewrites) or any(not f.became.startswith("unchanged") for f in found)
+        return rewritten if changed else None
+
+    saved_model.rewrite_functions(saved_model_proto, signature_key, rewrite_one)
+    return RewriteResult(None, findings, dict(leftover))
 
 
 def _splice_replacement(graph_def, finding, replacement, nodes, marker):

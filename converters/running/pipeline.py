@@ -5,6 +5,9 @@ import contextlib
 import gc
 import logging
 import re
+import os
+import shutil
+import tempfile
 import time
 import types
 
@@ -23,6 +26,7 @@ from ..reading import trust
 from ..rewriting import graph
 from ..rewriting import int8 as integer
 from ..rewriting import rewrite
+from ..rewriting import saved_model
 from ..rewriting import tf_ops_as_builtins
 from ..tflite import equivalent_ops
 from ..tflite import operators
@@ -103,6 +107,32 @@ def _tflite_converter(graph_def, source):
     return converter
 
 
+def _saved_model_converter(directory, signature):
+    """A TFLiteConverter over a SavedModel folder whose graph we rewrote where it is (rewriting.saved_model).
+
+    Its SavedModel importer reads the variables from disk: no frozen graph holds the weights, nor a protocol
+    buffer capped at 2 GB. `from_saved_model` and its `convert()` each load the model in Python first, for
+    signatures and debug information we have (each load holds every weight): so we build the converter as
+    `from_saved_model` does and hand its importer the folder, as `convert()` does after its load. Both steps
+    have kept this shape from TF 2.16 to 2.21; the public route is the fallback.
+    """
+    from tensorflow.lite.python import lite
+
+    try:
+        converter = lite.TFLiteSavedModelConverterV2(directory, {"serve"}, [signature])
+        load_graph, convert_loaded = converter._load_saved_model, converter._convert_from_saved_model
+    except (AttributeError, TypeError):
+        return tf.lite.TFLiteConverter.from_saved_model(directory, signature_keys=[signature])
+    converter._debug_info = None
+
+    def convert():
+        graph_def, _, _ = load_graph(converter.saved_model_dir, converter._saved_model_tags)
+        return convert_loaded(graph_def)
+
+    converter.convert = convert
+    return converter
+
+
 def serialized_for_converter(graph_def):
     """graph_def as to_tflite takes it, after which the caller may let graph_def and its weights go."""
     return _SerializedGraph(_without_weights(graph_def), graph_def.SerializeToString())
@@ -111,11 +141,15 @@ def serialized_for_converter(graph_def):
 def to_tflite(graph_def, source, mode, float16_weights, int8=None):
     """Convert with mode.op_sets; `int8`: None for float, else (calibration samples or None for QAT, int8_io).
 
-    `graph_def` is a GraphDef or what serialized_for_converter made of one.
+    `graph_def` is a GraphDef, what serialized_for_converter made of one, or the folder of a SavedModel
+    rewritten where it keeps its graph.
     """
-    if not isinstance(graph_def, _SerializedGraph):
-        graph_def = serialized_for_converter(graph_def)
-    converter = _tflite_converter(graph_def, source)
+    if isinstance(graph_def, str):
+        converter = _saved_model_converter(graph_def, source.signature)
+    else:
+        if not isinstance(graph_def, _SerializedGraph):
+            graph_def = serialized_for_converter(graph_def)
+        converter = _tflite_converter(graph_def, source)
     converter.target_spec.supported_ops = [getattr(tf.lite.OpsSet, name) for name in mode.op_sets]
     if float16_weights:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -174,10 +208,16 @@ def convert(model, options, kind=None, name=None):
     started = time.perf_counter()
     stages = dict.fromkeys(("load", "rewrite", "convert", "verify"), 0.0)  # where the time goes
     target = targets.TARGETS.get(options.target)
+    # The SavedModel protocol buffer whose graph is rewritten where it keeps it, or None for the frozen route
+    kept_graph = _rewritable_in_place(model, kind, options, target)
     with _timed(stages, "load"):
         source = loading.load(model, options.signature, trust_model=options.trust_model, kind=kind, name=name,
                               config_limit=int(options.config_limit * 2**20),
-                              member_limit=None if options.memory_limit is None else int(options.memory_limit * 2**30))
+                              member_limit=None if options.memory_limit is None else int(options.memory_limit * 2**30),
+                              freeze=kept_graph is None)
+        if kept_graph is not None and (source.promoted_to_float32 or integer.is_quantization_aware(source.graph_def)):
+            loading.freeze(source)  # retyped or quantization-aware: the frozen route's passes serve these
+            kept_graph = None
         parity_inputs, batch_fixed = source.inputs, False  # parity runs on batches of the model's own shapes
         if (target is not None and target.static_shapes) or options.input_shapes:
             source, parity_inputs, batch_fixed = target_checks.with_static_shapes(source, target,
@@ -186,35 +226,95 @@ def convert(model, options, kind=None, name=None):
                               float16_weights=options.float16_weights,
                               promoted_to_float32=source.promoted_to_float32, trusted=options.trust_model)
     int8_setup = _int8_setup(source, options, report)
-    with _timed(stages, "rewrite"):
-        result, reference = _rewritten(source, options, target)
-    report.gelus = _summarise(result.findings)
-    report.leftover_erf = result.leftover_erf
-    # The requested mode's op sets: int8 select rewrites GELUs as native does but may leave other ops to Flex.
-    requested = vocabulary.MODES[options.mode]
-    arrays = source_outputs = None
-    if options.verify:
-        with _timed(stages, "verify"):
-            arrays = parity.make_inputs(parity_inputs, options.seed, options.dynamic_size, options.inputs)
-            # The original model runs now, so that its variables can go before converting; not where the
-            # .tflite may need Flex, which LiteRT cannot run: a model is not run for a check that cannot happen.
-            if "SELECT_TF_OPS" not in requested.op_sets:
-                source_outputs = parity.run_source(source, arrays)
-    with _timed(stages, "convert"):
-        keep_source = options.verify and source_outputs is None
-        serialized, reference = _handed_to_converter(source, result, reference, keep_source)
-        tflite_model = _converted(serialized, source, requested, options, int8_setup, target, report)
-    if options.verify:
-        with _timed(stages, "verify"):
-            if reference is None:
-                reference = tf.compat.v1.GraphDef.FromString(serialized.serialized)
-            del serialized
-            _verify(tflite_model, source, reference, options, report, target, arrays, source_outputs, batch_fixed)
-    else:
-        report.not_verified_reason = "verification switched off (--no-verify)"
+    rewritten_folder = tempfile.mkdtemp() if kept_graph is not None else None
+    try:
+        with _timed(stages, "rewrite"):
+            if kept_graph is not None:
+                result, reference = _rewritten_in_place(kept_graph, source, options, rewritten_folder)
+            else:
+                result, reference = _rewritten(source, options, target)
+        report.gelus = _summarise(result.findings)
+        report.leftover_erf = result.leftover_erf
+        # The requested mode's op sets: int8 select rewrites GELUs as native does but may leave other ops to Flex.
+        requested = vocabulary.MODES[options.mode]
+        arrays = source_outputs = reference_outputs = None
+        if options.verify:
+            with _timed(stages, "verify"):
+                arrays = parity.make_inputs(parity_inputs, options.seed, options.dynamic_size, options.inputs)
+                # The original model runs now, so that its variables can go before converting; not where the
+                # .tflite may need Flex, which LiteRT cannot run: a model is not run for a check that cannot
+                # happen. The rewritten SavedModel too: one model's weights at a time.
+                if "SELECT_TF_OPS" not in requested.op_sets:
+                    source_outputs = parity.run_source(source, arrays)
+                    if kept_graph is not None:
+                        _let_go_of_the_source(source)
+                        reference_outputs = parity.reference_runner(reference, source)(arrays)
+                        _collect_if_large(source)  # the rewritten SavedModel's weights, before converting
+        with _timed(stages, "convert"):
+            if kept_graph is not None:
+                if source_outputs is not None or not options.verify:
+                    _let_go_of_the_source(source)
+                tflite_model = _converted(reference, source, requested, options, int8_setup, target, report)
+            else:
+                keep_source = options.verify and source_outputs is None
+                serialized, reference = _handed_to_converter(source, result, reference, keep_source)
+                tflite_model = _converted(serialized, source, requested, options, int8_setup, target, report)
+        if options.verify:
+            with _timed(stages, "verify"):
+                if kept_graph is None:
+                    if reference is None:
+                        reference = tf.compat.v1.GraphDef.FromString(serialized.serialized)
+                    del serialized
+                _verify(tflite_model, source, reference, options, report, target, arrays, source_outputs, batch_fixed,
+                        reference_outputs)
+        else:
+            report.not_verified_reason = "verification switched off (--no-verify)"
+    finally:
+        if rewritten_folder is not None:
+            shutil.rmtree(rewritten_folder, ignore_errors=True)
     report.seconds = time.perf_counter() - started
     report.stage_seconds = stages
     return tflite_model, report
+
+
+def _rewritable_in_place(model, kind, options, target):
+    """The SavedModel's protocol buffer where its graph is rewritten where it keeps it (rewriting.saved_model),
+    the weights left in its variables, else None for a frozen copy: a TensorFlow 2 SavedModel converted to
+    float for the whole op set. The frozen route serves the rest (int8, float16 weights, a target's passes
+    and fixed shapes, Keras files and live models, TF1 SavedModels and initializers that do more than restore)."""
+    if (kind != "SavedModel" or options.int8 or options.float16_weights or target is not None
+            or options.input_shapes):
+        return None
+    try:
+        proto = saved_model.read(model)
+    except Exception:  # noqa: BLE001 - loading says what is wrong with the file, in one line
+        return None
+    return proto if saved_model.keeps_its_graph_in_functions(proto) else None
+
+
+def _collect_if_large(source):
+    """A full garbage collection where the weights are large: a loaded SavedModel's objects hold each other in
+    cycles."""
+    variables = os.path.join(source.directory, "variables")
+    files = [os.path.join(variables, name) for name in os.listdir(variables)] if os.path.isdir(variables) else []
+    if sum(os.path.getsize(path) for path in files) >= _COLLECT_ABOVE_BYTES:
+        gc.collect()
+
+
+def _let_go_of_the_source(source):
+    if source.function is not None:
+        source.function = None
+        _collect_if_large(source)
+
+
+def _rewritten_in_place(proto, source, options, folder):
+    """(rewrite.RewriteResult, the rewritten SavedModel's folder, made in `folder`): source's SavedModel (its
+    protocol buffer `proto`) rewritten where it keeps its graph."""
+    mode = vocabulary.conversion_mode(options.mode, options.int8)
+    graph.constant_arguments_inlined(proto.meta_graphs[0].graph_def)  # the constants functions captured
+    passes = tf_ops_as_builtins.TO_BUILTINS if mode.rewrites else ()
+    result = rewrite.rewrite_saved_model(proto, source.signature, mode, options.exact_as, passes)
+    return result, saved_model.write(proto, source.directory, os.path.join(folder, "model"))
 
 
 @contextlib.contextmanager
@@ -249,8 +349,10 @@ def _converted(serialized, source, requested, options, int8_setup, target, repor
     tflite_model = to_tflite(serialized, source, requested, options.float16_weights, int8_setup)
     if not options.trust_model:  # a select-mode .tflite carries TensorFlow ops to the device: the same rules
         trust.check_flex_ops(source.path, tflite_model)
-    tflite_model = signatures.with_signature(tflite_model, source.signature, [info.name for info in source.inputs],
-                                             [info.name for info in source.outputs])
+    if not isinstance(serialized, str):  # the converter signs what it imports from a SavedModel itself
+        tflite_model = signatures.with_signature(tflite_model, source.signature,
+                                                 [info.name for info in source.inputs],
+                                                 [info.name for info in source.outputs])
     if target is not None:
         report.target = target_checks.section(target, options)
         if target.ops is not None:
@@ -335,12 +437,14 @@ def _int8_setup(source, options, report):
     return samples, options.int8_io
 
 
-def _verify(tflite_model, source, reference, options, report, target, arrays, source_outputs, batch_fixed):
-    """Fill in the parity figures; `reference` is the rewritten graph as TFLite should compute it.
+def _verify(tflite_model, source, reference, options, report, target, arrays, source_outputs, batch_fixed,
+            reference_outputs=None):
+    """Fill in the parity figures; `reference` is the rewritten graph as TFLite should compute it (a GraphDef,
+    or a rewritten SavedModel's folder).
 
-    `arrays` are the inputs and `source_outputs` the original model's outputs for them, or None where it
-    has yet to run; where the target fixed the batch at 1 (`batch_fixed`), the .tflite and the reference
-    run them sample by sample.
+    `arrays` are the inputs, and `source_outputs` and `reference_outputs` the original model's and the
+    reference's outputs for them, or None where they have yet to run; where the target fixed the batch at 1
+    (`batch_fixed`), the .tflite and the reference run them sample by sample.
     """
 
     def fixed_batch(run):
@@ -354,7 +458,9 @@ def _verify(tflite_model, source, reference, options, report, target, arrays, so
     except (RuntimeError, ValueError) as error:
         report.not_verified_reason = f"{report.runtime} cannot run this model: " + " ".join(str(error).split())[:300]
         return
-    graph_outputs = fixed_batch(parity.graph_runner(reference, source))(arrays)
+    graph_outputs = reference_outputs
+    if graph_outputs is None:
+        graph_outputs = fixed_batch(parity.reference_runner(reference, source))(arrays)
     if source_outputs is None:  # not run before converting (see convert)
         source_outputs = parity.run_source(source, arrays)
     report.tolerance = {"atol": options.atol, "rtol": options.rtol, "max_drift": options.max_drift}

@@ -177,6 +177,25 @@ def graph_runner(graph_def, source):
     return run
 
 
+def saved_model_runner(directory, source):
+    """run({input name: array}) -> {output name: array}: a SavedModel's signature, loaded once, computing each
+    op as written; the weights it loaded are let go with `run`."""
+    progress.entered("verify: the rewritten graph")
+    function = tf.saved_model.load(directory).signatures[source.signature]
+
+    def run(arrays):
+        with _ops_as_written():
+            outputs = function(**{name: tf.constant(value) for name, value in arrays.items()})
+        return {info.name: np.asarray(outputs[info.name]) for info in source.outputs}
+
+    return run
+
+
+def reference_runner(reference, source):
+    """The runner of what the .tflite must compute: a rewritten GraphDef, or a rewritten SavedModel's folder."""
+    return saved_model_runner(reference, source) if isinstance(reference, str) else graph_runner(reference, source)
+
+
 def run_graph(graph_def, source, arrays):
     """Run a GraphDef once with the source's input and output tensor names, computing each op as written."""
     return graph_runner(graph_def, source)(arrays)

@@ -27,8 +27,10 @@ _FS_RIGHTS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1
 _FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
 
 READ = READ_FILE | READ_DIR
-# A scratch folder: files and folders made, written, read, renamed and removed; no devices, sockets or pipes.
-READ_WRITE = READ | WRITE_FILE | TRUNCATE | MAKE_REG | MAKE_DIR | REMOVE_FILE | REMOVE_DIR | REFER
+# A scratch folder: files, folders and links made, written, read, renamed and removed; no devices, sockets or
+# pipes. A link grants nothing: Landlock checks the path an open resolves to (the rewritten SavedModel links to
+# the model's own variables/, which the worker may read anyway).
+READ_WRITE = READ | WRITE_FILE | TRUNCATE | MAKE_REG | MAKE_DIR | MAKE_SYM | REMOVE_FILE | REMOVE_DIR | REFER
 
 _NET_TCP = 0b11  # bind, connect (ABI 4)
 _SCOPES = 0b11  # abstract unix sockets, signals (ABI 6)

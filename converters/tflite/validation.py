@@ -29,6 +29,9 @@ def problem(tflite_model):
         model = flatbuffer_model.as_object(tflite_model)
     except Exception as error:  # noqa: BLE001 - the flatbuffer readers fail in whatever way the bytes lead them to
         return f"its flatbuffer cannot be read ({type(error).__name__})"
+    not_text = next((where for where, name in _names(model) if not _is_text(name)), None)
+    if not_text is not None:
+        return f"{not_text} is not UTF-8 text"
     buffers = model.buffers or []
     codes = len(model.operatorCodes or [])
     for number, subgraph in enumerate(model.subgraphs or []):
@@ -49,6 +52,32 @@ def problem(tflite_model):
                 if not -1 <= index < len(tensors):
                     return f"operator {position} of subgraph {number} names tensor {index}, of {len(tensors)}"
     return None
+
+
+def _names(model):
+    """(where, name) of every name in a ModelT that runtimes and this package read as text."""
+    yield "the model's description", model.description
+    for number, code in enumerate(model.operatorCodes or []):
+        yield f"custom op code {number}", code.customCode
+    for number, subgraph in enumerate(model.subgraphs or []):
+        yield f"the name of subgraph {number}", subgraph.name
+        for index, tensor in enumerate(subgraph.tensors or []):
+            yield f"the name of tensor {index} of subgraph {number}", tensor.name
+    for number, signature in enumerate(model.signatureDefs or []):
+        yield f"the key of signature {number}", signature.signatureKey
+        for entry in [*(signature.inputs or []), *(signature.outputs or [])]:
+            yield f"a tensor name of signature {number}", entry.name
+    for number, metadata in enumerate(model.metadata or []):
+        yield f"the name of metadata {number}", metadata.name
+
+
+def _is_text(name):
+    if isinstance(name, bytes):
+        try:
+            name.decode()
+        except UnicodeDecodeError:
+            return False
+    return True
 
 
 def _tensor_problem(tensor, buffer_count):

@@ -37,8 +37,9 @@ _INSTANCE_LAYERS = ("InstanceMethod", "InstanceProperty")
 _NAMING_KEYS = ("class_name", "module", "registered_name", "name")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
-# What h5py raises for HDF5 it cannot read or walk ("Link visitation failed", truncated objects).
-_HDF5_FAILURES = (OSError, RuntimeError, KeyError, ValueError, TypeError)
+# What h5py raises for HDF5 it cannot read or walk ("Link visitation failed", truncated objects; a SystemError
+# from its lock when the HDF5 library failed inside it, which the file fuzzer met).
+_HDF5_FAILURES = (OSError, RuntimeError, KeyError, ValueError, TypeError, SystemError)
 
 
 def is_archive(path):
