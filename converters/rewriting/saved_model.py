@@ -30,9 +30,9 @@ def keeps_its_graph_in_functions(saved_model):
     table initializer becomes part of the .tflite (a main op that writes a file, an op TFLite lacks). Those,
     and TF1 SavedModels without an object graph, are converted from the signature's own graph instead.
     """
-    meta_graph = saved_model.meta_graphs[0] if saved_model.meta_graphs else None
-    if meta_graph is None or not meta_graph.object_graph_def.nodes:
-        return False
+    if len(saved_model.meta_graphs) != 1 or not saved_model.meta_graphs[0].object_graph_def.nodes:
+        return False  # the loaders pick a tagged one of several; a TF1 SavedModel has no object graph
+    meta_graph = saved_model.meta_graphs[0]
     if any(key in meta_graph.collection_def for key in ("saved_model_main_op", "legacy_init_op", "table_initializer")):
         return False
     initialization = meta_graph.signature_def.get("__saved_model_init_op")
