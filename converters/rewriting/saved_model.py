@@ -33,14 +33,15 @@ def keeps_its_graph_in_functions(saved_model):
     if len(saved_model.meta_graphs) != 1 or not saved_model.meta_graphs[0].object_graph_def.nodes:
         return False  # the loaders pick a tagged one of several; a TF1 SavedModel has no object graph
     meta_graph = saved_model.meta_graphs[0]
-    if any(key in meta_graph.collection_def for key in ("saved_model_main_op", "legacy_init_op", "table_initializer")):
+    if "table_initializer" in meta_graph.collection_def:
         return False
-    initialization = meta_graph.signature_def.get("__saved_model_init_op")
-    if initialization is None:
-        return True
+    initializers = [info.name for info in meta_graph.signature_def["__saved_model_init_op"].outputs.values()] \
+        if "__saved_model_init_op" in meta_graph.signature_def else []
+    for key in ("saved_model_main_op", "legacy_init_op"):  # TF1's, and written beside TF2's signature too
+        initializers.extend(meta_graph.collection_def[key].node_list.value if key in meta_graph.collection_def else ())
     nodes = graph.nodes_by_name(meta_graph.graph_def)
-    node = nodes.get(graph.split_tensor_name(next(iter(initialization.outputs.values())).name)[0])
-    return node is not None and node.op == "NoOp" and not node.input
+    initializing = [nodes.get(graph.split_tensor_name(name)[0]) for name in initializers]
+    return all(node is not None and node.op == "NoOp" and not node.input for node in initializing)
 
 
 def signature_functions(meta_graph, signature_key):
