@@ -4,8 +4,8 @@ import collections
 import contextlib
 import gc
 import logging
-import re
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -114,7 +114,7 @@ def _saved_model_converter(directory, signature):
     buffer capped at 2 GB. `from_saved_model` and its `convert()` each load the model in Python first, for
     signatures and debug information we have (each load holds every weight): so we build the converter as
     `from_saved_model` does and hand its importer the folder, as `convert()` does after its load. Both steps
-    have kept this shape from TF 2.16 to 2.21; the public route is the fallback.
+    have this shape in TF 2.18 and 2.21 (the suite's two); the public route is the fallback.
     """
     from tensorflow.lite.python import lite
 
