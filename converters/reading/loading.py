@@ -1,4 +1,5 @@
-"""Load a SavedModel, .keras or .h5 file into a frozen, inlined GraphDef."""
+"""Load a SavedModel, .keras or .h5 file, or a live Keras model, into a Source: its signature, and its graph
+inlined and frozen (or, for a SavedModel whose graph is rewritten where it keeps it, its structure alone)."""
 
 import contextlib
 import dataclasses
@@ -226,7 +227,7 @@ def load(model, signature=None, trust_model=False, kind=None, name=None, config_
     trust/) and refused if it carries code or reaches outside the process; a Keras file's config is read up
     to `config_limit` bytes, a .keras archive's members up to `member_limit`. A SavedModel loaded with
     `freeze=False` keeps its weights in its variables: its Source's graph_def has the structure only (see
-    `freeze` for the rest).
+    `freeze_graph` for the rest).
     """
     description = name or describe(model)
     if isinstance(model, (str, os.PathLike)):
@@ -305,7 +306,7 @@ def _refuse_non_finite_weights(path, function):
                                       "diverged leaves them; nothing written")
 
 
-def freeze(source):
+def freeze_graph(source):
     """Freeze, in place, the graph of a Source loaded with freeze=False (its function still held)."""
     source.graph_def, source.promoted_to_float32 = _inlined_in_float32(_frozen_graph_def(source.function))
 

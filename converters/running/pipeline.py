@@ -216,7 +216,7 @@ def convert(model, options, kind=None, name=None):
                               member_limit=None if options.memory_limit is None else int(options.memory_limit * 2**30),
                               freeze=kept_graph is None)
         if kept_graph is not None and (source.promoted_to_float32 or integer.is_quantization_aware(source.graph_def)):
-            loading.freeze(source)  # retyped or quantization-aware: the frozen route's passes serve these
+            loading.freeze_graph(source)  # retyped or quantization-aware: the frozen route's passes serve these
             kept_graph = None
         parity_inputs, batch_fixed = source.inputs, False  # parity runs on batches of the model's own shapes
         if (target is not None and target.static_shapes) or options.input_shapes:
