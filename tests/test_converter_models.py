@@ -137,9 +137,7 @@ def test_transformer_encoder_block(tmp_path):
         _assert_converted(report, mode, gelu_ops_expected=1)
 
 
-@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-@pytest.mark.parametrize("mode, exact_as", [("builtin", "erf"), ("native", None), ("builtin", "sigmoid")])
-def test_mixed_precision_models_convert(tmp_path, policy, mode, exact_as):
+def _mixed_precision_model(policy):
     keras.mixed_precision.set_global_policy(policy)
     keras.utils.set_random_seed(7)
     model = keras.Sequential([
@@ -150,7 +148,13 @@ def test_mixed_precision_models_convert(tmp_path, policy, mode, exact_as):
         keras.layers.Dense(2, activation=keras_gelu.gelu_tanh, dtype="float32"),
     ])
     keras.mixed_precision.set_global_policy("float32")
-    path = _save(model, tmp_path, as_file=True)
+    return model
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("mode, exact_as", [("builtin", "erf"), ("native", None), ("builtin", "sigmoid")])
+def test_mixed_precision_models_convert(tmp_path, policy, mode, exact_as):
+    path = _save(_mixed_precision_model(policy), tmp_path, as_file=True)
     for float16_weights in (False, True):
         _, report = converters.convert(path, mode=mode, exact_as=exact_as, float16_weights=float16_weights)
         assert report.promoted_to_float32
@@ -291,3 +295,13 @@ def test_exact_as_is_refused_where_the_mode_has_the_gelu_op(tmp_path):
     # As the command's "--form applies to --mode builtin only", before any model is read.
     with pytest.raises(ValueError, match="applies to mode 'builtin' only. Received: mode='native', exact_as='erf'"):
         converters.convert(str(tmp_path / "never_read"), mode="native", exact_as="erf")
+
+
+def test_a_mixed_precision_saved_model_is_frozen_and_retyped_like_a_keras_file(tmp_path):
+    """A SavedModel is loaded for the route that keeps its weights in its variables; one that computes in float16
+    is then frozen and retyped to float32 (loading.freeze_graph), as a Keras file is."""
+    path = _save(_mixed_precision_model("mixed_float16"), tmp_path, as_file=False)
+    _, report = converters.convert(path, mode="native")
+    assert report.promoted_to_float32
+    assert sum(g["count"] for g in report.gelus) == 3
+    _assert_converted(report, "native", gelu_ops_expected=3)

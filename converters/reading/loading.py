@@ -40,6 +40,7 @@ class Source:
     graph_def: object  # inlined, float16/bfloat16/float64 retyped as float32; frozen unless load(freeze=False)
     promoted_to_float32: bool
     directory: str = None  # a SavedModel's folder, where its graph is rewritten (rewriting.saved_model)
+    owner: object = None  # what owns the function's variables (the loaded SavedModel): let go with the function
 
 
 def first_line(error):
@@ -236,7 +237,7 @@ def load(model, signature=None, trust_model=False, kind=None, name=None, config_
         if kind == "SavedModel":
             loaded, key = _saved_model_signature(description, path, signature, trust_model)
             source = _source(description, kind, key, loaded.signatures[key], freeze)
-            source.directory = path
+            source.directory, source.owner = path, loaded
             return source
         model = _load_keras_file(path, description, trust_model, config_limit, member_limit)
     else:

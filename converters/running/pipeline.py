@@ -303,7 +303,7 @@ def _collect_if_large(source):
 
 def _let_go_of_the_source(source):
     if source.function is not None:
-        source.function = None
+        source.function = source.owner = None
         _collect_if_large(source)
 
 
@@ -338,7 +338,7 @@ def _handed_to_converter(source, result, reference, keep_source):
     reference = None if reference is result.graph_def else reference
     source.graph_def = result.graph_def = None
     if not keep_source:
-        source.function = None
+        source.function = source.owner = None
     if len(serialized.serialized) >= _COLLECT_ABOVE_BYTES:
         gc.collect()  # a loaded SavedModel's objects hold each other in cycles
     return serialized, reference
