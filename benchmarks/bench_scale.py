@@ -11,10 +11,11 @@ random samples), and `keras-gelu-convert` in native, builtin and `--int8 --calib
 verification included. For ours, the report's seconds and the peak memory the sandbox's zygote sampled in
 each step say where the cost is.
 
-Measured in one run on a shared, noisy machine; not a test. Needs about 14 GB for GPT-2 large.
+Measured on a shared, noisy machine (its speed drifts by tens of percent within an hour): --rounds N
+interleaves the ways N times and shows medians; not a test. Needs about 14 GB for GPT-2 large.
 
     python benchmarks/bench_scale.py [--models gpt2-small vit-b16 gpt2-medium gpt2-large] [--ways ...]
-                                     [--keep FOLDER]
+                                     [--rounds N] [--keep FOLDER]
 """
 
 import argparse
@@ -22,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import statistics
 import tempfile
 import time
 
@@ -105,6 +107,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--ways", nargs="+", choices=list(WAYS), default=list(WAYS))
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="convert each way this many times, interleaved, and show the median wall time and "
+                             "peak (the range of wall times after it)")
     parser.add_argument("--keep", help="export the models here and keep them (exported once, reused)")
     parser.add_argument("--build", nargs=2, metavar=("MODEL", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -121,29 +126,51 @@ def main():
             built = subprocess.run([sys.executable, __file__, "--build", name, path], capture_output=True,
                                    text=True, check=True, env={**os.environ, "KERAS_BACKEND": "tensorflow"})
             weight_bytes = json.loads(built.stdout.strip().splitlines()[-1])["weight_bytes"]
-            stock = {}  # {"float" or "int8": (seconds, peak)}: each of ours against the stock converter's same kind
+            runs = {way: [] for way in args.ways}  # {way: [(seconds, peak, code, figures)] per round}
+            for _ in range(args.rounds):  # the ways interleaved, so that a drift of the machine's speed hits all
+                for way in args.ways:
+                    runs[way].append(_run(way, path, scratch))
             for way in args.ways:
-                output, report, log = (os.path.join(scratch, f"out.{suffix}") for suffix in ("tflite", "json", "log"))
-                for leftover in (output, report):
-                    if os.path.exists(leftover):
-                        os.remove(leftover)
-                with open(log, "w") as stream:
-                    seconds, peak, code = measured(WAYS[way](path, output, report), stream)
-                kind = "int8" if "int8" in way else "float"
-                if way.startswith("stock") and code == 0:
-                    stock[kind] = (seconds, peak)
-                against = None if way.startswith("stock") else stock.get(kind)
-                ratios = f"{seconds / against[0]:.2f}x | {peak / against[1]:.2f}x" if against else " | "
-                steps = f"failed (exit {code}): {_last_line(log)}" if code != 0 else ""
-                if code == 0 and os.path.exists(report):
-                    with open(report) as stream:
-                        figures = json.load(stream)
-                    peaks = figures.get("stage_peak_bytes", {})
-                    steps = ", ".join(f"{step} {step_seconds:.1f}" for step, step_seconds in
-                                      figures["stage_seconds"].items())
-                    steps += "; peaks " + ", ".join(f"{step} {step_peak / 1e9:.1f}" for step, step_peak in peaks.items())
-                print(f"| {name} | {weight_bytes / 1e6:.0f} | {way} | {seconds:.1f} | {peak / 1e6:.0f} | {ratios} | "
-                      f"{steps} |", flush=True)
+                # each of ours against the stock converter's same kind, round by round: the median of the ratios
+                stock = "stock int8" if "int8" in way else "stock"
+                failed = [run for run in runs[way] if run[2] != 0]
+                seconds, peak = (statistics.median(run[index] for run in runs[way]) for index in (0, 1))
+                against = [] if way.startswith("stock") or failed else [
+                    (run[0] / base[0], run[1] / base[1]) for run, base in zip(runs[way], runs.get(stock, []))
+                    if base[2] == 0]
+                ratios = " | "
+                if against:
+                    ratios = " | ".join(f"{statistics.median(pair[index] for pair in against):.2f}x" for index in (0, 1))
+                steps = f"failed (exit {failed[0][2]}): {failed[0][3]}" if failed else _steps(runs[way][-1][3])
+                spread = f" ({min(run[0] for run in runs[way]):.1f}-{max(run[0] for run in runs[way]):.1f})" \
+                    if args.rounds > 1 else ""
+                print(f"| {name} | {weight_bytes / 1e6:.0f} | {way} | {seconds:.1f}{spread} | {peak / 1e6:.0f} | "
+                      f"{ratios} | {steps} |", flush=True)
+
+
+def _run(way, path, scratch):
+    """(wall seconds, peak bytes, exit code, the report's figures or the log's last line) of one conversion."""
+    output, report, log = (os.path.join(scratch, f"out.{suffix}") for suffix in ("tflite", "json", "log"))
+    for leftover in (output, report):
+        if os.path.exists(leftover):
+            os.remove(leftover)
+    with open(log, "w") as stream:
+        seconds, peak, code = measured(WAYS[way](path, output, report), stream)
+    if code != 0:
+        return seconds, peak, code, _last_line(log)
+    if not os.path.exists(report):
+        return seconds, peak, code, {}
+    with open(report) as stream:
+        return seconds, peak, code, json.load(stream)
+
+
+def _steps(figures):
+    """The report's seconds per step and the zygote's peak sample in each, of the last round."""
+    if not figures:
+        return ""
+    steps = ", ".join(f"{step} {seconds:.1f}" for step, seconds in figures["stage_seconds"].items())
+    peaks = figures.get("stage_peak_bytes", {})
+    return steps + "; peaks " + ", ".join(f"{step} {peak / 1e9:.1f}" for step, peak in peaks.items())
 
 
 if __name__ == "__main__":

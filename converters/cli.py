@@ -42,7 +42,8 @@ writable, 9 bad --inputs or --calibration, 10 parity failure, 11 the TFLite conv
 12 the model carries code or file-system ops (see --trust-model), 13 the model has ops or types the
 --target lacks, 14 the --target's runtime or compiler refused it, 15 that tool crashed, 16 past
 --time-limit, 17 past --memory-limit, 18 part of the file past its size limit (--config-limit),
-19 the conversion process crashed or ended without an answer, 20 NaN or Inf weights, 1 internal error
+19 the conversion process crashed or ended without an answer, 20 NaN or Inf weights, 21 weights past what
+the route holds (2 GB frozen), 1 internal error
 """
 
 

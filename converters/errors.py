@@ -127,5 +127,11 @@ class NonFiniteWeights(ConversionError):
     exit_code = 20
 
 
+class ModelTooLarge(ConversionError):
+    """The model's weights pass what the route its flags take can hold (a protocol buffer's 2 GB)."""
+
+    exit_code = 21
+
+
 # argparse's own code for bad flags.
 USAGE_EXIT_CODE = 2

@@ -6,6 +6,8 @@ difference in the worker's peak resident memory (what the sandbox's zygote measu
 multiple of the weights, so that a step that copies the weights once more shows as a failure here.
 """
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -45,3 +47,25 @@ def test_peak_memory_grows_by_a_stated_multiple_of_the_weights(tmp_path):
     assert mid.verified and tiny.peak_bytes > 0
     multiple = (mid.peak_bytes - tiny.peak_bytes) / weight_bytes
     assert 1.0 < multiple <= PEAK_PER_WEIGHT_BYTE, (multiple, mid.stage_peak_bytes)
+
+
+def test_a_model_past_what_its_route_holds_is_refused_in_one_line_with_the_figure(monkeypatch):
+    """Past 2 GB of weights, the routes that freeze the graph into a protocol buffer (--int8, --target, Keras
+    files, live models) cannot hold them: refused in one line, with the figure and the way that converts,
+    before the converter fails 47 s later. The limit lowered to a few kB stands in for 2 GB, on a live model
+    (converted in this process, where the limit can be lowered)."""
+    from keras_gelu.converters.running import pipeline
+    from keras_gelu.flavour import keras
+
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="gelu")])
+    monkeypatch.setattr(pipeline, "_PROTOBUF_LIMIT", 64 * 64 * 4 - 1)
+    with pytest.raises(converters.errors.ModelTooLarge) as refusal:
+        converters.convert(model)
+    message = refusal.value.message
+    figure = re.search(r"its ([\d,]+) bytes of weights \(0\.00 GiB\) pass the 2 GiB a protocol buffer holds", message)
+    # the kernel and bias, 16,640 bytes, and each constant's dtype and shape as the frozen graph holds them
+    assert figure and 16_640 <= int(figure.group(1).replace(",", "")) < 17_000 and "\n" not in message
+    assert "a live Keras model converts a frozen copy" in message and "model.export" in message
+    assert refusal.value.exit_code == 21
+    monkeypatch.undo()
+    assert converters.convert(model)[1].verified

@@ -403,6 +403,80 @@ def test_a_float16_weight_tflite_s_gelu_becomes_builtin():
         converters.convert(original, exact_as="erf", target="tflm")
 
 
+def _dense_gelu(weights, buffers_after=False):
+    """The stock converter's .tflite of gelu(x @ weights), exact; buffers_after: in the form it writes past 2 GB
+    (each weight buffer after the flatbuffer, at Buffer.offset), which its experimental flag asks for at any size."""
+    module = tf.Module()
+    module.f = tf.function(lambda x: tf.nn.gelu(tf.matmul(x, tf.constant(weights)), approximate=False),
+                           input_signature=[tf.TensorSpec([1, weights.shape[0]], tf.float32)])
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.f.get_concrete_function()], module)
+    converter._experimental_use_buffer_offset = buffers_after
+    return converter.convert()
+
+
+def _buffers_after_the_flatbuffer(tflite_model):
+    """The offsets of the buffers a .tflite keeps after its flatbuffer, and whether its metadata names that form."""
+    model = flatbuffer_model.schema.Model.GetRootAsModel(tflite_model, 0)
+    offsets = [model.Buffers(index).Offset() for index in range(model.BuffersLength())
+               if model.Buffers(index).Offset() > 1]
+    names = {model.Metadata(index).Name() for index in range(model.MetadataLength())}
+    return offsets, b"buffer_location" in names
+
+
+@pytest.mark.parametrize("options, atol", [
+    ({"exact_as": "erf"}, ERF_FORM_ATOL),
+    ({"mode": "native"}, ERF_FORM_ATOL),  # LiteRT's GELU op against float64: float32 rounding of erf
+    ({"exact_as": "tanh", "target": "tflm"}, 5e-4),  # the tanh form of exact GELU: 4.7e-4 at |x| = 2.2
+], ids=["builtin", "native", "tflm"])
+def test_a_tflite_with_its_weights_after_the_flatbuffer_converts_and_is_written_whole(options, atol):
+    """The form a .tflite takes past 2 GB (weights after the flatbuffer), asked of the stock converter for a
+    small model: read as any .tflite, and written whole, as a model that fits is, where TFLite Micro reads it
+    too (it reads no buffer after the flatbuffer: NaN). The output computes gelu(x @ w) as float64 does."""
+    from keras_gelu import converters
+
+    rng = np.random.default_rng(11)
+    weights = (rng.normal(size=(64, 64)) / 8).astype(np.float32)
+    original = _dense_gelu(weights, buffers_after=True)
+    assert _buffers_after_the_flatbuffer(original)[0] and _buffers_after_the_flatbuffer(original)[1]
+    rewritten, report = converters.convert(original, **options)
+    assert _buffers_after_the_flatbuffer(rewritten) == ([], False) and report.verified
+    assert ("GELU" in tflite_helpers.ops(rewritten)) == (options.get("mode") == "native")
+    x = rng.normal(size=(1, 64)).astype(np.float32)
+    (actual,) = tflite_helpers.run(rewritten, x)
+    np.testing.assert_allclose(actual[0], _gelu64(x[0].astype(np.float64) @ weights.astype(np.float64), False),
+                               atol=atol)
+
+
+def test_every_edit_of_a_tflite_past_2_gb_keeps_its_weights_after_the_flatbuffer(monkeypatch):
+    """Past 2 GB of weights the stock converter writes them after the flatbuffer; so does every path that edits a
+    .tflite (GELU ops rewritten, a signature given, the round trip itself), each buffer on 16 bytes. The limit
+    lowered to this model's weights stands in for 2 GB (the real size: benchmarks/bench_scale.py). LiteRT runs
+    each as float64 computes gelu(x @ w), and a model written whole exactly as the one split."""
+    from keras_gelu.converters.tflite import signatures
+    from keras_gelu.converters.tflite import validation
+
+    rng = np.random.default_rng(12)
+    weights = (rng.normal(size=(64, 64)) / 8).astype(np.float32)
+    whole = _dense_gelu(weights)
+    monkeypatch.setattr(flatbuffer_model, "_INLINE_WEIGHTS_LIMIT", weights.nbytes - 1)
+    edits = {
+        "round trip": flatbuffer_model.as_bytes(flatbuffer_model.as_object(whole), len(whole)),
+        "GELU ops": tflite_gelus.rewrite(whole, "builtin", "erf").tflite_model,
+        "signature": signatures.with_signature(whole, "serving_default", ["x"], ["y"]),
+    }
+    x = rng.normal(size=(1, 64)).astype(np.float32)
+    expected = _gelu64(x[0].astype(np.float64) @ weights.astype(np.float64), False)
+    for edit, split in edits.items():
+        offsets, named = _buffers_after_the_flatbuffer(split)
+        assert named and offsets and all(offset % 16 == 0 for offset in offsets), edit
+        assert validation.problem(split) is None, edit
+        np.testing.assert_allclose(tflite_helpers.run(split, x)[0][0], expected, atol=ERF_FORM_ATOL, err_msg=edit)
+    np.testing.assert_array_equal(tflite_helpers.run(edits["round trip"], x)[0], tflite_helpers.run(whole, x)[0])
+    monkeypatch.undo()
+    rejoined = flatbuffer_model.as_bytes(flatbuffer_model.as_object(edits["GELU ops"]), len(whole))
+    assert _buffers_after_the_flatbuffer(rejoined) == ([], False), "written whole again where the weights fit"
+
+
 def test_a_tflite_is_known_by_its_content_and_taken_as_bytes(tmp_path):
     from keras_gelu import converters
 

@@ -260,6 +260,13 @@ def _function_tensor_source(name, body_nodes):
         name = node.input[0]
 
 
+def constant_bytes(graph_def):
+    """The bytes of every Const's value in the graph and its function library: what freezing made of the
+    weights, which a serialized GraphDef must hold."""
+    nodes = [*graph_def.node, *(node for function in graph_def.library.function for node in function.node_def)]
+    return sum(node.attr["value"].tensor.ByteSize() for node in nodes if node.op == "Const")
+
+
 def constant_arguments_inlined(graph_def):
     """Make each control-flow function argument that is the same constant at every call a Const in the body.
 

@@ -42,6 +42,8 @@ from . import verify as parity
 _COLLECT_ABOVE_BYTES = 64 * 2**20
 # Constants larger than this are weights, never the shapes and axes that importing a graph infers from.
 _WEIGHT_BYTES = 1024
+# A protocol buffer's size limit, and with it a frozen GraphDef's.
+_PROTOBUF_LIMIT = 2**31 - 1
 
 
 def _without_weights(graph_def):
@@ -218,6 +220,8 @@ def convert(model, options, kind=None, name=None):
         if kept_graph is not None and (source.promoted_to_float32 or integer.is_quantization_aware(source.graph_def)):
             loading.freeze_graph(source)  # retyped or quantization-aware: the frozen route's passes serve these
             kept_graph = None
+        if kept_graph is None:
+            _refuse_past_the_protobuf_limit(source, options, target)
         parity_inputs, batch_fixed = source.inputs, False  # parity runs on batches of the model's own shapes
         if (target is not None and target.static_shapes) or options.input_shapes:
             source, parity_inputs, batch_fixed = target_checks.with_static_shapes(source, target,
@@ -290,6 +294,24 @@ def _rewritable_in_place(model, kind, options, target):
     except Exception:  # noqa: BLE001 - loading says what is wrong with the file, in one line
         return None
     return proto if saved_model.keeps_its_graph_in_functions(proto) else None
+
+
+def _refuse_past_the_protobuf_limit(source, options, target):
+    """errors.ModelTooLarge, in one line with the figure, where the frozen graph's weights pass 2 GB: the
+    converter would fail after serializing most of them (measured: 47 s, "basic_string::append")."""
+    weight_bytes = graph.constant_bytes(source.graph_def)
+    if weight_bytes <= _PROTOBUF_LIMIT:
+        return
+    flags = [flag for flag, given in (("--int8", options.int8), ("--float16-weights", options.float16_weights),
+                                      (f"--target {options.target}", target is not None),
+                                      ("--input-shape", options.input_shapes)) if given]
+    route = {"SavedModel": " and ".join(flags) or "this SavedModel (TensorFlow 1, retyped to float32, or QAT)",
+             "Keras model": "a live Keras model"}.get(source.kind, f"a {source.kind} file")
+    raise errors.ModelTooLarge(
+        f"{source.path}: its {weight_bytes:,} bytes of weights ({weight_bytes / 2**30:.2f} GiB) pass the 2 GiB a protocol buffer holds, "
+        f"and {route} converts a frozen copy of the graph; a TensorFlow 2 SavedModel (Keras: model.export) "
+        "converted to float without --int8, --float16-weights, --target or --input-shape keeps its weights in "
+        "its variables")
 
 
 def _collect_if_large(source):

@@ -1,31 +1,94 @@
 """A .tflite read into and written back from the flatbuffer object API (schema's ModelT)."""
 
 import flatbuffers
+import numpy as np
 from tensorflow.lite.python import schema_py_generated as schema
-from tensorflow.lite.tools import flatbuffer_utils
 
 from .. import paths
+
+
+# A flatbuffer's offsets are 32-bit: past 2 GB, the stock converter writes each weight buffer after the
+# flatbuffer (Buffer.offset and .size, from the file's start) and names that form in a metadata entry.
+# The weights a flatbuffer holds, leaving 64 MB of its 2 GB to the graph.
+_INLINE_WEIGHTS_LIMIT = 2 ** 31 - 2 ** 26
+_BUFFER_LOCATION = b"buffer_location"
+_BUFFER_LOCATION_VALUE = b"outside flatbuffers"
+_BUFFER_ALIGNMENT = 16  # the stock converter's: each buffer after the flatbuffer starts on 16 bytes
 
 
 def as_object(tflite_model):
     """The model as the flatbuffer object API's ModelT.
 
     Unpacked straight from the bytes, without the copy flatbuffer_utils
-    makes: weight buffers stay numpy views of `tflite_model`. Models over
-    2 GB keep their weights after the flatbuffer (buffer offsets), which only
-    flatbuffer_utils reads back.
+    makes: weight buffers stay numpy views of `tflite_model`, wherever they
+    lie (inside the flatbuffer, or after it in a model past 2 GB).
     """
     model = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(tflite_model, 0))
-    if any(buffer.offset for buffer in model.buffers or ()):
-        return flatbuffer_utils.read_model_from_bytearray(bytearray(tflite_model))
+    whole = None
+    for buffer in model.buffers or ():
+        if buffer.offset > 1:  # the schema's rule: offsets 0 and 1 mean the data, if any, is inside
+            whole = np.frombuffer(tflite_model, np.uint8) if whole is None else whole
+            buffer.data = whole[buffer.offset:buffer.offset + buffer.size]
+            buffer.offset = buffer.size = 0
     return model
 
 
 def as_bytes(model, size_hint):
-    """Serialize a ModelT: the builder is sized for the model up front and its bytes copied out once."""
+    """Serialize a ModelT as the stock converter would: whole where its weights fit in a flatbuffer (the form
+    every runtime reads: TFLite Micro reads no buffer after the flatbuffer), else with them after it."""
+    weights = sum(len(buffer.data) for buffer in model.buffers or () if buffer.data is not None)
+    if weights > _INLINE_WEIGHTS_LIMIT:
+        return _with_buffers_after(model)
+    # A model read in the other form names it in its metadata: the name goes with the form
+    model.metadata = [entry for entry in model.metadata or () if _metadata_name(entry) != _BUFFER_LOCATION] or None
+    return _packed(model, size_hint)
+
+
+def _metadata_name(entry):
+    return entry.name.encode() if isinstance(entry.name, str) else entry.name
+
+
+def _with_buffers_after(model):
+    """The flatbuffer without its weights, then each weight buffer on a 16-byte boundary, at the offset its
+    Buffer names. A Buffer's offset is a 64-bit scalar either way, so the flatbuffer packed with placeholder
+    offsets has the size it has with the real ones: packed twice, the second time with the real offsets."""
+    if not any(_metadata_name(entry) == _BUFFER_LOCATION for entry in model.metadata or ()):
+        location = schema.BufferT()
+        location.data = np.frombuffer(_BUFFER_LOCATION_VALUE, np.uint8)
+        entry = schema.MetadataT()
+        entry.name, entry.buffer = _BUFFER_LOCATION, len(model.buffers)
+        model.buffers.append(location)
+        model.metadata = [*(model.metadata or ()), entry]
+    metadata_buffers = {entry.buffer for entry in model.metadata}
+    outside = [(buffer, buffer.data) for index, buffer in enumerate(model.buffers)
+               if index not in metadata_buffers and buffer.data is not None and len(buffer.data)]
+    try:
+        for buffer, data in outside:
+            buffer.data, buffer.offset, buffer.size = None, 2, len(data)
+        head = _packed(model)
+        position = _aligned(len(head))
+        for buffer, data in outside:
+            buffer.offset, position = position, _aligned(position + len(data))
+        head = _packed(model)
+    finally:
+        for buffer, data in outside:
+            buffer.data, buffer.offset, buffer.size = data, 0, 0
+    pieces, end = [head], len(head)
+    for buffer, data in outside:
+        pieces += [bytes(_aligned(end) - end), data]
+        end = _aligned(end) + len(data)
+    return b"".join(pieces)
+
+
+def _packed(model, size_hint=0):
+    """The builder sized for the model up front, its bytes copied out once."""
     builder = flatbuffers.Builder(size_hint + (1 << 20))
     builder.Finish(model.Pack(builder), file_identifier=paths.TFLITE_FILE_IDENTIFIER)
     return bytes(memoryview(builder.Bytes)[builder.Head():])
+
+
+def _aligned(position):
+    return -(-position // _BUFFER_ALIGNMENT) * _BUFFER_ALIGNMENT
 
 
 def builtin_code(operator_code):

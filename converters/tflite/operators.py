@@ -5,7 +5,6 @@ import collections
 import dataclasses
 
 from tensorflow.lite.python import schema_py_generated as schema
-from tensorflow.lite.tools import flatbuffer_utils
 
 from . import flatbuffer_model
 
@@ -41,7 +40,7 @@ def op_name(model, operator):
 
 def operators(tflite_model):
     """Every operator of every subgraph with the type of its first output."""
-    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_model))
+    model = flatbuffer_model.as_object(tflite_model)
     result = []
     for subgraph in model.subgraphs:
         graph_inputs, graph_outputs = set(subgraph.inputs), set(subgraph.outputs)
@@ -58,7 +57,7 @@ def operators(tflite_model):
 
 def output_scales(tflite_model):
     """The int8 scale of each output of the main subgraph (read before a final DEQUANTIZE), or None."""
-    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_model))
+    model = flatbuffer_model.as_object(tflite_model)
     subgraph = model.subgraphs[0]
     producers = {output: operator for operator in subgraph.operators for output in operator.outputs}
 
