@@ -3,9 +3,11 @@
 A *program* is a list of placements, summed into the signature's output:
 
 * a leaf applies a spelling to a tensor of its own (sin(h + 0.1 k): a
-  non-arithmetic op, so no two leaves share an input and no leaf's input
-  reads as a scaled x), with its constants inline, computed from other
-  constants, or captured from outside the function;
+  non-arithmetic op, so no two leaves share an input), with its constants
+  inline, computed from other constants, or captured from outside the
+  function; that tensor as it is, plus a constant vector (a bias folded
+  in), or times another tensor (a LayerScale): a GELU's x computed by
+  arithmetic, which a matcher must not mistake for part of the spelling;
 * a `pair` applies two spellings to one tensor, where a converter's
   common-subexpression pass can merge their ops;
 * `cond` puts placements in one or both branches of a tf.cond;
@@ -54,6 +56,7 @@ SPELLINGS = {
     "bare_erf": Spelling(lambda x, k: erf(x) + k(0.25) * x, None),
 }
 CONSTANT_KINDS = ("inline", "computed", "captured")
+INPUT_KINDS = ("op", "plus_constant", "times_tensor")
 # Every constant a spelling asks for, made eagerly once per model for the captured kind.
 _CONSTANTS = (0.5, 1.0, SQRT_HALF, SQRT2, 1.3, TANH_SCALE, 0.044715, 1.702, 0.25)
 WIDTH = 8
@@ -62,7 +65,8 @@ WIDTH = 8
 class strategies:  # noqa: N801 - a namespace, as hypothesis.strategies is
     @staticmethod
     def leaves():
-        return st.tuples(st.just("gelu"), st.sampled_from(sorted(SPELLINGS)), st.sampled_from(CONSTANT_KINDS))
+        return st.tuples(st.just("gelu"), st.sampled_from(sorted(SPELLINGS)), st.sampled_from(CONSTANT_KINDS),
+                         st.sampled_from(INPUT_KINDS))
 
     @staticmethod
     def placements():
@@ -110,13 +114,21 @@ class _Builder:
         return lambda value: self.captured[value]
 
     def _leaf(self, leaf, x):
-        _, name, constants = leaf
+        _, name, constants, _ = leaf
         return SPELLINGS[name].build(x, self.constants(constants))
+
+    def _input(self, kind, h):
+        x = tf.sin(h + 0.1 * next(self.counter))
+        if kind == "plus_constant":
+            return x + tf.constant(np.linspace(-0.5, 0.5, WIDTH, dtype=np.float32))
+        if kind == "times_tensor":
+            return x * tf.cos(h)
+        return x
 
     def __call__(self, placement, h):
         kind = placement[0]
         if kind in ("gelu", "pair"):
-            x = tf.sin(h + 0.1 * next(self.counter))
+            x = self._input((placement if kind == "gelu" else placement[1])[3], h)
             return self._leaf(placement, x) if kind == "gelu" else self._leaf(placement[1], x) + self._leaf(
                 placement[2], x)
         if kind == "cond":
@@ -179,7 +191,7 @@ class _EveryLeaf(_Weights):
 
         def serve(x):
             build, h = _Builder(self.captured), tf.matmul(x, self.w1)
-            return {name: build(("gelu", name, kind), h) for name in sorted(SPELLINGS)}
+            return {name: build(("gelu", name, kind, "op"), h) for name in sorted(SPELLINGS)}
 
         self.serve = tf.function(serve, input_signature=_INPUT)
 

@@ -129,14 +129,18 @@ def test_every_mode_keeps_its_promise_on_generated_graphs(main_graph_fuses, tmp_
 
 # What the fuzzer found, as it found it (the mechanisms are pinned on their own in test_converter_control_flow.py).
 FOUND = {
-    "captured constants in a branch": [("cond", ("gelu", "erf", "captured"), None)],
-    "a cond in a branch": [("cond", ("cond", ("gelu", "bare_erf", "computed"), ("gelu", "sigmoid", "captured")),
-                            None)],
-    "a loop capturing a computed tensor, int8": [("while", ("gelu", "erf_half_plus_half", "inline"), True)],
+    "captured constants in a branch": [("cond", ("gelu", "erf", "captured", "op"), None)],
+    "a cond in a branch": [("cond", ("cond", ("gelu", "bare_erf", "computed", "op"),
+                                     ("gelu", "sigmoid", "captured", "op")), None)],
+    "a loop capturing a computed tensor, int8": [("while", ("gelu", "erf_half_plus_half", "inline", "op"), True)],
     "colocation with an inlined identity": [
-        ("nested", ("pair", ("gelu", "sigmoid", "captured"), ("gelu", "bare_erf", "inline"))),
-        ("nested", ("while", ("gelu", "sigmoid", "captured"), False))],
-    "an exact and a tanh GELU of one tensor": [("pair", ("gelu", "erfc", "inline"), ("gelu", "tanh", "inline"))],
+        ("nested", ("pair", ("gelu", "sigmoid", "captured", "op"), ("gelu", "bare_erf", "inline", "op"))),
+        ("nested", ("while", ("gelu", "sigmoid", "captured", "op"), False))],
+    "an exact and a tanh GELU of one tensor": [("pair", ("gelu", "erfc", "inline", "op"),
+                                                ("gelu", "tanh", "inline", "op"))],
+    # x = h + b: the matcher took h for x and the bias for part of the spelling (GELUs found: 0)
+    "a GELU of a tensor plus a constant": [("gelu", "tf_nn_gelu", "inline", "plus_constant"),
+                                           ("nested", ("gelu", "tanh", "captured", "times_tensor"))],
 }
 
 

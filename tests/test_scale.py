@@ -69,3 +69,40 @@ def test_a_model_past_what_its_route_holds_is_refused_in_one_line_with_the_figur
     assert refusal.value.exit_code == 21
     monkeypatch.undo()
     assert converters.convert(model)[1].verified
+
+
+def test_repeated_weights_are_shared_as_the_stock_converter_shares_them(tmp_path):
+    """The float SavedModel route shares read-only buffers itself (`tflite.deduplication`, at a fraction of the
+    stock step's cost): two variables with the same values and a third, and a tiny constant repeated, come out
+    with the buffers the stock converter's .tflite has, computing what it computes (the GELU op both)."""
+    from keras_gelu.converters.tflite import deduplication
+    from keras_gelu.converters.tflite import flatbuffer_model
+    import tflite_helpers
+
+    rng = np.random.default_rng(4)
+    tied, other = (rng.normal(0, 0.1, (96, 96)).astype(np.float32) for _ in range(2))
+    module = tf.Module()
+    module.weights = [tf.Variable(tied), tf.Variable(other), tf.Variable(tied.copy())]
+
+    @tf.function(input_signature=[tf.TensorSpec([1, 96], tf.float32, name="x")])
+    def serve(x):
+        for weight in module.weights:
+            x = tf.nn.gelu(tf.matmul(x, weight) + tf.constant([0.5] * 96), approximate=False)
+        return {"y": x}
+
+    path = str(tmp_path / "tied")
+    tf.saved_model.save(module, path, signatures={"serving_default": serve})
+    stock = tf.lite.TFLiteConverter.from_saved_model(path).convert()
+    ours, report = converters.convert(path, mode="native")
+
+    def buffer_sizes(tflite_model):  # of the weights and the bias (the tiny ones are metadata and shapes)
+        buffers = flatbuffer_model.as_object(tflite_model).buffers
+        return sorted(len(buffer.data) for buffer in buffers if buffer.data is not None and len(buffer.data) > 256)
+
+    assert buffer_sizes(ours) == buffer_sizes(stock) and buffer_sizes(ours) == [384, tied.nbytes, tied.nbytes]
+    stock_ops = tflite_helpers.ops(stock)
+    assert report.verified and stock_ops == {"FULLY_CONNECTED": 3, "GELU": 3}
+    assert {op: report.ops.get(op) for op in stock_ops} == stock_ops  # and the GELU op's clamp, MAXIMUM
+    x = rng.normal(size=(1, 96)).astype(np.float32)
+    np.testing.assert_allclose(tflite_helpers.run(ours, x)[0], tflite_helpers.run(stock, x)[0], rtol=1e-6, atol=1e-6)
+    assert deduplication.deduplicated(ours) is ours, "nothing left to share: the bytes as they were"

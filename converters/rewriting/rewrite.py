@@ -145,40 +145,35 @@ class _Polynomials:
         return _add(left, right, -1.0 if node.op == "Sub" else 1.0)
 
 
-def _leaves(name, nodes, seen=None):
-    """The non-constant, non-arithmetic tensors an expression is built from."""
-    seen = set() if seen is None else seen
-    name = graph.resolve(name, nodes)
-    if name in seen:
-        return set()
-    seen.add(name)
-    if _scalar_constant(name, nodes) is not None:
-        return set()
-    node_name, index = graph.split_tensor_name(name)
-    node = nodes.get(node_name)
-    if node is None or index != 0 or node.op not in patterns.ARITHMETIC_OPS:
-        return {name}
-    leaves = set()
-    for operand in graph.data_inputs(node):
-        leaves |= _leaves(operand, nodes, seen)
-    return leaves
+def _subexpressions(name, nodes):
+    """The non-constant tensors an expression is computed from through arithmetic (itself included), those
+    farthest from it first."""
+    depths, frontier = {}, [(graph.resolve(name, nodes), 0)]
+    while frontier:
+        tensor, depth = frontier.pop()
+        if _scalar_constant(tensor, nodes) is not None or depths.get(tensor, -1) >= depth:
+            continue
+        depths[tensor] = depth
+        node_name, index = graph.split_tensor_name(tensor)
+        node = nodes.get(node_name)
+        if node is not None and index == 0 and node.op in patterns.ARITHMETIC_OPS:
+            frontier.extend((graph.resolve(operand, nodes), depth + 1) for operand in graph.data_inputs(node))
+    return sorted(depths, key=lambda tensor: -depths[tensor])
 
 
-def _gate_argument(gate_node, nodes):
-    """(x, a1, a3) if the gate's argument is a1 x + a3 x^3 in one tensor x, else None."""
+def _gate_arguments(gate_node, nodes):
+    """Each (x, a1, a3) for which the gate's argument is a1 x + a3 x^3 in one tensor x: x the argument's one
+    leaf, else any tensor it is computed from (a GELU of `h + b` or of `g * h`, whose x is no leaf), the
+    farthest first."""
     argument = gate_node.input[0]
-    leaves = _leaves(argument, nodes)
-    if len(leaves) != 1:
-        return None
-    (x,) = leaves
-    try:
-        terms = _Polynomials(nodes, x).of(argument)
-    except NotPolynomial:
-        return None
-    terms = {k: v for k, v in terms.items() if v != 0.0}
-    if set(terms) - {(1, 0), (3, 0)} or (1, 0) not in terms:
-        return None
-    return x, terms[(1, 0)], terms.get((3, 0), 0.0)
+    for x in _subexpressions(argument, nodes):
+        try:
+            terms = _Polynomials(nodes, x).of(argument)
+        except NotPolynomial:
+            continue
+        terms = {k: v for k, v in terms.items() if v != 0.0}
+        if not set(terms) - {(1, 0), (3, 0)} and (1, 0) in terms:
+            yield x, terms[(1, 0)], terms.get((3, 0), 0.0)
 
 
 def _effective_consumers(name, nodes, consumer_map):
@@ -214,29 +209,32 @@ def find_gelus(graph_def):
     for gate_node in graph_def.node:
         if gate_node.op not in patterns.GATE_OPS:
             continue
-        argument = _gate_argument(gate_node, nodes)
-        if argument is None:
-            continue
-        x, linear, cubic = argument
-        polynomials = _Polynomials(nodes, x, gate=gate_node.name + ":0")
-        current, best = gate_node.name + ":0", None
-        while True:
-            users = _effective_consumers(current, nodes, consumer_map)
-            if len(users) != 1 or users[0].op not in patterns.ARITHMETIC_OPS:
+        for x, linear, cubic in _gate_arguments(gate_node, nodes):
+            best = _gelu_above(gate_node, x, linear, cubic, nodes, consumer_map)
+            if best is not None:
+                root, (pattern, alpha) = best
+                found[root] = (Finding(pattern.name, alpha, "", root, x, gate_node.name), pattern)
                 break
-            current = users[0].name + ":0"
-            try:
-                terms = {k: v for k, v in polynomials.of(current).items() if v != 0.0}
-            except NotPolynomial:
-                break
-            if set(terms) <= {(1, 0), (1, 1)} and (1, 1) in terms:
-                matched = patterns.match(gate_node.op, terms.get((1, 0), 0.0), terms[(1, 1)], linear, cubic)
-                if matched is not None:
-                    best = (current, matched)
-        if best is not None:
-            root, (pattern, alpha) = best
-            found[root] = (Finding(pattern.name, alpha, "", root, x, gate_node.name), pattern)
     return list(found.values())
+
+
+def _gelu_above(gate_node, x, linear, cubic, nodes, consumer_map):
+    """(the highest tensor above the gate that is a GELU of x, (pattern, alpha)), or None."""
+    polynomials = _Polynomials(nodes, x, gate=gate_node.name + ":0")
+    current, best = gate_node.name + ":0", None
+    while True:
+        users = _effective_consumers(current, nodes, consumer_map)
+        if len(users) != 1 or users[0].op not in patterns.ARITHMETIC_OPS:
+            return best
+        current = users[0].name + ":0"
+        try:
+            terms = {k: v for k, v in polynomials.of(current).items() if v != 0.0}
+        except NotPolynomial:
+            return best
+        if set(terms) <= {(1, 0), (1, 1)} and (1, 1) in terms:
+            matched = patterns.match(gate_node.op, terms.get((1, 0), 0.0), terms[(1, 1)], linear, cubic)
+            if matched is not None:
+                best = (current, matched)
 
 
 @dataclasses.dataclass

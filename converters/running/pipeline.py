@@ -28,6 +28,7 @@ from ..rewriting import int8 as integer
 from ..rewriting import rewrite
 from ..rewriting import saved_model
 from ..rewriting import tf_ops_as_builtins
+from ..tflite import deduplication
 from ..tflite import equivalent_ops
 from ..tflite import operators
 from ..tflite import signatures
@@ -126,6 +127,17 @@ def _saved_model_converter(directory, signature):
     except (AttributeError, TypeError):
         return tf.lite.TFLiteConverter.from_saved_model(directory, signature_keys=[signature])
     converter._debug_info = None
+    optimize = converter._optimize_tflite_model
+
+    def optimized(model, *args, **kwargs):
+        # A float conversion's only optimization is sharing repeated weights, done here without the stock
+        # step's two unpackings and its repacking of every weight (`deduplication`)
+        if converter.optimizations or converter._sparsify_model() or {converter.inference_input_type,
+                                                                      converter.inference_output_type} - {tf.float32}:
+            return optimize(model, *args, **kwargs)
+        return deduplication.deduplicated(model)
+
+    converter._optimize_tflite_model = optimized
 
     def convert():
         graph_def, _, _ = load_graph(converter.saved_model_dir, converter._saved_model_tags)
