@@ -354,6 +354,27 @@ def test_qat_trains_saves_and_loads_on_this_backend(rng, tmp_path):
     np.testing.assert_array_equal(_numpy(keras.saving.load_model(path)(x[:64])), _numpy(model(x[:64])))
 
 
+def test_qat_of_a_layer_normalization_whose_variance_rounds_to_zero_trains_to_finite_variables(rng):
+    """Without calibration data, two Adam steps at 1e-3 on batches of 4, as a newcomer trains: rows of equal
+    values (DeiT's zero-initialized tokens, padding) have a variance of 0, and small ones round to 0 on the
+    variance's int8 grid. RSQRT saturates there in int8; rsqrt(0) = inf in the QAT graph gave NaN gradients
+    (the range's clipping times inf), which two steps spread to 228 of 244 variables of a ViT."""
+    from keras_gelu import qat
+
+    keras.utils.set_random_seed(8)
+    inputs = keras.Input((4, 8))
+    hidden = keras.layers.LayerNormalization()(keras.layers.Dense(8, bias_initializer="zeros")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras_gelu.GELU("exact")(hidden)))
+    x = rng.normal(size=(8, 4, 8)).astype(np.float32)
+    x[:, 0] = 0.0  # a token of zeros: its row after the Dense is the zero bias, its variance 0
+    quantized = qat.quantize_model(model)
+    quantized.compile(keras.optimizers.Adam(1e-3), "mse", jit_compile=BACKEND != "torch")
+    history = quantized.fit(x, rng.normal(size=(8, 4, 2)).astype(np.float32), batch_size=4, epochs=1,
+                            verbose=0).history
+    spoilt = [variable.path for variable in quantized.variables if not np.all(np.isfinite(_numpy(variable)))]
+    assert np.all(np.isfinite(history["loss"])) and not spoilt, (history, spoilt)
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution is JAX's")
 @pytest.mark.parametrize("quantized", [False, True], ids=["float", "qat"])
 def test_data_parallel_over_two_host_devices_takes_the_single_device_step(quantized, rng):

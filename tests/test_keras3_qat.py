@@ -245,14 +245,20 @@ def test_calibration_sets_each_range_to_the_data_and_keeps_every_weight(rng):
         np.testing.assert_array_equal(before, after.numpy())
 
 
-def test_a_training_step_moves_a_range_a_thousandth_of_the_way_to_the_batch(rng):
+def test_the_first_training_batch_sets_a_range_and_each_later_one_moves_it_a_thousandth(rng):
+    """Without calibration data a range starts at [-6, 6], which a real model's activations overflow and its
+    small values (a variance) round to zero on: the first training batch sets it, as calibration would; the
+    moving average takes over from there."""
     qat = keras_gelu.qat.quantize_model(_mlp())
-    x = rng.normal(size=(32, 12)).astype(np.float32) * 10
-    low, high = _range_of(qat.get_layer("quantize_features"), "input")
+    first, second = (rng.normal(size=(32, 12)).astype(np.float32) * scale for scale in (10, 3))
+    assert list(_range_of(qat.get_layer("quantize_features"), "input")) == [-6.0, 6.0]
     qat.compile(keras.optimizers.SGD(0.0), "mse")
-    qat.fit(x, np.zeros((32, 4), np.float32), batch_size=32, epochs=1, verbose=0)
-    expected = [ranges.EMA_DECAY * low + (1 - ranges.EMA_DECAY) * min(x.min(), 0.0),
-                ranges.EMA_DECAY * high + (1 - ranges.EMA_DECAY) * max(x.max(), 0.0)]
+    qat.fit(first, np.zeros((32, 4), np.float32), batch_size=32, epochs=1, verbose=0)
+    low, high = _range_of(qat.get_layer("quantize_features"), "input")
+    np.testing.assert_allclose([low, high], [min(first.min(), 0.0), max(first.max(), 0.0)], rtol=1e-6)
+    qat.fit(second, np.zeros((32, 4), np.float32), batch_size=32, epochs=1, verbose=0)
+    expected = [ranges.EMA_DECAY * low + (1 - ranges.EMA_DECAY) * min(second.min(), 0.0),
+                ranges.EMA_DECAY * high + (1 - ranges.EMA_DECAY) * max(second.max(), 0.0)]
     np.testing.assert_allclose(_range_of(qat.get_layer("quantize_features"), "input"), expected, rtol=1e-6)
 
 
@@ -342,11 +348,35 @@ def test_a_subclassed_nested_model_is_quantized_through_its_layers_or_refused_by
         keras_gelu.qat.quantize_model(keras.Model(inputs, grouped(inputs)))
 
 
+def test_a_non_finite_loss_stops_training_naming_the_first_layer_whose_variables_went(tmp_path, rng):
+    """A NaN loss (here a NaN target) used to train on in silence, every variable NaN after a step: fit stops
+    at that batch and names the first layer, in the order the model computes, whose variables went. A loaded
+    QAT model stops the same way; callbacks of the caller's still run."""
+    qat = keras_gelu.qat.quantize_model(_mlp())
+    x = rng.normal(size=(16, 12)).astype(np.float32)
+    y = np.zeros((16, 4), np.float32)
+    y[9, 2] = np.nan  # in the second batch of 8
+    seen = []
+    qat.compile(keras.optimizers.Adam(1e-3), "mse")
+    with pytest.raises(keras_gelu.qat.NonFiniteTraining, match=r"QAT stopped at epoch 1, batch 2: the loss is nan; "
+                                                                r"the first layer whose variables went non-finite is "
+                                                                r"quant_hidden \(quant_hidden/"):
+        qat.fit(x, y, batch_size=8, epochs=2, verbose=0,
+                callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(batch))])
+    assert seen == [0, 1]
+    qat.save(str(tmp_path / "qat.keras"))
+    loaded = keras.saving.load_model(str(tmp_path / "qat.keras"))
+    loaded.compile(keras.optimizers.Adam(1e-3), "mse")
+    with pytest.raises(keras_gelu.qat.NonFiniteTraining, match="epoch 1, batch 1"):
+        loaded.fit(x, y, batch_size=8, verbose=0)
+
+
 def test_the_ranges_calibrating_block_ends_even_on_error(rng):
     with pytest.raises(RuntimeError):
         with ranges.calibrating():
             raise RuntimeError("boom")
     qat = keras_gelu.qat.quantize_model(_mlp())
+    qat(rng.normal(size=(4, 12)).astype(np.float32), training=True)  # the first batch sets the range
     before = _range_of(qat.get_layer("quantize_features"), "input")
     qat(rng.normal(size=(4, 12)).astype(np.float32) * 100, training=True)
     after = _range_of(qat.get_layer("quantize_features"), "input")

@@ -33,7 +33,7 @@ else:  # imported with keras_gelu, so that its layers are registered before a sa
 # What each engine has of its own, by name: the other flavour's names explain where to look.
 _TFMOT_NAMES = ("GELUQuantizeConfig", "LearnableGELUQuantizeConfig", "custom_objects", "quantize_config_for",
                 "quantize_scope", "split_activations", "require_tfmot")
-_KERAS3_NAMES = ("QuantizeRule", "register_rule", "QuantizeWrapper", "QuantizeInput")
+_KERAS3_NAMES = ("QuantizeRule", "register_rule", "QuantizeWrapper", "QuantizeInput", "NonFiniteTraining")
 
 
 def __getattr__(name):

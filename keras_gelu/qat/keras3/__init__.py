@@ -23,6 +23,8 @@ from keras_gelu.qat.keras3.keras_classes import VALUE_KEEPING_OPERATIONS
 from keras_gelu.qat.keras3.rules import UNCHANGED_VALUES
 from keras_gelu.qat.keras3.rules import QuantizeRule
 from keras_gelu.qat.keras3.rules import register_rule
+from keras_gelu.qat.keras3.training import NonFiniteTraining
+from keras_gelu.qat.keras3.training import QuantizedModel
 from keras_gelu.qat.keras3.wrapper import QuantizeInput
 from keras_gelu.qat.keras3.wrapper import QuantizeOperation
 from keras_gelu.qat.keras3.wrapper import QuantizeWrapper
@@ -168,7 +170,8 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
             outputs = layer(*args, **kwargs)
         return split_out[id(layer)](outputs) if id(layer) in split_out else outputs
 
-    qat_model = keras.models.clone_model(model, clone_function=clone_function, call_function=call_function)
+    clone = keras.models.clone_model(model, clone_function=clone_function, call_function=call_function)
+    qat_model = QuantizedModel(clone.input, clone.output, name=clone.name)  # the structures (a dict of outputs)
     for layer, new, activation, new_activation in pairs:
         weights = folding.folded_weights(layer, folds[layer.name]) if layer.name in folds else None
         _copy_float_weights(layer, new, activation, new_activation, weights)
@@ -227,5 +230,5 @@ def initialize_ranges(qat_model, samples):
         variable.assign(value)
 
 
-__all__ = ["QuantizeInput", "QuantizeOperation", "QuantizeRule", "QuantizeWrapper", "initialize_ranges", "quantize",
-           "register_rule"]
+__all__ = ["NonFiniteTraining", "QuantizeInput", "QuantizeOperation", "QuantizeRule", "QuantizeWrapper",
+           "QuantizedModel", "initialize_ranges", "quantize", "register_rule"]

@@ -6,7 +6,8 @@ way: both emit `tf.quantization.fake_quant_with_min_max_vars*` (through
 
 * `ActivationRange`: 8-bit asymmetric, one range per tensor, the range an
   exponential moving average (decay 0.999) of the batches' ranges widened to
-  hold 0: TFLite's int8 activations.
+  hold 0, from the first batch's range (or calibration_data's): TFLite's
+  int8 activations.
 * `WeightRange`: the range of a weight's current value. Symmetric narrow
   range ([-127, 127]), per tensor or per output channel: TFLite's int8
   weights; or asymmetric per tensor (`symmetric=False`): how TFLite quantizes
@@ -22,7 +23,9 @@ from keras_gelu.flavour import BACKEND
 from keras_gelu.flavour import keras
 
 EMA_DECAY = 0.999  # tfmot's, so that the two QATs train alike
-_INITIAL_RANGE = 6.0  # tfmot's [-6, 6]: a start that calibration_data replaces
+# tfmot's [-6, 6]: where an activation range starts, until calibration_data or the first training batch sets it
+# (and, as no batch's range is exactly it, the mark of a range no batch has set yet)
+_INITIAL_RANGE = 6.0
 _SMALLEST_RANGE = 1e-6
 
 _calibrating = [False]
@@ -93,7 +96,12 @@ class ActivationRange:
             # widened to hold 0 (and an empty tensor's range is [0, 0], where a bare min would fail)
             batch_low = keras.ops.min(keras.ops.cast(x, "float32"), initial=0.0)
             batch_high = keras.ops.max(keras.ops.cast(x, "float32"), initial=0.0)
-            keep = 0.0 if _calibrating[0] else EMA_DECAY
+            # The first training batch sets the range outright (no batch has, while it is still the initial
+            # [-6, 6]): a moving average from [-6, 6] keeps a real model's range there for thousands of steps,
+            # and its small values (a variance, a normalized row) on a grid of 12/255.
+            unset = keras.ops.logical_and(keras.ops.equal(self.low, -_INITIAL_RANGE),
+                                          keras.ops.equal(self.high, _INITIAL_RANGE))
+            keep = 0.0 if _calibrating[0] else keras.ops.where(unset, 0.0, EMA_DECAY)
             self.low.assign(keep * self.low + (1.0 - keep) * batch_low)
             self.high.assign(_widened(self.low, keep * self.high + (1.0 - keep) * batch_high))
         return _fake_quant(x, self.low, self.high, training=training)

@@ -278,7 +278,11 @@ class LayerNormalizationRule(QuantizeRule):
         mean = ranges["mean"](ops.mean(inputs, axis=-1, keepdims=True))
         squared_difference = ranges["squared_difference"](ops.square(inputs - ops.stop_gradient(mean)))
         variance = ranges["variance"](ops.mean(squared_difference, axis=-1, keepdims=True))
-        inverse = ranges["inverse_root"](ops.rsqrt(ranges["variance_epsilon"](variance + layer.epsilon)))
+        # A variance below half its grid's step rounds to 0 (DeiT's zero-initialized tokens, any range that starts
+        # wide): RSQRT saturates there in int8, and here rsqrt(0) is inf, whose gradient is NaN even where
+        # the range clips it (0 x inf); at epsilon the gradient is finite, and the clipped value the same.
+        variance_epsilon = ops.maximum(ranges["variance_epsilon"](variance + layer.epsilon), layer.epsilon)
+        inverse = ranges["inverse_root"](ops.rsqrt(variance_epsilon))
         if layer.gamma is not None:
             inverse = ranges["inverse"](inverse * ranges["gamma"](layer.gamma))
         outputs = ranges["normalized"](ranges["centred"](inputs - mean) * inverse)
