@@ -1,4 +1,5 @@
-"""TensorFlow ops TFLite has no builtin for: Roll spelled in builtins, any other named in one line."""
+"""TensorFlow ops TFLite has no builtin for: Roll and new axes on dynamic shapes spelled in builtins, any other named
+in one line."""
 
 import numpy as np
 import pytest
@@ -41,6 +42,56 @@ def test_the_slices_compute_numpys_roll(case):
     (rolled,) = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
         graph_def, input_map={function.inputs[0].name: tf.constant(x)}, return_elements=[output]), [])()
     np.testing.assert_array_equal(rolled.numpy(), np.roll(x, shifts, axes))
+
+
+@st.composite
+def slices_with_new_axes(draw):
+    """A shape, and an index with at least one new axis (None) among slices and integers, no ellipsis: the
+    Python spellings that become one StridedSlice with a new_axis_mask."""
+    shape = draw(st.lists(st.integers(1, 5), min_size=1, max_size=3))
+    index = []
+    for size in shape[:draw(st.integers(0, len(shape)))]:
+        index.append(draw(st.one_of(
+            st.integers(-size, size - 1),
+            st.builds(slice, st.one_of(st.none(), st.integers(-size, size)), st.one_of(st.none(), st.integers(
+                -size, size)), st.sampled_from([None, 1, 2, -1])))))
+    for _ in range(draw(st.integers(1, 3))):
+        index.insert(draw(st.integers(0, len(index))), None)
+    return shape, tuple(index)
+
+
+@settings(max_examples=60)
+@given(case=slices_with_new_axes())
+def test_new_axes_become_expand_dims_after_the_slice_and_compute_numpys_indexing(case):
+    """On a tensor of dynamic shape (where TFLite's STRIDED_SLICE takes no new axis): numpy's own indexing is
+    the reference."""
+    shape, index = case
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    function = tf.function(lambda v: v[index]).get_concrete_function(tf.TensorSpec([None] * len(shape), tf.float32))
+    graph_def = function.graph.as_graph_def()
+    assert tf_ops_as_builtins.new_axes_as_expand_dims(graph_def) == 1
+    output = function.outputs[0].name
+    graph.prune(graph_def, [function.inputs[0].name, output])
+    assert not any(node.op == "StridedSlice" and node.attr["new_axis_mask"].i for node in graph_def.node)
+    (sliced,) = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
+        graph_def, input_map={function.inputs[0].name: tf.constant(x)}, return_elements=[output]), [])()
+    np.testing.assert_array_equal(sliced.numpy(), x[index])
+
+
+@pytest.mark.parametrize("mode", ["builtin", "native"])
+def test_an_attention_mask_widened_with_new_axes_converts_where_the_stock_converter_stops(tmp_path, mode):
+    """keras-hub's Gemma, CLIP text, PaliGemma and GPT-OSS widen a (batch, length, length) mask with
+    mask[:, None, :, :] on dynamic shapes: the stock converter stops at that StridedSlice."""
+    module = tf.Module()
+    module.f = tf.function(lambda x: {"y": tf.where(x[:, None, :, :] > 0.0, tf.nn.gelu(x[:, None], False), -1.0)},
+                           input_signature=[tf.TensorSpec([None, None, None], tf.float32)])
+    path = str(tmp_path / "mask")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    with pytest.raises(Exception, match="StridedSlice"):
+        tf.lite.TFLiteConverter.from_saved_model(path).convert()
+    _, report = converters.convert(path, mode=mode)
+    assert report.verified and not report.flex_ops and report.ops.get("EXPAND_DIMS", 0) >= 1, report.ops
+    assert all(comparison["passed"] for comparison in report.fidelity + report.drift), report.drift
 
 
 def _saved(tmp_path, body, name):

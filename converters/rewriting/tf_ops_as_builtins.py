@@ -9,6 +9,12 @@ values from the same inputs, so parity and int8 ranges are unaffected:
   constant shift and axis on an axis of known size: along each axis, the last
   `shift` entries and the rest, swapped (two STRIDED_SLICEs and a
   CONCATENATION, which every runtime and target profile has).
+* StridedSlice with new axes (`mask[None, None, :, :]`, how keras-hub's
+  Gemma, CLIP text, PaliGemma and GPT-OSS widen an attention mask) on a
+  tensor of dynamic shape, with constant begin, end and strides and no
+  ellipsis: TFLite's STRIDED_SLICE takes new axes on static shapes only, and
+  the stock converter stops there too. The same slice without the new axes,
+  then EXPAND_DIMS at each new axis's place in the output.
 
 `TO_BUILTINS` lists the graph passes; each rewrites a graph in place and
 returns how many ops it rewrote.
@@ -66,4 +72,56 @@ def rolls_as_slices(graph_def):
     return rewritten
 
 
-TO_BUILTINS = (rolls_as_slices,)
+def _bits(mask, count):
+    return [bool(mask >> index & 1) for index in range(count)]
+
+
+def _without_new_axes(x, begin, end, strides, begin_mask, end_mask, shrink_mask, new_axis):
+    """x[spec] as a slice without new axes, then each new axis expanded at its place in the output."""
+    kept = [index for index, new in enumerate(new_axis) if not new]
+
+    def mask(bits):
+        return sum(1 << position for position, index in enumerate(kept) if bits[index])
+
+    def operand(values):
+        return tf.constant([values[index] for index in kept], tf.int32, shape=[len(kept)])
+
+    value = tf.strided_slice(x, operand(begin), operand(end), operand(strides), begin_mask=mask(begin_mask),
+                             end_mask=mask(end_mask), shrink_axis_mask=mask(shrink_mask))
+    position = 0
+    for index, new in enumerate(new_axis):
+        if new:
+            value = tf.expand_dims(value, position)
+        if not shrink_mask[index]:
+            position += 1
+    return value
+
+
+def new_axes_as_expand_dims(graph_def):
+    """Rewrite StridedSlice with new axes, constant operands and no ellipsis, on a tensor of dynamic shape, as
+    the slice without them and EXPAND_DIMS."""
+    found = [node for node in graph_def.node if node.op == "StridedSlice" and node.attr["new_axis_mask"].i
+             and not node.attr["ellipsis_mask"].i]
+    if not found:
+        return 0
+    nodes = graph.nodes_by_name(graph_def)
+    shapes = _static_shapes(graph_def, [graph.data_inputs(node)[0] for node in found])
+    rewritten = 0
+    for node in found:
+        x, *operands = graph.data_inputs(node)
+        values = [graph.constant_value(operand, nodes) for operand in operands]
+        if shapes[x].is_fully_defined() or any(value is None for value in values):
+            continue  # on a static shape the converter takes new axes itself
+        begin, end, strides = (value.reshape(-1).tolist() for value in values)
+        count = len(begin)
+        masks = [_bits(node.attr[name].i, count) for name in ("begin_mask", "end_mask", "shrink_axis_mask",
+                                                               "new_axis_mask")]
+        dtype = tf.as_dtype(node.attr["T"].type)
+        new = graph.splice(graph_def, lambda value: _without_new_axes(value, begin, end, strides, *masks), x, dtype,
+                           node.name + _SCOPE, nodes)
+        graph.redirect(graph_def, node.name, new)
+        rewritten += 1
+    return rewritten
+
+
+TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims)
