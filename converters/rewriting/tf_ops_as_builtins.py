@@ -44,32 +44,43 @@ def _rolled(x, rolls):
     return x
 
 
-def rolls_as_slices(graph_def):
-    """Rewrite Roll(x, shift, axis) with constant shift and axis, on axes of known size, as slices and a concat."""
-    found = [node for node in graph_def.node if node.op == "Roll"]
+def _spelled_in_builtins(graph_def, found, spelling):
+    """Splice `spelling(node, nodes, shape of its first input)` (a function of that input, or None to leave the
+    node) in for each node of `found`; how many were rewritten."""
     if not found:
         return 0
     nodes = graph.nodes_by_name(graph_def)
     shapes = _static_shapes(graph_def, [graph.data_inputs(node)[0] for node in found])
     rewritten = 0
     for node in found:
-        x, shift, axis = graph.data_inputs(node)
-        shifts, axes, shape = graph.constant_value(shift, nodes), graph.constant_value(axis, nodes), shapes[x]
-        if shifts is None or axes is None or shape.rank is None:
-            continue
-        rolls = []
-        for one_shift, one_axis in zip(shifts.reshape(-1).tolist(), axes.reshape(-1).tolist()):
-            one_axis %= shape.rank
-            size = shape[one_axis]
-            if size is None:
-                break
-            rolls.append((one_shift % size, one_axis, size))
-        else:
+        x = graph.data_inputs(node)[0]
+        replacement = spelling(node, nodes, shapes[x])
+        if replacement is not None:
             dtype = tf.as_dtype(node.attr["T"].type)
-            new = graph.splice(graph_def, lambda value: _rolled(value, rolls), x, dtype, node.name + _SCOPE, nodes)
-            graph.redirect(graph_def, node.name, new)
+            graph.redirect(graph_def, node.name, graph.splice(graph_def, replacement, x, dtype, node.name + _SCOPE,
+                                                              nodes))
             rewritten += 1
     return rewritten
+
+
+def _roll_spelling(node, nodes, shape):
+    _, shift, axis = graph.data_inputs(node)
+    shifts, axes = graph.constant_value(shift, nodes), graph.constant_value(axis, nodes)
+    if shifts is None or axes is None or shape.rank is None:
+        return None
+    rolls = []
+    for one_shift, one_axis in zip(shifts.reshape(-1).tolist(), axes.reshape(-1).tolist()):
+        one_axis %= shape.rank
+        size = shape[one_axis]
+        if size is None:
+            return None
+        rolls.append((one_shift % size, one_axis, size))
+    return lambda value: _rolled(value, rolls)
+
+
+def rolls_as_slices(graph_def):
+    """Rewrite Roll(x, shift, axis) with constant shift and axis, on axes of known size, as slices and a concat."""
+    return _spelled_in_builtins(graph_def, [node for node in graph_def.node if node.op == "Roll"], _roll_spelling)
 
 
 def _bits(mask, count):
@@ -97,31 +108,22 @@ def _without_new_axes(x, begin, end, strides, begin_mask, end_mask, shrink_mask,
     return value
 
 
+def _new_axes_spelling(node, nodes, shape):
+    values = [graph.constant_value(operand, nodes) for operand in graph.data_inputs(node)[1:]]
+    if shape.is_fully_defined() or any(value is None for value in values):
+        return None  # on a static shape the converter takes new axes itself
+    begin, end, strides = (value.reshape(-1).tolist() for value in values)
+    masks = [_bits(node.attr[name].i, len(begin)) for name in ("begin_mask", "end_mask", "shrink_axis_mask",
+                                                                "new_axis_mask")]
+    return lambda value: _without_new_axes(value, begin, end, strides, *masks)
+
+
 def new_axes_as_expand_dims(graph_def):
     """Rewrite StridedSlice with new axes, constant operands and no ellipsis, on a tensor of dynamic shape, as
     the slice without them and EXPAND_DIMS."""
-    found = [node for node in graph_def.node if node.op == "StridedSlice" and node.attr["new_axis_mask"].i
-             and not node.attr["ellipsis_mask"].i]
-    if not found:
-        return 0
-    nodes = graph.nodes_by_name(graph_def)
-    shapes = _static_shapes(graph_def, [graph.data_inputs(node)[0] for node in found])
-    rewritten = 0
-    for node in found:
-        x, *operands = graph.data_inputs(node)
-        values = [graph.constant_value(operand, nodes) for operand in operands]
-        if shapes[x].is_fully_defined() or any(value is None for value in values):
-            continue  # on a static shape the converter takes new axes itself
-        begin, end, strides = (value.reshape(-1).tolist() for value in values)
-        count = len(begin)
-        masks = [_bits(node.attr[name].i, count) for name in ("begin_mask", "end_mask", "shrink_axis_mask",
-                                                               "new_axis_mask")]
-        dtype = tf.as_dtype(node.attr["T"].type)
-        new = graph.splice(graph_def, lambda value: _without_new_axes(value, begin, end, strides, *masks), x, dtype,
-                           node.name + _SCOPE, nodes)
-        graph.redirect(graph_def, node.name, new)
-        rewritten += 1
-    return rewritten
+    return _spelled_in_builtins(graph_def, [node for node in graph_def.node if node.op == "StridedSlice"
+                                            and node.attr["new_axis_mask"].i and not node.attr["ellipsis_mask"].i],
+                                _new_axes_spelling)
 
 
 TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims)
