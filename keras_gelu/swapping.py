@@ -163,6 +163,11 @@ def computed_function(activation):
     Other layers are told apart by class and config (not name or dtype),
     other functions by identity.
     """
+    if isinstance(activation, str):  # a config's name for one (keras-hub's layers keep "gelu_approximate")
+        try:
+            return computed_function(keras.activations.get(activation))
+        except (ValueError, TypeError):
+            return {qualname: name for (_, qualname), name in _LIBRARY_SPELLINGS.items()}.get(activation, activation)
     if isinstance(activation, (activations.GELUActivation, GELU)):
         return f"gelu_{activation.approximate}"
     if isinstance(activation, keras.layers.Activation):

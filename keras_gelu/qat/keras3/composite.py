@@ -70,7 +70,10 @@ def _proxy(sublayer, mode, exact_as, apply=False):
     if gelu is not None:  # Activation("gelu") as our GELU layer, with its rule
         return QuantizeSublayer(gelu, rule_for(gelu, mode, exact_as)) if apply else True
     rule = rule_or_composite(sublayer, mode, exact_as)
-    activation = splitting.split_activation(sublayer) if rule is not None else None
+    # A composite's `activation` is its sublayers' (keras-hub's SigLIPMLP applies it between its two Dense
+    # layers), split out of them in its turn; only a layer with a rule of its own has one fused into its output
+    fused = rule is not None and not isinstance(rule, CompositeRule)
+    activation = splitting.split_activation(sublayer) if fused else None
     activation_rule = None if activation is None else rule_for(activation, mode, exact_as)
     if rule is None or (activation is not None and activation_rule is None):
         return None

@@ -7,6 +7,7 @@ from keras_gelu.layers import LearnableGELU
 from keras_gelu.layers import layer_computing
 from keras_gelu.qat.keras3.rules import ActivationRule
 from keras_gelu.swapping import computed_function
+from keras_gelu.vocabulary import FUNCTIONS
 
 
 def gelu_layer(activation, name):
@@ -16,7 +17,7 @@ def gelu_layer(activation, name):
         layer.dtype_policy = "float32"  # a copy of a mixed-precision activation's config (see `quantize`)
         return layer
     function = computed_function(activation)  # Keras's "gelu" (exact), keras-hub's gelu_approximate (tanh)...
-    if isinstance(function, str) and function.startswith("gelu_"):
+    if isinstance(function, str) and function.startswith("gelu_") and function[len("gelu_"):] in FUNCTIONS:
         return GELU(function[len("gelu_"):], name=name)
     return None
 
@@ -28,9 +29,11 @@ def split_activation(layer):
     if isinstance(layer, (GELU, LearnableGELU, keras.layers.Activation)) or activation is None:
         return None
     gelu = gelu_layer(activation, f"{layer.name}_gelu")
-    name = keras.activations.serialize(activation)
-    if gelu is not None or not isinstance(name, str):
+    if gelu is not None:
         return gelu
+    name = keras.activations.serialize(activation)
+    if not isinstance(name, str):
+        return None
     if name == "softmax":
         return keras.layers.Softmax(name=f"{layer.name}_softmax")
     if name in ActivationRule.FIXED_GRIDS:
