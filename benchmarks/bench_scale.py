@@ -140,7 +140,8 @@ def main():
                     if base[2] == 0]
                 ratios = " | "
                 if against:
-                    ratios = " | ".join(f"{statistics.median(pair[index] for pair in against):.2f}x" for index in (0, 1))
+                    ratios = " | ".join(f"{statistics.median(pair[index] for pair in against):.2f}x"
+                                        for index in (0, 1))
                 steps = f"failed (exit {failed[0][2]}): {failed[0][3]}" if failed else _steps(runs[way][-1][3])
                 spread = f" ({min(run[0] for run in runs[way]):.1f}-{max(run[0] for run in runs[way]):.1f})" \
                     if args.rounds > 1 else ""

@@ -81,8 +81,8 @@ def sweep_one(class_name):
 
 STAGES_MARKER = "SWEEP-STAGES-JSON:"
 STAGES_OUTPUT = "/tmp/sweep_stages.md"
-STAGES_HEADER = ("| Family | GELU forms | native | builtin | int8 PTQ | QAT train (loss finite, NaN vars) | QAT int8 |\n"
-                 "|---|---|---|---|---|---|---|\n")
+STAGES_HEADER = ("| Family | GELU forms | native | builtin | int8 PTQ | QAT train (loss finite, NaN vars) "
+                 "| QAT int8 |\n|---|---|---|---|---|---|---|\n")
 CONVERTER_TIME_LIMIT = 300  # --time-limit of each conversion
 BUILD_TIMEOUT = 900  # the building/QAT subprocess of one family
 CONVERSION_STAGES = ("native", "builtin", "int8 PTQ", "QAT int8")
@@ -236,8 +236,9 @@ def stages_one(class_name, root, python):
     if built.get("qat_error") and qat is None:
         cells["QAT train"] = f"failed: {built['qat_error']}"
     elif qat is not None:
+        error = f"; {built['qat_error']}" if built.get("qat_error") else ""
         cells["QAT train"] = (f"{'finite' if qat['loss_finite'] else 'NOT finite'} ({qat['loss']:.3g}), "
-                              f"{qat['nan_vars']} NaN vars" + (f"; {built['qat_error']}" if built.get("qat_error") else ""))
+                              f"{qat['nan_vars']} NaN vars{error}")
     if built["qat_saved"]:
         runs.append([str(folder / "qat.keras"), "--int8", "-o", str(folder / "qat.tflite"), "--inputs", npz, *limit])
         names.append("QAT int8")
@@ -331,7 +332,9 @@ def main():
     parser.add_argument("--only", nargs="+", metavar="CLASS", help="sweep these classes only")
     parser.add_argument("--stages", action="store_true",
                         help="take every GELU family through save, native/builtin/int8 conversion and QAT")
-    parser.add_argument("--sample", type=int, metavar="N", help="--stages: a seeded sample of N of the classes, in seeded random order (a run cut short is a random subset)")
+    parser.add_argument("--sample", type=int, metavar="N",
+                        help="--stages: a seeded sample of N of the classes, in seeded random order (a run cut short "
+                             "is a random subset)")
     parser.add_argument("--seed", type=int, default=0, help="--stages: the seed of --sample")
     parser.add_argument("--workdir", default="/tmp/sweep_stages", help="--stages: where each family's files go")
     parser.add_argument("--output", default=STAGES_OUTPUT, help="--stages: the markdown file, appended per family")

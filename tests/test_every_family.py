@@ -5,9 +5,9 @@ cannot be built). Here:
 
 * every Backbone class keras-hub exports has an entry: a family keras-hub adds fails this test until it is
   given a config, so that no family goes unseen;
-* a rotating subset of the families that compute a GELU and whose outcomes the sweep recorded (`KG_FAMILIES`, default 2, drawn by a seed that
-  changes daily; `KG_FAMILIES_SEED` repeats a draw, `KG_FAMILIES=all` takes every family, and
-  `KG_FAMILIES=ViTBackbone,BertBackbone` those) is built, checked to
+* a rotating subset of the families that compute a GELU and whose outcomes the sweep recorded
+  (`KG_FAMILIES`, default 2, drawn by a seed that changes daily; `KG_FAMILIES_SEED` repeats a draw,
+  `KG_FAMILIES=all` takes every family, and `KG_FAMILIES=ViTBackbone,BertBackbone` those) is built, checked to
   compute a GELU (read from its traced graph), and taken through what a user does: the float .keras converted
   in builtin mode, `--int8` post-training (calibrated on its inputs), and `quantize_model` (no calibration
   data, the default), a training step, `.keras`, `--int8`. A stage a family does not pass yet is listed in

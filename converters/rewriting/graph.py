@@ -376,7 +376,8 @@ def functions_named_in(function):
 
 # The calls whose arguments constant_arguments_inlined follows: control flow, and the calls of functions a
 # SavedModel keeps (its signature wrappers receive the constants a function captured).
-_ARGUMENT_PASSING_CALLS = {**_CONTROL_FLOW_CALLS, "PartitionedCall": (("f",), 0), "StatefulPartitionedCall": (("f",), 0)}
+_ARGUMENT_PASSING_CALLS = {**_CONTROL_FLOW_CALLS, "PartitionedCall": (("f",), 0),
+                           "StatefulPartitionedCall": (("f",), 0)}
 
 
 def _call_operand_constant(name, position, holder, node, scope_nodes, passes_on):

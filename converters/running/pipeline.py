@@ -320,7 +320,8 @@ def _refuse_past_the_protobuf_limit(source, options, target):
     route = {"SavedModel": " and ".join(flags) or "this SavedModel (TensorFlow 1, retyped to float32, or QAT)",
              "Keras model": "a live Keras model"}.get(source.kind, f"a {source.kind} file")
     raise errors.ModelTooLarge(
-        f"{source.path}: its {weight_bytes:,} bytes of weights ({weight_bytes / 2**30:.2f} GiB) pass the 2 GiB a protocol buffer holds, "
+        f"{source.path}: its {weight_bytes:,} bytes of weights ({weight_bytes / 2**30:.2f} GiB) pass the 2 GiB "
+        "a protocol buffer holds, "
         f"and {route} converts a frozen copy of the graph; a TensorFlow 2 SavedModel (Keras: model.export) "
         "converted to float without --int8, --float16-weights, --target or --input-shape keeps its weights in "
         "its variables")
