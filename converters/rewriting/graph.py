@@ -633,11 +633,11 @@ def prune(graph_def, keep_tensors):
         pending.extend(split_tensor_name(operand)[0] for operand in nodes[name].input)
     for index in reversed([index for index, node in enumerate(graph_def.node) if node.name not in needed]):
         del graph_def.node[index]
-    _without_dangling_colocations(graph_def)
+    drop_dangling_colocations(graph_def)
     return graph_def
 
 
-def _without_dangling_colocations(graph_def):
+def drop_dangling_colocations(graph_def):
     """Drop each colocation constraint ('_class': loc:@node) that names a node no longer in the graph.
 
     TensorFlow's function inliner colocates the identities it makes with one

@@ -29,6 +29,7 @@ _SCOPE = "/keras_gelu_builtins/"
 
 def _static_shapes(graph_def, tensors):
     """{tensor name: tf.TensorShape} from TensorFlow's own shape inference over the graph."""
+    graph.drop_dangling_colocations(graph_def)  # an inlined graph's, which import refuses (one CPU needs none)
     with tf.Graph().as_default() as scratch:
         tf.compat.v1.import_graph_def(graph_def, name="")
     return {name: scratch.get_tensor_by_name(graph.canonical(name)).shape for name in tensors}

@@ -47,3 +47,7 @@ class QuantizedModel(keras.Model):
     def fit(self, *args, callbacks=None, **kwargs):
         given = list(callbacks.callbacks if isinstance(callbacks, keras.callbacks.CallbackList) else callbacks or ())
         return super().fit(*args, callbacks=[*given, _StopAtNonFiniteLoss()], **kwargs)
+
+
+# The legacy .h5 loader looks the model's own class up by its bare name, not its registered one
+keras.saving.get_custom_objects().setdefault(QuantizedModel.__name__, QuantizedModel)
