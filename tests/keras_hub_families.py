@@ -42,6 +42,26 @@ SEQUENCE_LENGTH = 8  # every token sequence whose length the backbone leaves ope
 OPEN_DIMENSION = 32  # any other dimension the backbone leaves open (an image side, a frame count)
 
 # Constructor arguments, by the attribute name under keras_hub.models.
+# T5Gemma and T5Gemma 2 take the same constructor arguments.
+_T5GEMMA_ENCODER_DECODER = {
+    "vocabulary_size": 50,
+    "encoder_hidden_dim": 16,
+    "encoder_intermediate_dim": 32,
+    "encoder_num_layers": 1,
+    "encoder_num_attention_heads": 2,
+    "encoder_num_key_value_heads": 1,
+    "encoder_head_dim": 8,
+    "encoder_layer_types": ["full_attention"],
+    "decoder_hidden_dim": 16,
+    "decoder_intermediate_dim": 32,
+    "decoder_num_layers": 1,
+    "decoder_num_attention_heads": 2,
+    "decoder_num_key_value_heads": 1,
+    "decoder_head_dim": 8,
+    "decoder_layer_types": ["full_attention"],
+    "cross_attention_hidden_size": 16,
+}
+
 TINY_CONFIGS = {
     "AlbertBackbone": {
         "vocabulary_size": 50,
@@ -1089,42 +1109,8 @@ TINY_CONFIGS = {
         "hidden_dim": 16,
         "intermediate_dim": 32,
     },
-    "T5Gemma2Backbone": {
-        "vocabulary_size": 50,
-        "encoder_hidden_dim": 16,
-        "encoder_intermediate_dim": 32,
-        "encoder_num_layers": 1,
-        "encoder_num_attention_heads": 2,
-        "encoder_num_key_value_heads": 1,
-        "encoder_head_dim": 8,
-        "encoder_layer_types": ["full_attention"],
-        "decoder_hidden_dim": 16,
-        "decoder_intermediate_dim": 32,
-        "decoder_num_layers": 1,
-        "decoder_num_attention_heads": 2,
-        "decoder_num_key_value_heads": 1,
-        "decoder_head_dim": 8,
-        "decoder_layer_types": ["full_attention"],
-        "cross_attention_hidden_size": 16,
-    },
-    "T5GemmaBackbone": {
-        "vocabulary_size": 50,
-        "encoder_hidden_dim": 16,
-        "encoder_intermediate_dim": 32,
-        "encoder_num_layers": 1,
-        "encoder_num_attention_heads": 2,
-        "encoder_num_key_value_heads": 1,
-        "encoder_head_dim": 8,
-        "encoder_layer_types": ["full_attention"],
-        "decoder_hidden_dim": 16,
-        "decoder_intermediate_dim": 32,
-        "decoder_num_layers": 1,
-        "decoder_num_attention_heads": 2,
-        "decoder_num_key_value_heads": 1,
-        "decoder_head_dim": 8,
-        "decoder_layer_types": ["full_attention"],
-        "cross_attention_hidden_size": 16,
-    },
+    "T5Gemma2Backbone": _T5GEMMA_ENCODER_DECODER,
+    "T5GemmaBackbone": _T5GEMMA_ENCODER_DECODER,
     "VGGBackbone": {"stackwise_num_repeats": [1, 1], "stackwise_num_filters": [8, 16], "image_shape": (32, 32, 3)},
     "ViTBackbone": {
         "image_shape": (32, 32, 3),

@@ -40,19 +40,20 @@ def as_bytes(model, size_hint):
     if weights > _INLINE_WEIGHTS_LIMIT:
         return _with_buffers_after(model)
     # A model read in the other form names it in its metadata: the name goes with the form
-    model.metadata = [entry for entry in model.metadata or () if _metadata_name(entry) != _BUFFER_LOCATION] or None
+    model.metadata = [entry for entry in model.metadata or () if not _names_the_form(entry)] or None
     return _packed(model, size_hint)
 
 
-def _metadata_name(entry):
-    return entry.name.encode() if isinstance(entry.name, str) else entry.name
+def _names_the_form(entry):
+    """Whether a metadata entry is the one that says the weights lie after the flatbuffer."""
+    return (entry.name.encode() if isinstance(entry.name, str) else entry.name) == _BUFFER_LOCATION
 
 
 def _with_buffers_after(model):
     """The flatbuffer without its weights, then each weight buffer on a 16-byte boundary, at the offset its
     Buffer names. A Buffer's offset is a 64-bit scalar either way, so the flatbuffer packed with placeholder
     offsets has the size it has with the real ones: packed twice, the second time with the real offsets."""
-    if not any(_metadata_name(entry) == _BUFFER_LOCATION for entry in model.metadata or ()):
+    if not any(_names_the_form(entry) for entry in model.metadata or ()):
         location = schema.BufferT()
         location.data = np.frombuffer(_BUFFER_LOCATION_VALUE, np.uint8)
         entry = schema.MetadataT()
