@@ -77,18 +77,16 @@ demo: $(INSTALLED)
 # Then Keras 3's backend-neutral tests on JAX and on PyTorch, each in an
 # environment without TensorFlow.
 # First the installs, four at once (they wait on the network and the disk),
-# with the JAX leg, which needs neither TensorFlow nor the main environment,
-# running as soon as its own environment is ready. Then the TensorFlow legs two
-# at a time, the longest first, and PyTorch's: TF 2.18's leg goes to the core
-# that frees first. Which tests the two long legs run is chosen so that
-# Keras 3's plus PyTorch's takes about as long as tf-keras's plus TF 2.18's.
-# (Every leg at once took 22 minutes where two at a time took 17.5: six
-# TensorFlow processes on two cores spent 20% more CPU time. The three short
-# legs during the installs took 16:04 where JAX's alone took 15:23: three
-# processes on two cores beside four installs.)
+# with the JAX and PyTorch legs, which need neither TensorFlow nor the main
+# environment, each running as soon as its own environment is ready: their
+# CPU time fills what the installs leave idle. Then the TensorFlow legs two at
+# a time, the longest first: Keras 3's on one core, tf-keras's then TF 2.18's
+# on the other. Which tests the two long legs run is chosen so that the cores
+# finish together. (Every leg at once took 22 minutes where two at a time
+# took 17.5: six TensorFlow processes on two cores spent 20% more CPU time.)
 test:
-	$(MAKE) --jobs=4 --output-sync=target install install-tf218 install-torch test-jax
-	$(MAKE) --jobs=2 --output-sync=target test-keras3 test-tf-keras test-tf218 test-torch
+	$(MAKE) --jobs=4 --output-sync=target install install-tf218 test-torch test-jax
+	$(MAKE) --jobs=2 --output-sync=target test-keras3 test-tf-keras test-tf218
 
 test-keras3: $(INSTALLED)
 	TF_USE_LEGACY_KERAS=0 TF_ENABLE_ONEDNN_OPTS=0 $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)

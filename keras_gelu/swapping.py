@@ -178,7 +178,37 @@ def computed_function(activation):
         return (type(activation), _plain_config(activation))
     library_name = _LIBRARY_SPELLINGS.get((getattr(activation, "__module__", None),
                                            getattr(activation, "__qualname__", None)))
-    return library_name or _same_function_names().get(id(activation), activation)
+    return library_name or _same_function_names().get(id(activation)) or _gelu_by_values(activation) or activation
+
+
+# Where no name says what a function computes (a library's own `quick_gelu` or `gelu_new`, a lambda), its values
+# do: on this grid, within float32 rounding of one GELU form. The forms differ by far more (tanh from exact by
+# up to 4.7e-4, sigmoid by 2e-2), so one matches at most.
+_PROBE = np.linspace(-6.0, 6.0, 241, dtype=np.float32)
+_PROBE_TOLERANCE = dict(rtol=1e-5, atol=1e-6)
+
+
+def _as_numpy(value):
+    return np.asarray(keras.ops.convert_to_numpy(value) if hasattr(keras, "ops") else value, np.float64)
+
+
+@functools.lru_cache(maxsize=256)
+def _gelu_by_values(function):
+    """"gelu_<form>" for a plain function whose values are a GELU form's; None for any other, or one that
+    cannot run on a vector of float32 values."""
+    if not callable(function) or isinstance(function, type):
+        return None
+    try:
+        values = _as_numpy(function(_PROBE))
+    except Exception:  # noqa: BLE001 - a function that will not run on the probe is no GELU found here
+        return None
+    if values.shape != _PROBE.shape:
+        return None
+    for form, reference in (("exact", activations.gelu_exact), ("tanh", activations.gelu_tanh),
+                            ("sigmoid", activations.gelu_sigmoid)):
+        if np.allclose(values, _as_numpy(reference(_PROBE)), **_PROBE_TOLERANCE):
+            return f"gelu_{form}"
+    return None
 
 
 def describe(activation):

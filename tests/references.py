@@ -126,3 +126,16 @@ def ulp_distance(a, b):
     distance = np.abs(ordered(a) - ordered(b))
     both_nan = np.isnan(a.astype(np.float32)) & np.isnan(b.astype(np.float32))
     return np.where(both_nan, 0, distance)
+
+
+def fake_quant(x, low, high, bits=8):
+    """TensorFlow's FakeQuantWithMinMaxVars (what TFLite's int8 QUANTIZE then DEQUANTIZE compute) in float64,
+    from its documented algorithm: the range [low, high] nudged so that 0 is on the grid of 2^bits - 1 steps,
+    x clamped to it and rounded to the nearest step (halves up)."""
+    steps = 2**bits - 1
+    scale = (high - low) / steps
+    zero_point = min(max(-low / scale, 0.0), float(steps))
+    zero_point = math.floor(zero_point + 0.5)
+    nudged_low, nudged_high = -zero_point * scale, (steps - zero_point) * scale
+    clamped = np.clip(np.asarray(x, np.float64), nudged_low, nudged_high)
+    return np.floor((clamped - nudged_low) / scale + 0.5) * scale + nudged_low, scale

@@ -401,3 +401,61 @@ def test_data_parallel_over_two_host_devices_takes_the_single_device_step(quanti
     distributed, single = one_step(keras.distribution.DataParallel(devices=devices)), one_step(None)
     for after_distributed, after_single in zip(distributed, single):
         np.testing.assert_allclose(after_distributed, after_single, rtol=1e-5, atol=1e-6)
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class ScaledRMS(keras.layers.Layer):
+    """A layer no rule names, computing with keras.ops alone (as keras-hub's RMS normalizations and LayerScales
+    do): x * rsqrt(mean(x^2) + eps) * gamma, with a reshape and back between, which only moves values."""
+
+    def build(self, input_shape):
+        self.gamma = self.add_weight(name="gamma", shape=(input_shape[-1],),
+                                     initializer=keras.initializers.RandomUniform(0.5, 2.0, seed=3))
+
+    def call(self, x):
+        mean = keras.ops.mean(keras.ops.square(x), axis=-1, keepdims=True)
+        normalized = keras.ops.multiply(x, keras.ops.rsqrt(keras.ops.add(mean, 1e-6)))
+        rows = keras.ops.reshape(normalized, (-1, x.shape[-1]))
+        return keras.ops.multiply(keras.ops.reshape(rows, (-1,) + tuple(x.shape[1:])), self.gamma)
+
+
+def test_a_layer_of_keras_ops_alone_is_quantized_op_by_op_as_the_int8_model_computes_it(rng, tmp_path):
+    """No rule names ScaledRMS: each keras.ops result it computes is rounded on a range of its own, as each
+    int8 op of the converted model rescales to its own; the reshapes keep their input's grid (TFLite's RESHAPE
+    has one scale on both sides) and take none. Checked against the same chain in float64 with every result
+    passed through TensorFlow's documented fake quantization on the range QAT learnt for it."""
+    from keras_gelu import qat
+
+    inputs = keras.Input((4, 8), name="features")
+    model = keras.Model(inputs, ScaledRMS(name="rms")(inputs))
+    x = rng.normal(size=(16, 4, 8)).astype(np.float32)
+    quantized = qat.quantize_model(model, calibration_data=x)
+    wrapper = quantized.get_layer("quant_rms")
+    computed = ["square", "mean", "add", "rsqrt", "multiply", "multiply"]
+    assert sorted(wrapper.operation_ranges.values()) == [f"operation_{n}" for n in range(len(computed))]
+
+    def on_its_range(value, number):
+        quantizer = wrapper.ranges[f"operation_{number}"]
+        return references.fake_quant(value, float(_numpy(quantizer.low)), float(_numpy(quantizer.high)))[0]
+
+    input_range = quantized.get_layer("quantize_features").input_range
+    value = references.fake_quant(x, float(_numpy(input_range.low)), float(_numpy(input_range.high)))[0]
+    squared = on_its_range(value**2, 0)
+    mean = on_its_range(squared.mean(axis=-1, keepdims=True), 1)
+    scale = on_its_range(1.0 / np.sqrt(on_its_range(mean + 1e-6, 2)), 3)
+    gamma = _numpy(wrapper.layer.gamma).astype(np.float64)
+    expected = on_its_range(on_its_range(value * scale, 4) * gamma, 5)
+    step = references.fake_quant(0.0, float(_numpy(wrapper.ranges["operation_5"].low)),
+                                 float(_numpy(wrapper.ranges["operation_5"].high)))[1]
+    got = _numpy(quantized(x)).astype(np.float64)
+    # float32 arithmetic may round a value at a step's midpoint the other way, and that step carries on down
+    # the chain: at most one output step anywhere, and nearly every value exact
+    assert np.max(np.abs(got - expected)) <= 1.01 * step
+    assert np.mean(np.abs(got - expected) < 1e-3 * step) > 0.95
+    quantized.compile(keras.optimizers.Adam(1e-3), "mse", jit_compile=BACKEND != "torch")
+    history = quantized.fit(x, x, batch_size=4, epochs=1, verbose=0).history
+    assert np.all(np.isfinite(history["loss"])), history
+    path = str(tmp_path / "ops.keras")
+    quantized.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_array_equal(_numpy(loaded(x)), _numpy(quantized(x)))

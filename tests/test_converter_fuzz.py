@@ -144,6 +144,7 @@ FOUND = {
 }
 
 
+@pytest.mark.legs("keras3", "tf218")  # pinned graphs: each oneDNN setting and TensorFlow once (not three legs)
 @pytest.mark.parametrize("found", FOUND)
 def test_what_the_fuzzer_found_stays_fixed(main_graph_fuses, tmp_path, found):
     path = graph_fuzzer.save(str(tmp_path / "model"), FOUND[found])

@@ -6,6 +6,7 @@ with the swap. Outputs are compared at float32 rounding (the same ops on the
 same weights; 1e-6 allows XLA/oneDNN fusing differently in two graphs).
 """
 
+import math
 import warnings
 
 import numpy as np
@@ -593,3 +594,35 @@ def test_keras_hub_vit_gelu_built_in_its_mlp_code_swaps_and_saves(tmp_path, rng)
     path = str(tmp_path / "vit_sigmoid_gelu.keras")  # keras-hub's ViT layers' own configs do not load back
     swapped.save(path)
     np.testing.assert_allclose(_outputs(keras.models.load_model(path), x), expected, atol=SAME_FUNCTION_ATOL)
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+# Functions no name identifies, as libraries and tutorials write them (numpy, so that both flavours run them):
+# {what they compute: spellings}. Written from the formulas, not from keras_gelu.
+UNNAMED_SPELLINGS = {
+    "gelu_sigmoid": [lambda x: x * _sigmoid(1.702 * x)],  # CLIP's and MetaCLIP 2's quick_gelu
+    "gelu_tanh": [lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))],  # gelu_new
+    "gelu_exact": [lambda x: x * 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)).astype(np.float32))],
+}
+NOT_GELU = [lambda x: x * _sigmoid(x), lambda x: x * _sigmoid(1.6 * x), np.tanh, lambda x: x[0],
+            lambda x: x * _sigmoid(1.702 * x) + 1e-3]
+
+
+@pytest.mark.parametrize("function", [name for name, spellings in UNNAMED_SPELLINGS.items() for _ in spellings])
+def test_an_activation_no_name_identifies_is_known_by_its_values(function):
+    """A GELU in a library's own spelling is swapped (and, in QAT, quantized) as the GELU it computes: its
+    values on a grid agree with one form to float32 rounding, and the forms differ by far more."""
+    from keras_gelu import swapping
+
+    for spelling in UNNAMED_SPELLINGS[function]:
+        assert swapping.computed_function(spelling) == function
+
+
+@pytest.mark.parametrize("function", NOT_GELU, ids=["silu", "another_slope", "tanh", "not_elementwise", "shifted"])
+def test_a_function_near_gelu_but_not_it_keeps_its_identity(function):
+    from keras_gelu import swapping
+
+    assert swapping.computed_function(function) is function

@@ -25,8 +25,9 @@ HAS_TFLM = importlib.util.find_spec("tflite_micro") is not None
 HAS_VELA = importlib.util.find_spec("ethosu") is not None
 needs_tflm = pytest.mark.skipif(not HAS_TFLM, reason="tflite-micro is not installed (keras-gelu[tflm])")
 needs_vela = pytest.mark.skipif(not HAS_VELA, reason="ethos-u-vela is not installed (keras-gelu[vela])")
-# The spelling models are tf.Modules, the same in every Keras flavour: they run in the Keras 3 leg only.
-keras3_leg = pytest.mark.skipif(not IS_KERAS3, reason="flavour-independent; runs in the Keras 3 leg")
+# The spelling models are tf.Modules, the same in every Keras flavour: they run in one leg, the tf-keras one
+# (the Keras 3 leg has the longer run).
+one_leg = pytest.mark.legs("tf_keras")
 
 # TFLite Micro against LiteRT on the same int8 .tflite, in output steps. Their int8 kernels are separate
 # code (TFLM's reference kernels, LiteRT's XNNPACK) and may round a boundary value the other way, by one
@@ -50,7 +51,7 @@ def spelling_dirs(tmp_path_factory):
     return {name: spelling_models.save(name, str(root / name)) for name in spelling_models.SPELLINGS}
 
 
-@keras3_leg
+@one_leg
 @needs_tflm
 @pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
 @pytest.mark.parametrize("name", sorted(spelling_models.SPELLINGS))
@@ -67,7 +68,7 @@ def test_every_spelling_runs_in_tflite_micro(spelling_dirs, name, int8):
         assert fidelity["max_abs"] <= 1e-5 and agreement["max_abs"] <= 1e-5, (fidelity, agreement)
 
 
-@keras3_leg
+@one_leg
 @needs_vela
 @pytest.mark.parametrize("name", sorted(spelling_models.SPELLINGS))
 def test_every_int8_spelling_runs_wholly_on_the_ethos_u55_npu(spelling_dirs, name):
@@ -76,7 +77,7 @@ def test_every_int8_spelling_runs_wholly_on_the_ethos_u55_npu(spelling_dirs, nam
     assert (figures["cpu_operators"], figures["cpu_operator_reasons"]) == (0, {}) and figures["npu_operators"] > 0
 
 
-@keras3_leg
+@one_leg
 @needs_vela
 def test_operators_vela_leaves_on_the_cpu_are_named_with_vela_s_reason(tmp_path):
     """A MEAN over the channels of an image taller and wider than 1: Vela 5.2 runs it on the CPU only."""

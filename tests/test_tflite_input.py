@@ -26,9 +26,9 @@ from keras_gelu.converters import errors
 from keras_gelu.converters.tflite import flatbuffer_model
 from keras_gelu.converters.tflite import tflite_gelus
 
-# Flavour-independent (tf.Module sources): in the Keras 3 leg, which with PyTorch's has the shorter run of the
-# two cores (measured 2026-12-03: 712 s against tf-keras's and TF 2.18's 826 s).
-pytestmark = pytest.mark.legs("keras3")
+# Flavour-independent (tf.Module sources, .tflite files): in one leg, the tf-keras one; what Keras 3 makes (its
+# LiteRT export, keras-hub's models) in the Keras 3 leg.
+pytestmark = pytest.mark.legs("tf_keras")
 
 # float32 against float64 math.erf: the erf form's fit (6.5e-7) plus float32 rounding, on |x| <= 8.
 ERF_FORM_ATOL = 2e-6

@@ -23,6 +23,7 @@ from keras_gelu.qat.keras3.keras_classes import VALUE_KEEPING_OPERATIONS
 from keras_gelu.qat.keras3.rules import UNCHANGED_VALUES
 from keras_gelu.qat.keras3.rules import QuantizeRule
 from keras_gelu.qat.keras3.rules import register_rule
+from keras_gelu.qat.keras3.rules import rule_for
 from keras_gelu.qat.keras3.training import NonFiniteTraining
 from keras_gelu.qat.keras3.training import QuantizedModel
 from keras_gelu.qat.keras3.wrapper import QuantizeInput
@@ -98,7 +99,7 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
     folds = folding.scales_to_fold(model, keep_float)  # {Conv/Dense name: the BatchNorm or LayerScale after it}
     folded_away = {scaling.name for scaling in folds.values()}
     identities = {layer.name for layer in model.layers
-                  if rule_or_composite(layer, mode, exact_as) is None and _identity_at_inference(layer)}
+                  if rule_for(layer, mode, exact_as) is None and _identity_at_inference(layer)}
     _check_rules(model, mode, exact_as, set(keep_float) | folded_away | identities)
     pairs = []  # (float layer, its QAT copy, the split-out activation's float and QAT copies or None)
     split_out = {}  # id(QAT copy) -> the QAT activation layer to call after it
@@ -117,7 +118,8 @@ def _quantize(model, mode, exact_as, calibration_data, keep_float):
         if gelu is not None:  # Activation("gelu") as our GELU layer, with its rule
             pairs.append((layer, quantized(gelu), None, None))
             return pairs[-1][1]
-        rule = None if layer.name in keep_float else rule_or_composite(layer, mode, exact_as)
+        rule = None if layer.name in keep_float or layer.name in identities \
+            else rule_or_composite(layer, mode, exact_as)
         if isinstance(rule, composite.CompositeRule):
             # Its weights before its rule puts QuantizeSublayers (and their ranges) in place of its sublayers;
             # built by a symbolic call like the model's (a layer may make its sublayers' state in call()). An

@@ -1,5 +1,6 @@
-"""Composite layers, quantized through their sublayers: keras-hub's TransformerEncoder, ViT's patching and
-embedding, and any custom layer of yours whose computation is made of layers that have rules.
+"""Composite layers, quantized through their sublayers and the keras.ops they compute with: keras-hub's
+TransformerEncoder, ViT's patching and embedding, RMS normalizations, LayerScales, and any custom layer of yours
+whose computation is made of layers that have rules and of keras.ops (`operations`).
 
 A layer with no rule of its own whose sublayers (attributes, lists of them
 too) all have rules, or are composite in turn, is quantized by
@@ -17,18 +18,22 @@ rounded value too (`fake_quants_read_by_every_reader` in
 then has a range on every tensor an op computes, save those that only move
 values (a reshape, a concatenation, which keep their inputs' grids).
 
-Arithmetic that chains two operations with no sublayer between them (an
-`(x + p) * s`) leaves the first result without a range: the converter's
-report names the float ops that remain, and a rule for the layer
-(`register_rule`) is the way out.
+What the layer computes with keras.ops is ranged op by op as it runs
+(`operations`). Python operators chained on the backend's tensors with
+neither a sublayer nor a keras.ops call between them (an `(x + p) * s`)
+leave the first result without a range: the converter's report names the
+float ops that remain, and a rule for the layer (`register_rule`) is the way
+out.
 """
 
 import contextlib
+import inspect
 
 from keras_gelu.flavour import keras
 from keras_gelu.inner_activations import set_slot
 from keras_gelu.inner_activations import sublayer_slots
 from keras_gelu.flavour import register_serializable
+from keras_gelu.qat.keras3 import operations
 from keras_gelu.qat.keras3 import ranges as ranges_module
 from keras_gelu.qat.keras3 import splitting
 from keras_gelu.qat.keras3.rules import UNCHANGED_VALUES
@@ -37,27 +42,27 @@ from keras_gelu.qat.keras3.rules import rule_for
 from keras_gelu.qat.keras3.wrapper import QuantizeWrapper
 from keras_gelu.qat.keras3.wrapper import is_float
 
-# The tensors on an int8 grid in the composite calls under way (innermost last): those a sublayer's range
-# produced, and the composite's inputs. Kept as tensors, compared by identity.
+# The tensors on an int8 grid in the composite calls under way (innermost last): the composite's inputs, and
+# those a sublayer's or an operation's range produced. {id: tensor}: kept alive, so that an id is not reused.
 _on_grid = []
 
 
 @contextlib.contextmanager
 def _composite_call(inputs):
-    _on_grid.append(list(keras.tree.flatten(inputs)))
+    _on_grid.append({id(tensor): tensor for tensor in keras.tree.flatten(inputs)})
     try:
-        yield
+        yield _on_grid[-1]
     finally:
         _on_grid.pop()
 
 
 def _is_on_grid(tensor):
-    return bool(_on_grid) and any(tensor is known for known in _on_grid[-1])
+    return bool(_on_grid) and id(tensor) in _on_grid[-1]
 
 
 def _mark_on_grid(outputs):
     if _on_grid:
-        _on_grid[-1].extend(keras.tree.flatten(outputs))
+        _on_grid[-1].update((id(tensor), tensor) for tensor in keras.tree.flatten(outputs))
     return outputs
 
 
@@ -114,10 +119,13 @@ def rule_or_composite(layer, mode, exact_as):
 
 def composite_rule(layer, mode, exact_as):
     """A CompositeRule for `layer` where it is a composite layer: sublayers, each with a rule (or composite in
-    turn, or keeping values); else None."""
+    turn, or keeping values), and the keras.ops its call computes with (`operations`). A layer of keras.ops
+    alone (an RMS normalization, a LayerScale, a positional embedding) is one with no sublayers; a
+    subclassed model and a BatchNormalization that does not fold are refused with reasons of their own."""
     slots = sublayer_slots(layer)
     if not slots:
-        return None
+        return None if isinstance(layer, (keras.Model, keras.layers.BatchNormalization)) else \
+            CompositeRule(mode, exact_as)
     if all(_proxy(sublayer, mode, exact_as) for _, _, sublayer in slots):
         return CompositeRule(mode, exact_as)
     return None
@@ -133,7 +141,20 @@ class QuantizeSublayer(QuantizeWrapper):
         self.activation = activation  # a fused activation split out of the sublayer, with its own rule
         self.input_ranges = None
 
+    def __getattr__(self, name):
+        # The composite's own code reads its sublayers' attributes (keras-hub's Moonshine decoder, its attention's
+        # use_causal_mask): the stand-in answers for the layer it holds; not for private ones, which Keras probes
+        # on the wrapper itself
+        layer = self.__dict__.get("layer")
+        if layer is None or name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(layer, name)
+
     def __call__(self, *args, **kwargs):
+        with operations.suspended():  # its rule's computation is its own
+            return self._call(*args, **kwargs)
+
+    def _call(self, *args, **kwargs):
         paths_and_values = keras.tree.flatten_with_path((args, kwargs))
         if self.input_ranges is None:  # first call: symbolic, when the QAT model is built or loaded
             self.input_ranges = {}
@@ -142,7 +163,7 @@ class QuantizeSublayer(QuantizeWrapper):
                     key = _argument_key(path)
                     self.input_ranges[key] = ranges_module.ActivationRange(f"input_{len(self.input_ranges)}")
                     self.input_ranges[key].build(self)
-        training = bool(kwargs.get("training") or False)
+        training = bool(kwargs["training"] if "training" in kwargs else _call_context_training())
         values = [self.input_ranges[_argument_key(path)](value, training)
                   if _argument_key(path) in self.input_ranges else value for path, value in paths_and_values]
         args, kwargs = keras.tree.pack_sequence_as((args, kwargs), values)
@@ -164,6 +185,16 @@ class QuantizeSublayer(QuantizeWrapper):
         if config.get("activation") is not None:
             config["activation"] = keras.layers.deserialize(config["activation"])
         return super().from_config(config)
+
+
+def _call_context_training():
+    """The `training` of the layer call under way: what Keras hands a sublayer the composite's code calls
+    without it (keras-hub's DeiT embeddings call their Dropout so). Read before Keras resolves it for the
+    sublayer, as its input ranges are applied first: from Keras's call context, which has no public name."""
+    from keras.src.backend.common import global_state
+
+    context = global_state.get_global_attribute("current_call_ctx")
+    return bool(context is not None and context.training)
 
 
 def _argument_key(path):
@@ -207,13 +238,25 @@ class CompositeRule(QuantizeRule):
         TransformerEncoder keeps the `activation` layer it hands its Dense; a Wrapper its `layer`) would
         otherwise be saved, and built into the layer when the model loads."""
         with _stand_ins_withdrawn(layer):
-            return super().layer_config(layer)
+            config = super().layer_config(layer)
+        # and, for a layer built from several shapes (keras-hub's BART and Moonshine decoders: the encoder's
+        # sequence too), those shapes, which its first input's alone cannot build again (the wrapper builds
+        # every other layer, after its rule's stand-ins are in place)
+        build_config = layer.get_build_config() if layer.built else None
+        if build_config is None or len(build_config.get("shapes_dict", ())) < 2:
+            return config
+        return {**config, "build_config": build_config}
 
     # A composite called on several positional tensors (keras-hub's DeiTOutput(hidden, residual)) has them
     # packed as {"positional": [...]}; `build` takes the first one's shape, as Keras builds such a layer.
     _POSITIONAL = "positional"
 
     def call_arguments(self, layer, args, kwargs):
+        if not args:  # called by keywords alone (keras-hub's BART decoder): its call's first one, as Keras builds
+            first = next(iter(inspect.signature(layer.call).parameters))
+            if first in kwargs:
+                kwargs = dict(kwargs)
+                args = (kwargs.pop(first),)
         return (args[0] if len(args) == 1 else {self._POSITIONAL: list(args)}), kwargs
 
     def layer_arguments(self, inputs):
@@ -224,8 +267,9 @@ class CompositeRule(QuantizeRule):
     def call(self, wrapper, layer, inputs, training, **kwargs):
         positional = inputs[self._POSITIONAL] if isinstance(inputs, dict) and list(inputs) == [self._POSITIONAL] \
             else [inputs]
-        with _composite_call(positional):
-            outputs = layer(*positional, training=training, **kwargs)
+        with _composite_call(positional) as on_grid:
+            with operations.intercepting(wrapper, training, on_grid):
+                outputs = layer(*positional, training=training, **kwargs)
             outputs = keras.tree.map_structure(
                 lambda output: output if not _is_tensor(output) or _is_on_grid(output) or not is_float(output)
                 else wrapper.ranges["output"](output, training), outputs)

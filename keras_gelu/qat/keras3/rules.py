@@ -157,7 +157,8 @@ class DenseRule(QuantizeRule):
         wrapper.add_activation_range("output")
 
     def call(self, wrapper, layer, inputs, training, **kwargs):
-        rows = inputs if len(inputs.shape) == 2 else keras.ops.reshape(inputs, (-1, inputs.shape[-1]))
+        # the kernel's rows, not the input's last axis: a reshape to [b, s, -1] leaves that unknown (keras-hub's ESM)
+        rows = inputs if len(inputs.shape) == 2 else keras.ops.reshape(inputs, (-1, layer.kernel.shape[0]))
         outputs = keras.ops.matmul(rows, wrapper.ranges["kernel"](layer.kernel, training))
         if layer.use_bias:
             outputs = outputs + layer.bias
@@ -278,10 +279,16 @@ class LayerNormalizationRule(QuantizeRule):
         mean = ranges["mean"](ops.mean(inputs, axis=-1, keepdims=True))
         squared_difference = ranges["squared_difference"](ops.square(inputs - ops.stop_gradient(mean)))
         variance = ranges["variance"](ops.mean(squared_difference, axis=-1, keepdims=True))
-        # A variance below half its grid's step rounds to 0 (DeiT's zero-initialized tokens, any range that starts
-        # wide): RSQRT saturates there in int8, and here rsqrt(0) is inf, whose gradient is NaN even where
-        # the range clips it (0 x inf); at epsilon the gradient is finite, and the clipped value the same.
-        variance_epsilon = ops.maximum(ranges["variance_epsilon"](variance + layer.epsilon), layer.epsilon)
+        # A variance below half its grid's step rounds to 0 (DeiT's zero-initialized tokens, rows of near-equal
+        # values beside rows of large ones): int8 RSQRT's input is 0 or at least one step, and at 0 its output
+        # saturates at its range's top. Here rsqrt(0) was inf (NaN gradients, 0 x inf), and at epsilon 1/sqrt(eps)
+        # (1000), which then set that top and blew such rows up a thousandfold, where the centred values had not
+        # rounded to 0. Taken no lower than one step, as if 0 were the smallest value int8 holds above it, the top
+        # is what the smallest variance gives, and the int8 model saturates to the same value.
+        variance_epsilon = ranges["variance_epsilon"](variance + layer.epsilon)
+        quantizer = wrapper.ranges["variance_epsilon"]
+        one_step = ops.stop_gradient((quantizer.high - quantizer.low) / 255.0)
+        variance_epsilon = ops.maximum(variance_epsilon, ops.maximum(one_step, layer.epsilon))
         inverse = ranges["inverse_root"](ops.rsqrt(variance_epsilon))
         if layer.gamma is not None:
             inverse = ranges["inverse"](inverse * ranges["gamma"](layer.gamma))
@@ -297,6 +304,11 @@ class SoftmaxRule(QuantizeRule):
 
     def build(self, wrapper, layer):
         pass
+
+    def call_arguments(self, layer, args, kwargs):
+        if len(args) == 2 and "mask" not in kwargs:  # Softmax's call(inputs, mask=None), the mask positional
+            return args[0], {**kwargs, "mask": args[1]}
+        return super().call_arguments(layer, args, kwargs)
 
     def call(self, wrapper, layer, inputs, training, **kwargs):
         return replacements.on_logistic_int8_grid(layer(inputs, **kwargs))
@@ -422,6 +434,8 @@ class ActivationRule(QuantizeRule):
     LOGISTIC's k/256 and TANH's k/128 fixed grids. (quantize_model makes a GELU one of our GELU layers.)"""
 
     FIXED_GRIDS = {"sigmoid": replacements.on_logistic_int8_grid, "tanh": on_tanh_int8_grid}
+    # x sigmoid(x), which TFLite computes as LOGISTIC (its fixed grid) then MUL (a range of its own)
+    GATED = ("silu", "swish")
 
     @staticmethod
     def _name(layer):
@@ -433,20 +447,24 @@ class ActivationRule(QuantizeRule):
 
     def build(self, wrapper, layer):
         name = self._name(layer)
-        if name not in FUSABLE_ACTIVATIONS and name not in self.FIXED_GRIDS:
+        if name not in FUSABLE_ACTIVATIONS and name not in self.FIXED_GRIDS and name not in self.GATED:
             if isinstance(layer, keras.layers.ReLU):
                 received = f"max_value={layer.max_value}, negative_slope={layer.negative_slope}, " \
                            f"threshold={layer.threshold}"
             else:
                 received = f"activation={getattr(layer.activation, '__name__', layer.activation)}"
             raise ValueError(f"Activation {layer.name}: no int8 rule for its function (covered: GELU, "
-                             f"{', '.join(FUSABLE_ACTIVATIONS + tuple(self.FIXED_GRIDS))}, ReLU up to 6); keep it "
+                             f"{', '.join(FUSABLE_ACTIVATIONS + tuple(self.FIXED_GRIDS) + self.GATED)}, ReLU up "
+                             f"to 6); keep it "
                              f"float with keep_float=[{layer.name!r}]. Received: {received}")
-        if name in FUSABLE_ACTIVATIONS:
+        if name in FUSABLE_ACTIVATIONS or name in self.GATED:
             wrapper.add_activation_range("output")
 
     def call(self, wrapper, layer, inputs, training, **kwargs):
         name = self._name(layer)
+        if name in self.GATED:
+            gate = replacements.on_logistic_int8_grid(keras.ops.sigmoid(inputs))
+            return wrapper.ranges["output"](inputs * gate, training)
         outputs = layer(inputs)
         if name in self.FIXED_GRIDS:
             return self.FIXED_GRIDS[name](outputs)

@@ -18,6 +18,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
         super().__init__(layer, **kwargs)
         self.rule = rule
         self.ranges = {}
+        self.operation_ranges = None  # {place in the code: range name}, made at a composite's first call
 
     def build(self, input_shape=None):
         if not self.layer.built:
@@ -29,7 +30,14 @@ class QuantizeWrapper(keras.layers.Wrapper):
     def _add_range(self, name, quantizer, *weight):
         if name in self.ranges:
             raise ValueError(f"{type(self.rule).__name__} adds two ranges named {name!r}. Received: name={name!r}")
-        quantizer.build(self, *weight)
+        # A composite's operation ranges are made at its first call (`operations`), after build locked the state
+        locked = self._tracker.locked
+        self._tracker.unlock()
+        try:
+            quantizer.build(self, *weight)
+        finally:
+            if locked:
+                self._tracker.lock()
         self.ranges[name] = quantizer
 
     def add_activation_range(self, name):

@@ -1,0 +1,205 @@
+"""What a composite layer computes with `keras.ops` between its sublayers, each float result on an int8 range.
+
+A composite layer's own arithmetic (LayerScale's `x * gamma`, an RMS
+normalization's `rsqrt(mean(square(x)))`, DeiT's tokens concatenated before
+the encoder) is int8 ops in the converted model, each rescaling to a range
+of its own; QAT must round there too. No rule names these layers: while a
+composite's `call` runs under `CompositeRule`, every `keras.ops` function
+(the public `keras.ops` and Keras's own `keras.src.ops`, the two every
+library calls through) is intercepted:
+
+* an operation that computes (add, matmul, mean, rsqrt, ...) on a float
+  tensor has its float result fake-quantized on a moving-average range of
+  its own;
+* one that only moves values (reshape, transpose, a slice, a concatenation
+  of one grid, a cast) keeps its input's grid and takes no range: RESHAPE,
+  TRANSPOSE and CONCATENATION hold the same scale on both sides by
+  construction, as TFLite requires;
+* a float input that is on no grid (a Python operator's result, `x + y` on
+  the backend's tensors, which no interception sees) is put on a range where
+  an operation reads it, as a sublayer's input is.
+
+Ranges are made at the layer's first call (symbolic, when the QAT model is
+built or loaded), one per place in the code that calls an operation and per
+pass through that place, so a loop or a training-only branch finds its own.
+A place first reached later (a branch the first call did not take) is left
+unranged. Sublayers (their own rules) and the ranges' own computation run
+with the interception suspended; other threads are never affected.
+
+What no interception sees stays float in the int8 model where its result is
+read only by other unseen arithmetic (`(x * a) * b` with Python operators);
+the converter's report names those ops.
+"""
+
+import contextlib
+import sys
+import threading
+
+from keras_gelu.flavour import keras
+from keras_gelu.qat.keras3.wrapper import is_float
+
+# The modules whose functions libraries call: `from keras import ops` (keras-hub, user code) and `from keras.src
+# import ops` (Keras's own layers and activations, keras.activations.gelu included).
+_MODULES = ("keras.ops", "keras.src.ops")
+
+# Functions that compute nothing on values (control flow, shapes, conversions), called as they are.
+_NOT_INTERCEPTED = frozenset({
+    "associative_scan", "cond", "convert_to_numpy", "custom_gradient", "dtype", "fori_loop", "is_tensor", "jvp",
+    "map", "ndim", "scan", "shape", "size", "switch", "vectorize", "vectorized_map", "while_loop"})
+
+# Functions whose outputs are values of their first tensor input's grid: moved, copied or dropped.
+VALUE_MOVING = frozenset({
+    "amax", "amin", "array_split", "broadcast_to", "cast", "concatenate", "convert_to_tensor", "copy",
+    "depth_to_space", "diagonal", "dsplit", "dstack", "expand_dims", "flip", "fliplr", "flipud", "get_item",
+    "hsplit", "hstack", "identity", "max", "max_pool", "min", "moveaxis", "pad", "ravel", "rearrange", "repeat",
+    "reshape", "roll", "rot90", "slice", "space_to_depth", "split", "squeeze", "stack", "stop_gradient",
+    "swapaxes", "take", "take_along_axis", "tile", "transpose", "tril", "triu", "unstack", "vsplit", "vstack"})
+
+# Functions infinite at 0 (and their gradients), where the int8 op saturates: rsqrt(0) = inf in QAT gave
+# NaN ranges and gradients (0 x inf). Their input is taken no lower than _SMALLEST_INPUT.
+_SINGULAR_AT_ZERO = frozenset({"log", "reciprocal", "rsqrt", "sqrt"})
+_SMALLEST_INPUT = 1e-12
+
+_local = threading.local()
+_lock = threading.Lock()
+_installed = {"count": 0, "originals": []}  # [(module, name, function)] while any thread intercepts
+
+
+def _states():
+    if not hasattr(_local, "states"):
+        _local.states = []
+    return _local.states
+
+
+class _Interception:
+    """One composite call's interception: its wrapper (which owns the ranges), the tensors on a grid so far
+    (id -> tensor), and how often each place in the code has been passed in this call."""
+
+    def __init__(self, wrapper, training, on_grid):
+        self.wrapper, self.training, self.on_grid = wrapper, training, on_grid
+        self.passes = {}
+        self.making = wrapper.operation_ranges is None  # the first call makes the ranges
+        if self.making:
+            wrapper.operation_ranges = {}
+
+    def range_for(self, key):
+        names = self.wrapper.operation_ranges
+        if key not in names:
+            if not self.making:
+                return None
+            names[key] = f"operation_{len(names)}"
+            self.wrapper.add_activation_range(names[key])
+        return self.wrapper.ranges[names[key]]
+
+    def ranged(self, key, tensor):
+        quantizer = self.range_for(key)
+        if quantizer is None:
+            return tensor
+        with suspended():
+            tensor = quantizer(tensor, self.training)
+        self.on_grid[id(tensor)] = tensor
+        return tensor
+
+
+@contextlib.contextmanager
+def intercepting(wrapper, training, on_grid):
+    """Within the block, this thread's keras.ops calls are ranged for `wrapper` (a QuantizeWrapper whose
+    `operation_ranges` is None before its first call); `on_grid`: {id: tensor} of the values on a grid."""
+    _states().append(_Interception(wrapper, training, on_grid))
+    _install()
+    try:
+        yield
+    finally:
+        _states().pop()
+        _uninstall()
+
+
+@contextlib.contextmanager
+def suspended():
+    """Within the block, this thread's keras.ops calls run as they are (a sublayer's rule, a range's arithmetic)."""
+    _states().append(None)
+    try:
+        yield
+    finally:
+        _states().pop()
+
+
+def _is_tensor(value):
+    return isinstance(value, keras.KerasTensor) or (keras.ops.is_tensor(value)
+                                                     and not isinstance(value, keras.Variable))
+
+
+def _place(name):
+    """Where the intercepted call came from: the function's name, and the caller's file and line."""
+    frame = sys._getframe(2)
+    return f"{name}@{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _intercepted(name, function):
+    moving = name in VALUE_MOVING
+
+    def operation(*args, **kwargs):
+        states = _states()
+        state = states[-1] if states else None
+        if state is None:
+            return function(*args, **kwargs)
+        place = _place(name)
+        state.passes[place] = count = state.passes.get(place, 0) + 1
+        key = f"{place}#{count}"
+        flat = keras.tree.flatten((args, kwargs))
+        tensors = [value for value in flat if _is_tensor(value) and is_float(value)]
+        if not tensors:  # a constant made (ones, arange) or integer arithmetic (positions, masks)
+            return function(*args, **kwargs)
+        if moving:
+            with suspended():
+                outputs = function(*args, **kwargs)
+            if id(tensors[0]) in state.on_grid:
+                for output in keras.tree.flatten(outputs):
+                    state.on_grid[id(output)] = output
+            return outputs
+        # a float input on no grid, ranged where this operation reads it
+        number = iter(range(len(flat)))
+        values = [state.ranged(f"{key}/input_{next(number)}", value)
+                  if _is_tensor(value) and is_float(value) and id(value) not in state.on_grid else value
+                  for value in flat]
+        args, kwargs = keras.tree.pack_sequence_as((args, kwargs), values)
+        with suspended():
+            if name in _SINGULAR_AT_ZERO:
+                args = (keras.ops.maximum(args[0], _SMALLEST_INPUT), *args[1:])
+            outputs = function(*args, **kwargs)
+        flat_outputs = keras.tree.flatten(outputs)
+        ranged = [state.ranged(key if len(flat_outputs) == 1 else f"{key}/output_{number}", output)
+                  if _is_tensor(output) and is_float(output) else output
+                  for number, output in enumerate(flat_outputs)]
+        return keras.tree.pack_sequence_as(outputs, ranged)
+
+    operation.__name__ = getattr(function, "__name__", name)
+    operation.__doc__ = getattr(function, "__doc__", None)
+    operation.__wrapped__ = function
+    return operation
+
+
+def _install():
+    with _lock:
+        _installed["count"] += 1
+        if _installed["count"] > 1:
+            return
+        for module_name in _MODULES:
+            module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+            for name in dir(module):
+                function = getattr(module, name)
+                if name.startswith("_") or name in _NOT_INTERCEPTED or not callable(function) \
+                        or isinstance(function, type) or type(function).__name__ == "module":
+                    continue
+                _installed["originals"].append((module, name, function))
+                setattr(module, name, _intercepted(name, function))
+
+
+def _uninstall():
+    with _lock:
+        _installed["count"] -= 1
+        if _installed["count"]:
+            return
+        for module, name, function in _installed["originals"]:
+            setattr(module, name, function)
+        _installed["originals"] = []
