@@ -39,6 +39,10 @@ from keras_gelu import converters
 from keras_gelu import vocabulary
 from keras_gelu.converters import errors
 
+# Every oneDNN setting once (the Keras 3 leg's off, tf-keras's on), each leg its own seed of examples; TensorFlow
+# 2.18 only for the pinned graphs below.
+pytestmark = pytest.mark.legs("keras3", "tf_keras")
+
 EXAMPLES = int(os.environ.get("KG_FUZZ_EXAMPLES", "6"))
 # The .tflite against the original model, by how the conversion computes exact GELU: kept (native, the erf
 # form: float32 rounding through a few layers) or approximated (the tanh form 4.7e-4, the sigmoid form 2e-2 per
@@ -144,7 +148,7 @@ FOUND = {
 }
 
 
-@pytest.mark.legs("keras3", "tf218")  # pinned graphs: each oneDNN setting and TensorFlow once (not three legs)
+@pytest.mark.legs("keras3", "tf218")  # pinned graphs: each oneDNN setting and TensorFlow version once
 @pytest.mark.parametrize("found", FOUND)
 def test_what_the_fuzzer_found_stays_fixed(main_graph_fuses, tmp_path, found):
     path = graph_fuzzer.save(str(tmp_path / "model"), FOUND[found])

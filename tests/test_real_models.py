@@ -24,7 +24,9 @@ from keras_gelu.converters.running import verify
 pytestmark = pytest.mark.legs("keras3", "tf_keras")
 
 VOCABULARY, SEQUENCE, SAMPLES = 100, 16, 8
-FLOAT_CONVERSIONS = conversions.REWRITING
+# Native, and builtin in the erf form (the most ops) and the sigmoid form (the default); the tanh form's
+# rewrite is the erf form's with other constants, and every form meets every spelling in test_converter_spellings.
+FLOAT_CONVERSIONS = [conversion for conversion in conversions.REWRITING if conversion != ("builtin", "tanh")]
 INT8 = ("int8", "erf")
 
 # Parity of the float .tflite with the model object: kernel rounding through

@@ -77,7 +77,7 @@ def test_every_int8_spelling_runs_wholly_on_the_ethos_u55_npu(spelling_dirs, nam
     assert (figures["cpu_operators"], figures["cpu_operator_reasons"]) == (0, {}) and figures["npu_operators"] > 0
 
 
-@one_leg
+@pytest.mark.legs("keras3")  # keras.ops: Keras 3's
 @needs_vela
 def test_operators_vela_leaves_on_the_cpu_are_named_with_vela_s_reason(tmp_path):
     """A MEAN over the channels of an image taller and wider than 1: Vela 5.2 runs it on the CPU only."""
