@@ -42,6 +42,25 @@ SEQUENCE_LENGTH = 8  # every token sequence whose length the backbone leaves ope
 OPEN_DIMENSION = 32  # any other dimension the backbone leaves open (an image side, a frame count)
 
 # Constructor arguments, by the attribute name under keras_hub.models.
+# SmolLM and SmolLM3 take the same constructor arguments.
+_SMOLLM = {
+    "vocabulary_size": 50,
+    "hidden_dim": 16,
+    "intermediate_dim": 32,
+    "num_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "rope_layer_enabled_list": [True],
+    "layer_types": ["attention"],
+    "mlp_bias": False,
+    "layer_norm_epsilon": 1e-05,
+    "max_position_embeddings": 16,
+    "rope_theta": 10000.0,
+    "partial_rotary_factor": 1.0,
+}
+
 # T5Gemma and T5Gemma 2 take the same constructor arguments.
 _T5GEMMA_ENCODER_DECODER = {
     "vocabulary_size": 50,
@@ -1009,40 +1028,8 @@ TINY_CONFIGS = {
         "intermediate_dim": 32,
         "image_shape": (32, 32, 3),
     },
-    "SmolLM3Backbone": {
-        "vocabulary_size": 50,
-        "hidden_dim": 16,
-        "intermediate_dim": 32,
-        "num_layers": 1,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "rope_layer_enabled_list": [True],
-        "layer_types": ["attention"],
-        "mlp_bias": False,
-        "layer_norm_epsilon": 1e-05,
-        "max_position_embeddings": 16,
-        "rope_theta": 10000.0,
-        "partial_rotary_factor": 1.0,
-    },
-    "SmolLMBackbone": {
-        "vocabulary_size": 50,
-        "hidden_dim": 16,
-        "intermediate_dim": 32,
-        "num_layers": 1,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "rope_layer_enabled_list": [True],
-        "layer_types": ["attention"],
-        "mlp_bias": False,
-        "layer_norm_epsilon": 1e-05,
-        "max_position_embeddings": 16,
-        "rope_theta": 10000.0,
-        "partial_rotary_factor": 1.0,
-    },
+    "SmolLM3Backbone": _SMOLLM,
+    "SmolLMBackbone": _SMOLLM,
     "StableDiffusion3Backbone": {
         "mmdit_patch_size": 2,
         "mmdit_hidden_dim": 32,
