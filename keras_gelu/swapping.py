@@ -204,11 +204,17 @@ def _gelu_by_values(function):
         return None
     if values.shape != _PROBE.shape:
         return None
-    for form, reference in (("exact", activations.gelu_exact), ("tanh", activations.gelu_tanh),
-                            ("sigmoid", activations.gelu_sigmoid)):
-        if np.allclose(values, _as_numpy(reference(_PROBE)), **_PROBE_TOLERANCE):
+    for form, reference in _gelu_forms_on_the_probe().items():
+        if np.allclose(values, reference, **_PROBE_TOLERANCE):
             return f"gelu_{form}"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _gelu_forms_on_the_probe():
+    """{form: our GELU of that form on _PROBE}, computed once rather than for every function probed."""
+    return {form: _as_numpy(function(_PROBE)) for form, function in (
+        ("exact", activations.gelu_exact), ("tanh", activations.gelu_tanh), ("sigmoid", activations.gelu_sigmoid))}
 
 
 def describe(activation):

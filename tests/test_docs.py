@@ -18,6 +18,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import traceback
 
 import numpy as np
 import pytest
@@ -80,12 +81,16 @@ def test_python_block_runs(block, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     environment = dict(os.environ)
     keras.backend.clear_session()
+    failure = None
     try:
         exec(compile(code, f"{document}:{line}", "exec"), {"__name__": "__main__"})
+    except Exception:  # noqa: BLE001 - whatever the block raises is what the reader would meet
+        failure = traceback.format_exc()[-3000:]
     finally:
         os.environ.clear()
         os.environ.update(environment)
         keras.backend.clear_session()
+    assert failure is None, f"{document}:{line} fails as shown:\n{failure}"
 
 
 @pytest.fixture(scope="module")

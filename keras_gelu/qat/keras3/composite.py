@@ -36,6 +36,7 @@ from keras_gelu.flavour import register_serializable
 from keras_gelu.qat.keras3 import operations
 from keras_gelu.qat.keras3 import ranges as ranges_module
 from keras_gelu.qat.keras3 import splitting
+from keras_gelu.qat.keras3.keras_classes import training_of_the_call_under_way
 from keras_gelu.qat.keras3.rules import UNCHANGED_VALUES
 from keras_gelu.qat.keras3.rules import QuantizeRule
 from keras_gelu.qat.keras3.rules import rule_for
@@ -163,7 +164,9 @@ class QuantizeSublayer(QuantizeWrapper):
                     key = _argument_key(path)
                     self.input_ranges[key] = ranges_module.ActivationRange(f"input_{len(self.input_ranges)}")
                     self.input_ranges[key].build(self)
-        training = bool(kwargs["training"] if "training" in kwargs else _call_context_training())
+        # called without `training` (keras-hub's DeiT embeddings call their Dropout so): the call's under way, as
+        # Keras hands it on, read here because the input ranges come before Keras resolves it
+        training = bool(kwargs["training"] if "training" in kwargs else training_of_the_call_under_way())
         values = [self.input_ranges[_argument_key(path)](value, training)
                   if _argument_key(path) in self.input_ranges else value for path, value in paths_and_values]
         args, kwargs = keras.tree.pack_sequence_as((args, kwargs), values)
@@ -185,16 +188,6 @@ class QuantizeSublayer(QuantizeWrapper):
         if config.get("activation") is not None:
             config["activation"] = keras.layers.deserialize(config["activation"])
         return super().from_config(config)
-
-
-def _call_context_training():
-    """The `training` of the layer call under way: what Keras hands a sublayer the composite's code calls
-    without it (keras-hub's DeiT embeddings call their Dropout so). Read before Keras resolves it for the
-    sublayer, as its input ranges are applied first: from Keras's call context, which has no public name."""
-    from keras.src.backend.common import global_state
-
-    context = global_state.get_global_attribute("current_call_ctx")
-    return bool(context is not None and context.training)
 
 
 def _argument_key(path):
