@@ -42,6 +42,19 @@ SEQUENCE_LENGTH = 8  # every token sequence whose length the backbone leaves ope
 OPEN_DIMENSION = 32  # any other dimension the backbone leaves open (an image side, a frame count)
 
 # Constructor arguments, by the attribute name under keras_hub.models.
+# BASNet and RetinaNet take the same ResNet (four stages) for their image encoder.
+_TINY_RESNET = {
+    "component": "ResNetBackbone",
+    "config": {
+        "input_conv_filters": [64],
+        "input_conv_kernel_sizes": [7],
+        "stackwise_num_filters": [64, 16, 16, 16],  # ResNetBackbone insists on 64 first
+        "stackwise_num_blocks": [1, 1, 1, 1],
+        "stackwise_num_strides": [1, 2, 2, 2],
+        "block_type": "basic_block",
+    },
+}
+
 # SmolLM and SmolLM3 take the same constructor arguments.
 _SMOLLM = {
     "vocabulary_size": 50,
@@ -94,17 +107,7 @@ TINY_CONFIGS = {
     "BASNetBackbone": {
         # At least ~49M parameters: the bridge and decoder are 8 x projection_filters wide, and
         # projection_filters keeps its 64, as BASNet's stem feeds the ResNet's first stage (64 channels).
-        "image_encoder": {
-            "component": "ResNetBackbone",
-            "config": {
-                "input_conv_filters": [64],
-                "input_conv_kernel_sizes": [7],
-                "stackwise_num_filters": [64, 16, 16, 16],  # ResNetBackbone insists on 64 first
-                "stackwise_num_blocks": [1, 1, 1, 1],
-                "stackwise_num_strides": [1, 2, 2, 2],
-                "block_type": "basic_block",
-            },
-        },
+        "image_encoder": _TINY_RESNET,
         "num_classes": 1,
         "image_shape": (32, 32, 3),
     },
@@ -839,17 +842,7 @@ TINY_CONFIGS = {
         "image_shape": (32, 32, 3),
     },
     "RetinaNetBackbone": {
-        "image_encoder": {
-            "component": "ResNetBackbone",
-            "config": {
-                "input_conv_filters": [64],
-                "input_conv_kernel_sizes": [7],
-                "stackwise_num_filters": [64, 16, 16, 16],  # ResNetBackbone insists on 64 first
-                "stackwise_num_blocks": [1, 1, 1, 1],
-                "stackwise_num_strides": [1, 2, 2, 2],
-                "block_type": "basic_block",
-            },
-        },
+        "image_encoder": _TINY_RESNET,
         # The feature pyramid's 256 filters are fixed: the levels are what can be cut, to P3-P5.
         "min_level": 3,
         "max_level": 5,
