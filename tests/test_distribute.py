@@ -8,6 +8,10 @@ match a single-device run.
 """
 
 import importlib.util
+import os
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -90,3 +94,58 @@ def test_qat_trains_under_mirrored_strategy_and_converts_to_integer(mirrored, la
     _, report = converters.convert(model, int8=True)  # the live model, its variables mirrored
     assert report.quantization_aware and report.float_ops == {}, report.op_types
     assert report.verified and all(comparison["passed"] for comparison in report.fidelity), report.fidelity
+
+
+def _replicas_disagreeing(model):
+    """The variables whose copies on the replicas differ, with the largest difference."""
+    disagreeing = {}
+    for variable in model.variables:
+        copies = [np.asarray(copy.numpy()) for copy in getattr(variable, "values", [variable])]
+        difference = max(float(np.max(np.abs(copy - copies[0]))) for copy in copies)
+        if difference:
+            disagreeing[variable.name] = difference
+    return disagreeing
+
+
+@pytest.mark.skipif(not HAS_QAT, reason="QAT under tf-keras needs tensorflow-model-optimization")
+def test_qat_replicas_agree_on_every_variable_and_the_input_range_is_the_whole_batchs(mirrored):
+    """Both engines. tfmot's own input quantizer assigned each replica the range of its own half of the batch;
+    the replicas must hold one model, whose input range (tfmot's: every value seen) is that of the whole batch,
+    zero included, as TFLite's ranges."""
+    x, y = _batch(32)
+    with mirrored.scope():
+        model = keras_gelu.qat.quantize_model(_model(LAYERS["LearnableGELU"]()))
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    model.train_on_batch(x, y)  # one global batch: each replica quantizes its 16 samples
+    assert _replicas_disagreeing(model) == {}
+    if IS_KERAS3:
+        return  # Keras 3's engine: moving averages, which the replicas average, from the first batch on
+    input_range = [variable for variable in model.variables if variable.name.endswith(("_min:0", "_max:0"))][:2]
+    np.testing.assert_array_equal([float(variable.numpy()) for variable in input_range],
+                                  [min(x.min(), 0.0), max(x.max(), 0.0)])
+
+
+@pytest.mark.legs("tf_keras")  # Keras 3 on TensorFlow does not train under MultiWorkerMirroredStrategy
+@pytest.mark.skipif(not HAS_QAT, reason="QAT under tf-keras needs tensorflow-model-optimization")
+def test_two_workers_on_the_loopback_interface_end_qat_with_the_same_variables(tmp_path):
+    ports = []
+    for _ in range(2):  # two free ports, held until both are known so that they differ
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        ports.append(listener)
+    names = ",".join(str(listener.getsockname()[1]) for listener in ports)
+    for listener in ports:
+        listener.close()
+    script = os.path.join(os.path.dirname(__file__), "two_workers.py")
+    workers = [subprocess.Popen([sys.executable, script, str(index), names, str(tmp_path / f"{index}.npz")],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for index in range(2)]
+    outputs = [worker.communicate(timeout=300)[0] for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], outputs
+    chief, other = (np.load(tmp_path / f"{index}.npz") for index in range(2))
+    assert sorted(chief.files) == sorted(other.files) and len(chief.files) > 10, chief.files
+    for name in chief.files:
+        np.testing.assert_array_equal(chief[name], other[name], err_msg=name)
+    low, high = chief["inputs_seen"]  # both workers' data: the range of every input either worker quantized
+    np.testing.assert_array_equal([chief["quantize_layer/quantize_layer_min:0"],
+                                   chief["quantize_layer/quantize_layer_max:0"]], [min(low, 0.0), max(high, 0.0)])

@@ -23,7 +23,8 @@ from keras_gelu.qat.keras3 import ranges  # noqa: E402
 from keras_gelu.qat.keras3 import rules  # noqa: E402
 
 pytestmark = pytest.mark.legs("keras3")
-# TF 2.18's converter on a cheap model of each kind of int8 op the rules make; the larger models run once.
+# TF 2.18's converter on a cheap model of each kind of int8 op the rules make (the activations' fixed grids
+# and the saved model's load are TensorFlow's version's no more than the rest); the larger models run once.
 on_tf218_too = pytest.mark.legs("keras3", "tf218")
 
 
@@ -196,7 +197,6 @@ def test_layer_normalization_over_other_axes_or_rms_is_refused_by_name():
         keras_gelu.qat.quantize_model(model)
 
 
-@on_tf218_too
 def test_the_qat_model_saves_and_loads_as_keras_without_custom_objects_and_trains_on(tmp_path, rng):
     qat = keras_gelu.qat.quantize_model(_mlp(), mode="native")
     x = rng.normal(size=(64, 12)).astype(np.float32)
@@ -291,6 +291,49 @@ def test_keep_float_leaves_the_named_layer_as_it_is(rng):
     np.testing.assert_allclose(qat(x).numpy(), model(x).numpy(), atol=0.2)  # only the Dense is fake-quantized
     with pytest.raises(ValueError, match=r"Received: keep_float=\['nrom'\]"):
         keras_gelu.qat.quantize_model(model, keep_float=["nrom"])
+
+
+def test_keep_float_auto_keeps_exactly_the_refused_layers_float_names_them_and_converts(tmp_path, rng):
+    """keep_float="auto": each layer the engine refuses stays float, named with its refusal (an activation with
+    no int8 form; a composite whose sublayer is one, whole; a BatchNormalization no Dense takes in); every
+    other layer is quantized as without it, and the int8 model is float only where those layers are."""
+
+    @keras.saving.register_keras_serializable(package="test_keras3_qat")
+    class Block(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.dense, self.smooth = keras.layers.Dense(16), keras.layers.Activation("softplus")
+
+        def call(self, x):
+            return self.smooth(self.dense(x)) + x
+
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((12,))
+    hidden = keras.layers.Activation("softplus", name="soft")(keras.layers.Dense(16, name="first")(inputs))
+    hidden = Block(name="block")(hidden)
+    hidden = keras.layers.BatchNormalization(name="norm")(keras.layers.Dense(8, activation="relu",
+                                                                            name="third")(hidden))
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(keras_gelu.GELU(name="gelu")(hidden)))
+    kept = {"soft", "block", "norm"}
+    with pytest.warns(UserWarning, match=r"kept 3 layer\(s\) float \(keep_float=\"auto\"\): .*"
+                                         r"soft: Activation soft: no int8 rule for its function"):
+        qat = keras_gelu.qat.quantize_model(model, keep_float="auto")
+    assert set(qat.kept_float) == kept
+    assert "BatchNormalization" in qat.kept_float["norm"] and "softplus" in qat.kept_float["block"]
+    named = keras_gelu.qat.quantize_model(model, keep_float=sorted(kept))
+    assert [(layer.name, type(layer)) for layer in qat.layers] == [(layer.name, type(layer)) for layer in named.layers]
+    for name in kept:
+        assert type(qat.get_layer(name)) is type(model.get_layer(name))  # the float layer, not a wrapper
+    quantized = {layer.layer.name for layer in qat.layers if isinstance(layer, keras_gelu.qat.keras3.QuantizeWrapper)}
+    assert quantized == {"first", "third", "gelu", "head"}
+    x = rng.normal(size=(64, 12)).astype(np.float32)
+    qat.compile(keras.optimizers.Adam(1e-3), "mse")
+    qat.fit(x, rng.normal(size=(64, 3)).astype(np.float32), epochs=1, verbose=0)
+    _, report = _converted(qat)
+    assert report.float_ops, report.op_types  # the kept layers' ops, named by the report
+    assert {"FULLY_CONNECTED", "LOGISTIC"} <= {op for op, types in report.op_types.items() if "int8" in types}
+    with pytest.raises(ValueError, match=r"folds a BatchNormalization .*keep_float=\['norm'\]"):
+        keras_gelu.qat.quantize_model(model)  # the default is integer throughout, or a refusal
 
 
 @on_tf218_too
@@ -494,7 +537,6 @@ def test_multi_head_attention_returning_its_scores_is_refused_by_name():
         keras_gelu.qat.quantize_model(keras.Model(tokens, outputs))
 
 
-@on_tf218_too
 @pytest.mark.parametrize("activation, op", [
     (lambda: keras.layers.Activation("gelu", name="activation"), "GELU"),  # Keras's "gelu": exact, our GELU's rule
     (lambda: keras.layers.Activation("tanh", name="activation"), "TANH"),

@@ -500,3 +500,28 @@ def test_conv_with_a_gelu_activation_is_split_and_converts_to_integer(tmp_path, 
     _, report = converters.convert(_saved(qat, tmp_path), int8=True)
     assert report.float_ops == {}, report.op_types
     assert set(report.op_types["CONV_2D"]) == {"int8"}
+
+
+@tf_keras_only
+def test_keep_float_auto_leaves_what_tfmot_cannot_quantize_float_and_names_it(rng):
+    """Under tfmot, keep_float="auto" leaves float exactly the layers tfmot's default scheme has no config for
+    (which tfmot itself refuses), named in a warning and in kept_float; the rest is quantized and converts."""
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((12,))
+    hidden = keras.layers.LayerNormalization(name="norm")(keras.layers.Dense(16, name="first")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(keras_gelu.GELU(name="gelu")(hidden)))
+    with pytest.raises(RuntimeError, match=r"Layer norm:.*LayerNormalization.* is not supported"):
+        keras_gelu.qat.quantize_model(model)  # tfmot's own refusal, without "auto"
+    with pytest.warns(UserWarning, match=r"kept 1 layer\(s\) float .*norm: tfmot's default 8-bit scheme has no "
+                                         r"QuantizeConfig for LayerNormalization"):
+        qat = keras_gelu.qat.quantize_model(model, keep_float="auto")
+    assert list(qat.kept_float) == ["norm"]
+    assert type(qat.get_layer("norm")) is keras.layers.LayerNormalization
+    assert {type(layer).__name__ for layer in qat.layers} >= {"QuantizeWrapperV2"}
+    assert {layer.layer.name for layer in qat.layers if hasattr(layer, "layer")} == {"first", "gelu", "head"}
+    x = rng.normal(size=(64, 12)).astype(np.float32)
+    qat.compile(keras.optimizers.Adam(1e-3), "mse")
+    qat.fit(x, rng.normal(size=(64, 3)).astype(np.float32), epochs=1, verbose=0)
+    _, report = converters.convert(qat, int8=True)
+    assert report.float_ops, report.op_types  # the LayerNormalization's ops, named by the report
+    assert "int8" in report.op_types["FULLY_CONNECTED"], report.op_types

@@ -20,6 +20,8 @@ the table the converter reads), so the .tflite is integer throughout and a
 step or so from the QAT model.
 """
 
+import warnings
+
 from keras_gelu import swapping
 from keras_gelu import vocabulary
 from keras_gelu.flavour import USE_LEGACY_KERAS
@@ -78,7 +80,10 @@ def quantize_model(model, mode="builtin", exact_as=None, calibration_data=None, 
             it, which short QAT runs barely move away from.
         keep_float: Names of layers to leave in float (the int8 model then
             has float ops there). A layer with no quantization rule is an
-            error, not silently float.
+            error, not silently float, unless keep_float is "auto": then
+            exactly the layers the engine refuses (and a composite layer
+            holding one, whole) stay float, each named with its refusal in
+            a warning and in the QAT model's `kept_float` ({name: reason}).
 
     Returns:
         The QAT model.
@@ -92,12 +97,19 @@ def quantize_model(model, mode="builtin", exact_as=None, calibration_data=None, 
                          f"Received: model={model.name} (not built)")
     vocabulary.check_mode(mode, vocabulary.INT8_MODE_NAMES)
     exact_as = vocabulary.resolve_exact_as(mode, exact_as)
-    keep_float = set(keep_float)
-    unknown = keep_float - {layer.name for layer in model.layers}
-    if unknown:
-        raise ValueError(f"Argument `keep_float` names layers the model does not have. Received: "
-                         f"keep_float={sorted(unknown)}")
-    return _engine.quantize(model, mode, exact_as, calibration_data, keep_float)
+    if keep_float != "auto":
+        keep_float = set(keep_float)
+        unknown = keep_float - {layer.name for layer in model.layers}
+        if unknown:
+            raise ValueError(f"Argument `keep_float` names layers the model does not have, or is not \"auto\". "
+                             f"Received: keep_float={sorted(unknown)}")
+        return _engine.quantize(model, mode, exact_as, calibration_data, keep_float)
+    qat_model = _engine.quantize(model, mode, exact_as, calibration_data, keep_float)
+    if qat_model.kept_float:
+        warnings.warn(f"quantize_model kept {len(qat_model.kept_float)} layer(s) float (keep_float=\"auto\"): "
+                      + "; ".join(f"{name}: {reason.splitlines()[0]}" for name, reason in qat_model.kept_float.items()),
+                      stacklevel=2)
+    return qat_model
 
 
 def initialize_ranges(qat_model, samples):

@@ -17,6 +17,8 @@ from keras_gelu import layer_configs
 from keras_gelu.qat.keras3 import folding
 from keras_gelu.qat.keras3 import nesting
 from keras_gelu.qat.keras3 import ranges
+from keras_gelu.qat.keras3 import refusals
+from keras_gelu.qat.keras3.refusals import refusal
 from keras_gelu.qat.keras3 import splitting
 from keras_gelu.qat.keras3.composite import rule_or_composite
 from keras_gelu.qat.keras3.keras_classes import VALUE_KEEPING_OPERATIONS
@@ -55,17 +57,17 @@ def _check_rules(model, mode, exact_as, skipped):
         if isinstance(layer, UNCHANGED_VALUES) or layer.name in skipped or rule_or_composite(layer, mode, exact_as):
             continue
         if isinstance(layer, keras.Model):
-            raise ValueError(f"quantize_model quantizes Sequential and functional models, nested ones too; "
-                             f"{layer.name} is a subclassed model, whose call() it cannot see into. Register a "
-                             f"rule for {type(layer).__name__}, or keep it float with keep_float=[{layer.name!r}]. "
-                             f"Received: layer={layer.name}")
+            raise refusal(layer, f"quantize_model quantizes Sequential and functional models, nested ones too; "
+                                 f"{layer.name} is a subclassed model, whose call() it cannot see into. Register a "
+                                 f"rule for {type(layer).__name__}, or keep it float with "
+                                 f"keep_float=[{layer.name!r}]. Received: layer={layer.name}")
         if isinstance(layer, keras.layers.BatchNormalization):
-            raise ValueError(
-                f"quantize_model folds a BatchNormalization into the Conv/Dense right before it, with a linear "
+            raise refusal(
+                layer, f"quantize_model folds a BatchNormalization into the Conv/Dense right before it, with a linear "
                 f"activation and no other reader; {layer.name} has none such. Keep it float with "
                 f"keep_float=[{layer.name!r}], or register a rule. Received: layer={layer.name}")
-        raise ValueError(
-            f"quantize_model has no rule for layer {layer.name} ({type(layer).__name__}), nor for each of its "
+        raise refusal(
+            layer, f"quantize_model has no rule for layer {layer.name} ({type(layer).__name__}), nor for each of its "
             f"sublayers: register one with keras_gelu.qat.register_rule({type(layer).__name__}, rule), or keep it "
             f"float with keep_float=[{layer.name!r}]. Received: layer={layer.name}")
 
@@ -86,7 +88,12 @@ def quantize(model, mode, exact_as, calibration_data, keep_float):
     global_policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy("float32")  # for the layers made here: wrappers, input quantizers, GELUs
     try:
-        return _quantize(model, mode, exact_as, calibration_data, keep_float)
+        if keep_float != "auto":
+            return _quantize(model, mode, exact_as, calibration_data, keep_float)
+        qat_model, kept = refusals.keeping_refused_layers_float(
+            lambda names: _quantize(model, mode, exact_as, calibration_data, names))
+        qat_model.kept_float = kept
+        return qat_model
     finally:
         keras.config.set_dtype_policy(global_policy)
 

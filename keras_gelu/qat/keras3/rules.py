@@ -40,6 +40,7 @@ from keras_gelu.flavour import register_serializable
 from keras_gelu.layers import GELU
 from keras_gelu.layers import LearnableGELU
 from keras_gelu.qat.keras3.keras_classes import LayerScale
+from keras_gelu.qat.keras3.refusals import refusal
 
 # Activations TFLite fuses into FULLY_CONNECTED / CONV_2D, and keeps fused in int8.
 FUSABLE_ACTIVATIONS = ("linear", "relu", "relu6")
@@ -78,8 +79,8 @@ class QuantizeRule:
     def call_arguments(self, layer, args, kwargs):
         """A functional call `layer(*args, **kwargs)` as (inputs, kwargs): what the wrapper is called with."""
         if len(args) != 1:
-            raise ValueError(f"{type(self).__name__} covers layers called on one input (a tensor or a list); "
-                             f"{layer.name} is called on {len(args)}. Received: args of {len(args)} tensors")
+            raise refusal(layer, f"{type(self).__name__} covers layers called on one input (a tensor or a list); "
+                                 f"{layer.name} is called on {len(args)}. Received: args of {len(args)} tensors")
         return args[0], kwargs
 
     def layer_arguments(self, inputs):
@@ -111,9 +112,9 @@ def _check_fused_activation(layer):
     name = keras.activations.serialize(layer.activation)
     name = name if isinstance(name, str) else None
     if name not in FUSABLE_ACTIVATIONS:
-        raise ValueError(f"Layer {layer.name} has a fused activation TFLite does not fuse in int8; quantize_model "
-                         f"splits GELU, softmax, sigmoid and tanh out, others need a layer of their own. Received: "
-                         f"activation={getattr(layer.activation, '__name__', layer.activation)}")
+        raise refusal(layer, f"Layer {layer.name} has a fused activation TFLite does not fuse in int8; quantize_model "
+                             f"splits GELU, softmax, sigmoid and tanh out, others need a layer of their own. Received: "
+                             f"activation={getattr(layer.activation, '__name__', layer.activation)}")
 
 
 @register_serializable
@@ -252,9 +253,9 @@ class LayerNormalizationRule(QuantizeRule):
     def build(self, wrapper, layer):
         rank = len(wrapper.layer_input_shape)
         if layer.rms_scaling or [axis % rank for axis in layer.axis] != [rank - 1]:
-            raise ValueError(f"LayerNormalization {layer.name}: the int8 rule covers normalizing over the last "
-                             f"axis without rms_scaling. Received: axis={layer.axis}, "
-                             f"rms_scaling={layer.rms_scaling}")
+            raise refusal(layer, f"LayerNormalization {layer.name}: the int8 rule covers normalizing over the last "
+                                 f"axis without rms_scaling. Received: axis={layer.axis}, "
+                                 f"rms_scaling={layer.rms_scaling}")
         for name in self.INTERMEDIATES:
             wrapper.add_activation_range(name)
         if layer.gamma is not None:
@@ -354,10 +355,10 @@ class ConvolutionRule(QuantizeRule):
         _check_fused_activation(layer)
         groups = getattr(layer, "groups", 1)
         if groups > 1 and not self._grouped_depthwise(layer):
-            raise ValueError(f"{type(layer).__name__} {layer.name}: the int8 rule covers grouped convolutions with "
-                             f"one input and one output channel per group (depthwise, as DEPTHWISE_CONV_2D); "
-                             f"TFLite's runtimes have no other grouped convolution. Received: groups={groups}, "
-                             f"filters={layer.filters}, kernel shape={tuple(layer.kernel.shape)}")
+            raise refusal(layer, f"{type(layer).__name__} {layer.name}: the int8 rule covers grouped convolutions with "
+                                 f"one input and one output channel per group (depthwise, as DEPTHWISE_CONV_2D); "
+                                 f"TFLite's runtimes have no other grouped convolution. Received: groups={groups}, "
+                                 f"filters={layer.filters}, kernel shape={tuple(layer.kernel.shape)}")
         if self._separable(layer):
             wrapper.add_weight_range("depthwise_kernel", layer.depthwise_kernel, axis=-2)
             wrapper.add_activation_range("depthwise")
@@ -453,10 +454,10 @@ class ActivationRule(QuantizeRule):
                            f"threshold={layer.threshold}"
             else:
                 received = f"activation={getattr(layer.activation, '__name__', layer.activation)}"
-            raise ValueError(f"Activation {layer.name}: no int8 rule for its function (covered: GELU, "
-                             f"{', '.join(FUSABLE_ACTIVATIONS + tuple(self.FIXED_GRIDS) + self.GATED)}, ReLU up "
-                             f"to 6); keep it "
-                             f"float with keep_float=[{layer.name!r}]. Received: {received}")
+            raise refusal(layer, f"Activation {layer.name}: no int8 rule for its function (covered: GELU, "
+                                 f"{', '.join(FUSABLE_ACTIVATIONS + tuple(self.FIXED_GRIDS) + self.GATED)}, ReLU up "
+                                 f"to 6); keep it "
+                                 f"float with keep_float=[{layer.name!r}]. Received: {received}")
         if name in FUSABLE_ACTIVATIONS or name in self.GATED:
             wrapper.add_activation_range("output")
 
@@ -485,14 +486,14 @@ class AveragePoolingRule(QuantizeRule):
         if layer.padding == "same" and any(
                 size is None or max((-(-size // stride) - 1) * stride + window - size, 0)
                 for size, window, stride in zip(spatial, layer.pool_size, layer.strides)):
-            raise ValueError(f"{type(layer).__name__} {layer.name}: the int8 rule covers windows inside the input; "
-                             f"this 'same' padding pads, and an edge window averages fewer values. Use "
-                             f"padding='valid'. Received: padding={layer.padding!r}, input_shape="
-                             f"{tuple(wrapper.layer_input_shape)}")
+            raise refusal(layer, f"{type(layer).__name__} {layer.name}: the int8 rule covers windows inside the input; "
+                                 f"this 'same' padding pads, and an edge window averages fewer values. Use "
+                                 f"padding='valid'. Received: padding={layer.padding!r}, input_shape="
+                                 f"{tuple(wrapper.layer_input_shape)}")
         if len(set(layer.strides)) > 1:
-            raise ValueError(f"{type(layer).__name__} {layer.name}: the int8 rule runs it as a depthwise "
-                             f"convolution, which TensorFlow's CPU kernel strides equally only. "
-                             f"Received: strides={layer.strides}")
+            raise refusal(layer, f"{type(layer).__name__} {layer.name}: the int8 rule runs it as a depthwise "
+                                 f"convolution, which TensorFlow's CPU kernel strides equally only. "
+                                 f"Received: strides={layer.strides}")
         wrapper.add_activation_range("output")
 
     def call(self, wrapper, layer, inputs, training, **kwargs):
@@ -574,8 +575,8 @@ def _layer_scale_affine(layer):
 
 def _normalization_affine(layer):
     if layer.invert:
-        raise ValueError(f"Normalization {layer.name}: the int8 rule covers normalizing, not its inverse. "
-                         f"Received: invert=True")
+        raise refusal(layer, f"Normalization {layer.name}: the int8 rule covers normalizing, not its inverse. "
+                             f"Received: invert=True")
     scale = 1.0 / keras.ops.maximum(keras.ops.sqrt(layer.variance), keras.config.epsilon())  # as the layer computes
     return scale, -layer.mean * scale
 
@@ -620,14 +621,14 @@ class EmbeddingRule(QuantizeRule):
 
     def build(self, wrapper, layer):
         if layer.mask_zero:
-            raise ValueError(f"Embedding {layer.name}: the int8 rule covers embeddings without a mask (a mask "
-                             f"would not reach the layers after it). Received: mask_zero=True")
+            raise refusal(layer, f"Embedding {layer.name}: the int8 rule covers embeddings without a mask (a mask "
+                                 f"would not reach the layers after it). Received: mask_zero=True")
         wrapper.add_constant_range("embeddings", layer.embeddings)
 
     def call(self, wrapper, layer, inputs, training, reverse=False, **kwargs):
         if reverse:
-            raise ValueError(f"{type(layer).__name__} {layer.name}: the int8 rule covers the table lookup, not "
-                             f"the reverse projection onto the table. Received: reverse=True")
+            raise refusal(layer, f"{type(layer).__name__} {layer.name}: the int8 rule covers the table lookup, not "
+                                 f"the reverse projection onto the table. Received: reverse=True")
         table = wrapper.ranges["embeddings"](layer.embeddings, training)
         return keras.ops.take(table, keras.ops.cast(inputs, "int32"), axis=0)
 
@@ -658,9 +659,9 @@ class MultiHeadAttentionRule(QuantizeRule):
             value = bound.get(name)
             if value is not None and value is not False:
                 shown = value if isinstance(value, bool) else f"a tensor of shape {tuple(value.shape)}"
-                raise ValueError(f"MultiHeadAttention {layer.name}: the int8 rule covers attention masks passed "
-                                 f"as attention_mask or use_causal_mask, not Keras masks on the inputs or "
-                                 f"returned scores. Received: {name}={shown}")
+                raise refusal(layer, f"MultiHeadAttention {layer.name}: the int8 rule covers attention masks passed "
+                                     f"as attention_mask or use_causal_mask, not Keras masks on the inputs or "
+                                     f"returned scores. Received: {name}={shown}")
         # the tensors (an attention mask too) as one dict: Keras refuses tensors and flags mixed in **kwargs
         inputs = {name: bound.pop(name) for name in self.TENSORS if bound.get(name) is not None}
         return inputs, {name: value for name, value in bound.items() if name not in self.UNCOVERED}
@@ -670,9 +671,9 @@ class MultiHeadAttentionRule(QuantizeRule):
 
     def build(self, wrapper, layer):
         if layer._use_gate or len(layer._attention_axes) != 1:
-            raise ValueError(f"MultiHeadAttention {layer.name}: the int8 rule covers ungated attention over "
-                             f"one axis. Received: use_gate={layer._use_gate}, "
-                             f"attention_axes={layer._attention_axes}")
+            raise refusal(layer, f"MultiHeadAttention {layer.name}: the int8 rule covers ungated attention over "
+                                 f"one axis. Received: use_gate={layer._use_gate}, "
+                                 f"attention_axes={layer._attention_axes}")
         for name in self.PROJECTIONS:
             dense, scale = getattr(layer, f"{name}_dense"), self._scale(layer, name)
             wrapper.add_weight_range(f"{name}_kernel", lambda dense=dense, scale=scale: dense.kernel * scale)
@@ -683,8 +684,8 @@ class MultiHeadAttentionRule(QuantizeRule):
 
     def call(self, wrapper, layer, inputs, training, mask=None, use_causal_mask=False, **kwargs):
         if mask is not None:
-            raise ValueError(f"MultiHeadAttention {layer.name}: the int8 rule covers attention masks passed as "
-                             f"attention_mask or use_causal_mask. Received: inputs with a Keras mask")
+            raise refusal(layer, f"MultiHeadAttention {layer.name}: the int8 rule covers attention masks passed as "
+                                 f"attention_mask or use_causal_mask. Received: inputs with a Keras mask")
         query, value = inputs["query"], inputs["value"]
         key = inputs.get("key", value)
         keep = self._kept(layer, query, value, inputs.get("attention_mask"), use_causal_mask)

@@ -3,6 +3,7 @@
 from keras_gelu.flavour import keras
 from keras_gelu.flavour import register_serializable
 from keras_gelu.qat.keras3 import ranges as ranges_module
+from keras_gelu.qat.keras3 import refusals
 
 
 def _all_none(value):
@@ -21,10 +22,11 @@ class QuantizeWrapper(keras.layers.Wrapper):
         self.operation_ranges = None  # {place in the code: range name}, made at a composite's first call
 
     def build(self, input_shape=None):
-        if not self.layer.built:
-            self.layer.build(*self.rule.layer_arguments(input_shape))
-        self.layer_input_shape = input_shape
-        self.rule.build(self, self.layer)
+        with refusals.quantizing(self.layer):
+            if not self.layer.built:
+                self.layer.build(*self.rule.layer_arguments(input_shape))
+            self.layer_input_shape = input_shape
+            self.rule.build(self, self.layer)
         self.built = True
 
     def _add_range(self, name, quantizer, *weight):
@@ -52,7 +54,8 @@ class QuantizeWrapper(keras.layers.Wrapper):
     def call(self, inputs, training=False, **kwargs):
         # Keras 3 passes the call's other arguments (a mask of None per input, an attention mask) as given.
         kwargs = {key: value for key, value in kwargs.items() if not (key == "mask" and _all_none(value))}
-        return self.rule.call(self, self.layer, inputs, bool(training), **kwargs)
+        with refusals.quantizing(self.layer):
+            return self.rule.call(self, self.layer, inputs, bool(training), **kwargs)
 
     def compute_output_spec(self, *args, **kwargs):
         if getattr(self.rule, "traces_call", False):

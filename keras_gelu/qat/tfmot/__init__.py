@@ -63,6 +63,7 @@ def custom_objects():
         "GELU": GELU,
         "LearnableGELU": LearnableGELU,
         "GELUActivation": activations.GELUActivation,
+        "AllValuesQuantizerAcrossReplicas": configs.AllValuesQuantizerAcrossReplicas,
     }
 
 
@@ -150,8 +151,15 @@ def _copy_weights(source, target, activation_layers):
             target.get_layer(activation_layers[layer.name].name).set_weights([weight.numpy() for weight in moved])
 
 
-def _annotator(mode, exact_as, keep_float=()):
+def _annotator(mode, exact_as, keep_float=(), kept=None):
+    """tfmot's annotation of each layer: ours, the user's, tfmot's default, or none (float) for `keep_float`; with
+    `kept` (a dict: keep_float="auto"), none for a layer tfmot's default scheme does not support either, each
+    recorded there with the reason."""
+    from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import \
+        default_8bit_quantize_registry
     from tensorflow_model_optimization.python.core.quantization.keras.quantize_annotate import QuantizeAnnotate
+
+    registry = default_8bit_quantize_registry.Default8BitQuantizeRegistry()
 
     def annotate(layer):
         if isinstance(layer, QuantizeAnnotate):
@@ -162,6 +170,9 @@ def _annotator(mode, exact_as, keep_float=()):
         if config is not None:
             return require_tfmot().quantize_annotate_layer(layer, config)
         if isinstance(layer, keras.layers.InputLayer):
+            return layer
+        if kept is not None and not registry.supports(layer):
+            kept[layer.name] = f"tfmot's default 8-bit scheme has no QuantizeConfig for {type(layer).__name__}"
             return layer
         return require_tfmot().quantize_annotate_layer(layer)
 
@@ -226,9 +237,13 @@ def quantize(model, mode, exact_as, calibration_data, keep_float):
     """
     tfmot = require_tfmot()
     split = split_activations(model)
-    annotated = keras.models.clone_model(split, clone_function=_annotator(mode, exact_as, keep_float))
+    kept = {} if keep_float == "auto" else None
+    annotator = _annotator(mode, exact_as, () if kept is not None else keep_float, kept)
+    annotated = keras.models.clone_model(split, clone_function=annotator)
     with quantize_scope():
         qat_model = tfmot.quantize_apply(annotated)
+    qat_model.kept_float = kept
+    _configs().agree_across_replicas(qat_model)
     if calibration_data is not None:
         initialize_ranges(qat_model, calibration_data)
     return qat_model

@@ -6,6 +6,8 @@ imports tfmot at once (after `support`'s checks); see
 `keras_gelu.qat.tfmot` for what each config fake-quantizes and why.
 """
 
+import tensorflow as tf
+
 from keras_gelu.qat.tfmot.support import require_tfmot
 
 tfmot_keras = require_tfmot()
@@ -51,6 +53,37 @@ class IntermediateQuantizer(tfmot_keras.quantizers.MovingAverageQuantizer):
 def constant_quantizer():
     """8-bit asymmetric per-tensor range from the current value: how TFLite quantizes a MUL/ADD constant."""
     return tfmot_keras.quantizers.LastValueQuantizer(**_INT8_PER_TENSOR)
+
+
+class AllValuesQuantizerAcrossReplicas(tfmot_keras.quantizers.AllValuesQuantizer):
+    """tfmot's model-input quantizer (the range of every value seen), with every replica seeing every batch.
+
+    tfmot assigns this range in each replica from that replica's share of the
+    batch, and a mirrored variable without aggregation keeps each replica's
+    own assignment: under MirroredStrategy the replicas, and under
+    MultiWorkerMirroredStrategy the workers, end with different ranges, and
+    the model saved depends on which of them saved it. (Moving-average ranges
+    agree: tfmot updates those through a cross-replica mean.) Here each
+    replica first widens the range to the extremes of every replica's batch,
+    gathered across replicas, so each then assigns the same values.
+    """
+
+    def __call__(self, inputs, training, weights, **kwargs):
+        replicas = tf.distribute.get_replica_context()
+        if training and replicas is not None and replicas.num_replicas_in_sync > 1:
+            # One all-gather for both ends: the lowest value and the negated highest.
+            lows = tf.stack([tf.reduce_min(inputs), -tf.reduce_max(inputs)])
+            lowest = tf.reduce_min(replicas.all_gather(lows[tf.newaxis], axis=0), axis=0)
+            weights["min_var"].assign(tf.minimum(weights["min_var"], lowest[0]))
+            weights["max_var"].assign(tf.maximum(weights["max_var"], -lowest[1]))
+        return super().__call__(inputs, training, weights, **kwargs)
+
+
+def agree_across_replicas(qat_model):
+    """Give every input quantizer tfmot put in `qat_model` the range every replica agrees on (in place)."""
+    for layer in qat_model.layers:
+        if type(getattr(layer, "quantizer", None)) is tfmot_keras.quantizers.AllValuesQuantizer:
+            layer.quantizer = AllValuesQuantizerAcrossReplicas(**layer.quantizer.get_config())
 
 
 class _OutputQuantizingConfig(tfmot_keras.QuantizeConfig):
