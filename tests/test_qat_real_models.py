@@ -7,9 +7,6 @@ model, for TFLite Micro (and ConvNeXt for Ethos-U55). The recipes measure accura
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -23,10 +20,9 @@ if not IS_KERAS3:
 keras_hub = pytest.importorskip("keras_hub")
 
 from keras_gelu import converters  # noqa: E402
+from keras_gelu.converters import cli  # noqa: E402
 from keras_gelu.converters.tflite import operators  # noqa: E402
 import keras_gelu.qat  # noqa: E402
-from keras_gelu.converters.running import target_checks  # noqa: E402
-from keras_gelu.converters import targets  # noqa: E402
 from keras_gelu.qat.keras3 import composite  # noqa: E402
 
 pytestmark = pytest.mark.legs("keras3")
@@ -74,9 +70,6 @@ FAMILIES = {
 # a step or two of its own grid) add up to 19 steps of its untrained head's narrow output range, 3.7 on average
 # (measured on an AVX-512 CPU, at cosine 0.999): the cosine is the bar.
 MAX_STEPS = {"deit": 32}
-# What stops a family on TFLite Micro: BERT's token lookup, keras.ops.take, wraps negative ids with an int32
-# SELECT_V2, which TFLite Micro does not run.
-TFLM_LACKS = {"bert": r"lacks \d+ x SELECT_V2 \(int32\)"}
 # keras-hub's backbones are made of composite layers (TransformerEncoder, the embeddings), quantized through
 # their sublayers; ConvNeXt's nested models are inlined.
 COMPOSITE = {"bert", "deit"}
@@ -96,8 +89,8 @@ def _as_dict(outputs):
 def trained_and_converted(tmp_path_factory):
     """{family: (float model, QAT model, inputs, the QAT model's outputs before training, folder)}: each family
     quantized, trained two steps (eagerly) and saved as .keras; then every .keras file converted by
-    keras-gelu-convert in one fresh process (a process that made none of them; one, as each start pays
-    TensorFlow's import)."""
+    keras-gelu-convert's main, which loads each in the converter's own sandboxed process (one that made none of
+    them: what it loads, it loads as a fresh process would)."""
     rng = np.random.default_rng(20261129)
     trained, runs = {}, []
     for family, make in FAMILIES.items():
@@ -118,23 +111,20 @@ def trained_and_converted(tmp_path_factory):
                                                                                             sample)
         trained[family] = (model, qat, x, untrained, folder)
         # For TFLite Micro: int8, as the model is quantization-aware, and run there where tflite-micro is
-        # installed; where TFLite Micro lacks an op, --int8
-        command = [str(folder / "qat.keras"), *(["--int8"] if family in TFLM_LACKS else ["--target", "tflm"]),
+        # installed (BERT too: its token lookups are plain GATHERs of the ids it is given)
+        command = [str(folder / "qat.keras"), "--target", "tflm",
                    "-o", str(folder / "qat.tflite"), "--inputs", str(folder / "inputs.npz"),
                    "--report-json", str(folder / "report.json"),
                    *(["--max-steps", str(MAX_STEPS[family])] if family in MAX_STEPS else [])]
-        if isinstance(sample, dict) and family not in TFLM_LACKS:  # TFLite Micro needs static shapes
+        if isinstance(sample, dict):  # TFLite Micro needs static shapes
             command += [argument for name, values in sample.items()
                         for argument in ("--input-shape", f"{name}=1,{values.shape[1]}")]
         runs.append(command)
         if family in ON_ETHOS_U:
             runs.append([str(folder / "qat.keras"), "--target", "ethos-u55", "-o", str(folder / "ethos_u.tflite"),
                          "--report-json", str(folder / "ethos_u.json")])
-    script = ("import json, sys; from keras_gelu.converters import cli; "
-              "sys.exit(max(cli.main(argv) for argv in json.loads(sys.argv[1])))")
-    finished = subprocess.run([sys.executable, "-c", script, json.dumps(runs)], capture_output=True, text=True,
-                              env={**os.environ, "TF_USE_LEGACY_KERAS": "0"})
-    assert finished.returncode == 0, finished.stderr
+    for argv in runs:
+        assert cli.main(argv) == 0, argv
     return trained
 
 
@@ -155,14 +145,11 @@ def test_a_real_family_trains_saves_loads_and_converts_integer_throughout(family
     expected = _as_dict(loaded(sample))
     for name, values in _as_dict(qat(sample)).items():
         np.testing.assert_array_equal(expected[name], values)  # the ranges and weights as trained
-    if family in TFLM_LACKS:  # what --target tflm says, in its one line (test_targets runs that line)
-        with pytest.raises(converters.errors.DoesNotFitTarget, match=TFLM_LACKS[family]):
-            target_checks.check((folder / "qat.tflite").read_bytes(), targets.TARGETS["tflm"], False)
     report = json.loads((folder / "report.json").read_text())
     assert report["quantization_aware"] and report["float_ops"] == {}, report["op_types"]
     assert not any(op.startswith("Flex") or op == "GELU" for op in report["ops"]), report["ops"]
     assert all(entry["cosine"] >= INT8_COSINE for entry in report["drift"]), report["drift"]
-    if family not in TFLM_LACKS and importlib.util.find_spec("tflite_micro") is not None:
+    if importlib.util.find_spec("tflite_micro") is not None:
         assert report["target"]["figures"]["arena_bytes"] > 0
     if family in ON_ETHOS_U and importlib.util.find_spec("ethosu") is not None:
         figures = json.loads((folder / "ethos_u.json").read_text())["target"]["figures"]

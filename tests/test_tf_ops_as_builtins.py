@@ -14,7 +14,7 @@ from keras_gelu.converters import errors
 from keras_gelu.converters.rewriting import graph
 from keras_gelu.converters.rewriting import tf_ops_as_builtins
 
-pytestmark = pytest.mark.legs("keras3", "tf218")
+pytestmark = pytest.mark.legs("keras3")  # TensorFlow graphs rewritten before any converter: one leg
 
 
 @st.composite
@@ -129,3 +129,38 @@ def test_any_other_op_tflite_lacks_is_named_in_one_line(tmp_path, capsys):
     assert code == errors.ConverterFailed.exit_code
     assert "TFLite has no builtin op for TensorFlow op(s) BesselI0, BesselI1; --mode select keeps them" in line
     assert "loc(" not in line and "MLIR" not in line
+
+
+def _lookups(tmp_path, name, computed):
+    """A Keras 3 Embedding on the model's ids; with `computed`, also keras.ops.take at ids - 1 (id 0 reads the
+    last row, by the wrap); exported with static shapes, and ids 0-7 to check it on."""
+    import keras
+
+    keras.utils.set_random_seed(2)
+    ids = keras.Input((8,), batch_size=1, dtype="int32", name="ids")
+    outputs = {"rows": keras.layers.Embedding(20, 4, name="table")(ids)}
+    if computed:
+        outputs["previous"] = keras.ops.take(keras.ops.arange(20, dtype="float32") * 0.5, ids - 1, axis=0)
+    path = str(tmp_path / name)
+    keras.Model(ids, outputs).export(path, verbose=False)
+    np.savez(tmp_path / "ids.npz", ids=np.arange(8, dtype=np.int32)[None])
+    return path, str(tmp_path / "ids.npz")
+
+
+def test_an_embedding_gathers_the_models_ids_directly_and_computed_ids_keep_their_wrap(tmp_path):
+    """keras.ops.take wraps negative ids first (LESS, ADD and an int32 SELECT_V2); the ids a model is given
+    index the table directly; ids it computes keep the wrap, checked on an id whose computed index is -1."""
+    path, inputs = _lookups(tmp_path, "lookups", computed=True)
+    _, report = converters.convert(path, inputs=inputs)
+    assert report.ops.get("GATHER") == 2 and report.ops.get("SELECT_V2") == 1 and report.ops.get("LESS") == 1, \
+        report.ops
+    assert report.verified and all(comparison["passed"] for comparison in report.fidelity), report.fidelity
+
+
+def test_an_embedding_of_the_models_ids_runs_on_tflite_micro(tmp_path):
+    """Refused before ("lacks 1 x SELECT_V2 (int32)"): now one GATHER, which TFLite Micro runs."""
+    path, inputs = _lookups(tmp_path, "table", computed=False)
+    _, report = converters.convert(path, target="tflm", inputs=inputs)
+    assert set(report.ops) == {"GATHER"}, report.ops
+    if report.target.get("agreement"):  # where tflite-micro is installed: run there, as LiteRT runs it
+        assert all(agreement["max_abs"] == 0.0 for agreement in report.target["agreement"])

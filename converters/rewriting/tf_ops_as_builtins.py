@@ -16,6 +16,16 @@ values from the same inputs, so parity and int8 ranges are unaffected:
   the stock converter stops there too. The same slice without the new axes,
   then EXPAND_DIMS at each new axis's place in the output.
 
+One pass changes what a graph computes, for values a model is never given:
+
+* Keras 3's `keras.ops.take` (every Embedding's lookup) wraps negative ids
+  before its gather, `where(ids < 0, ids + rows, ids)`: LESS, ADD and an
+  int32 SELECT_V2, which TFLite Micro does not run. Where the ids are a
+  model input (through casts), the gather reads them directly: ids index a
+  table's rows, and a negative id from a tokenizer is a bug, which TFLite's
+  GATHER reports as out of range where the wrap would have read another row.
+  Computed indices keep their wrap.
+
 `TO_BUILTINS` lists the graph passes; each rewrites a graph in place and
 returns how many ops it rewrote.
 """
@@ -127,4 +137,46 @@ def new_axes_as_expand_dims(graph_def):
                                 _new_axes_spelling)
 
 
-TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims)
+_INPUT_OPS = ("Placeholder", "_Arg")
+
+
+def _input_ids(name, nodes):
+    """Whether tensor `name` is a model input, through Identity-like nodes and casts."""
+    node = graph.producer(name, nodes)
+    while node is not None and node.op == "Cast":
+        node = graph.producer(graph.data_inputs(node)[0], nodes)
+    return node is not None and node.op in _INPUT_OPS
+
+
+def _wrapped_ids(node, nodes):
+    """The ids tensor of `where(ids < 0, ids + rows, ids)` (SelectV2 `node`, as keras.ops.take spells it), or
+    None for any other select."""
+    condition, wrapped, ids = graph.data_inputs(node)
+    less, add = graph.producer(condition, nodes), graph.producer(wrapped, nodes)
+    if less is None or add is None or less.op != "Less" or add.op not in ("Add", "AddV2"):
+        return None
+    ids = graph.resolve(ids, nodes)
+    zero = graph.constant_value(graph.data_inputs(less)[1], nodes)
+    if graph.resolve(graph.data_inputs(less)[0], nodes) != ids or zero is None or zero.size != 1 or zero.item():
+        return None
+    return ids if ids in (graph.resolve(operand, nodes) for operand in graph.data_inputs(add)) else None
+
+
+def input_ids_gathered_directly(graph_def):
+    """Point each gather that reads keras.ops.take's wrap of ids a model input gives at the ids themselves."""
+    nodes = graph.nodes_by_name(graph_def)
+    readers = graph.consumers(graph_def)
+    rewritten = 0
+    for node in [node for node in graph_def.node if node.op == "SelectV2"]:
+        ids = _wrapped_ids(node, nodes)
+        reading = readers.get(graph.canonical(node.name), [])
+        if ids is None or not _input_ids(ids, nodes) or not reading or \
+                any(reader.op not in ("GatherV2", "ResourceGather") or position != 1 for reader, position in reading):
+            continue
+        for reader, position in reading:
+            reader.input[position] = ids
+        rewritten += 1
+    return rewritten
+
+
+TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims, input_ids_gathered_directly)
