@@ -8,6 +8,10 @@ EXTRAS := tensorflow,test,qat,litert,examples,tflm,vela,docs
 PYTEST_ARGS ?= --durations=15
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2
+# Each leg's kernels on one thread (TensorFlow's, oneDNN's and PyTorch's OpenMP): the two legs `make test` runs
+# at once fill the two cores already, and a thread pool per core in each of them made the two legs 4% slower
+# together. The benchmarks and the demo keep every thread.
+ONE_THREAD := TF_NUM_INTRAOP_THREADS=1 OMP_NUM_THREADS=1
 
 # The oldest supported TensorFlow, whose tf.lite.Interpreter still runs Flex
 # (select-mode) models: the select-mode parity tests really run there.
@@ -20,7 +24,7 @@ JAX_VENV ?= .venv-jax
 TORCH_VENV ?= .venv-torch
 BACKEND_TESTS := tests/test_backends.py tests/test_fine_tuning.py
 
-.PHONY: demo test test-keras3 test-tf-keras test-tf218 test-jax test-torch install install-tf218 install-jax install-torch docs bench bench-int8 recipes study plot clean
+.PHONY: demo test test-chain-a test-chain-b test-keras3 test-tf-keras test-tf218 test-jax test-torch install install-tf218 install-jax install-torch docs bench bench-int8 recipes study plot clean
 
 install: $(INSTALLED)
 
@@ -76,32 +80,42 @@ demo: $(INSTALLED)
 # tf-keras's LayerNormalization is the pattern oneDNN fuses.
 # Then Keras 3's backend-neutral tests on JAX and on PyTorch, each in an
 # environment without TensorFlow.
-# First the installs, four at once (they wait on the network and the disk),
-# with the JAX and PyTorch legs, which need neither TensorFlow nor the main
-# environment, each running as soon as its own environment is ready: their
-# CPU time fills what the installs leave idle. Then the TensorFlow legs two at
-# a time, the longest first: Keras 3's on one core, tf-keras's then TF 2.18's
-# on the other. Which tests the two long legs run is chosen so that the cores
-# finish together. (Every leg at once took 22 minutes where two at a time
-# took 17.5: six TensorFlow processes on two cores spent 20% more CPU time.)
+# First the four installs at once (from uv's cache, seconds each). Then the
+# legs as two chains, one per core, each leg after the other in its chain:
+# the legs' CPU time is what the budget is made of, and two chains that
+# finish together leave no core idle. (Every leg at once took 22 minutes where
+# two at a time took 17.5: six TensorFlow processes on two cores spent 20%
+# more CPU time. The JAX and PyTorch legs beside the installs left a core
+# idle for a minute and a half.) Which tests the legs run is chosen so that
+# the chains finish together; each chain's make prints a leg when it ends.
+CHAIN_A := test-keras3 test-torch
+CHAIN_B := test-tf-keras test-tf218 test-jax
+
 test:
-	$(MAKE) --jobs=4 --output-sync=target install install-tf218 test-torch test-jax
-	$(MAKE) --jobs=2 --output-sync=target test-keras3 test-tf-keras test-tf218
+	$(MAKE) --jobs=4 --output-sync=target install install-tf218 install-jax install-torch
+	$(MAKE) --jobs=2 test-chain-a test-chain-b
+
+# --keep-going: a leg that fails does not keep the next one in its chain from running.
+test-chain-a:
+	$(MAKE) --keep-going --output-sync=target $(CHAIN_A)
+
+test-chain-b:
+	$(MAKE) --keep-going --output-sync=target $(CHAIN_B)
 
 test-keras3: $(INSTALLED)
-	TF_USE_LEGACY_KERAS=0 TF_ENABLE_ONEDNN_OPTS=0 $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
+	$(ONE_THREAD) TF_USE_LEGACY_KERAS=0 TF_ENABLE_ONEDNN_OPTS=0 $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
 
 test-tf-keras: $(INSTALLED)
-	TF_USE_LEGACY_KERAS=1 TF_ENABLE_ONEDNN_OPTS=1 $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
+	$(ONE_THREAD) TF_USE_LEGACY_KERAS=1 TF_ENABLE_ONEDNN_OPTS=1 $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
 
 test-tf218: $(TF218_INSTALLED)
-	TF_USE_LEGACY_KERAS=0 TF_ENABLE_ONEDNN_OPTS=1 $(TF218_PYTHON) -m pytest $(PYTEST_ARGS)
+	$(ONE_THREAD) TF_USE_LEGACY_KERAS=0 TF_ENABLE_ONEDNN_OPTS=1 $(TF218_PYTHON) -m pytest $(PYTEST_ARGS)
 
 test-jax: $(JAX_VENV)/.installed
-	KERAS_BACKEND=jax $(JAX_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(BACKEND_TESTS)
+	$(ONE_THREAD) KERAS_BACKEND=jax $(JAX_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(BACKEND_TESTS)
 
 test-torch: $(TORCH_VENV)/.installed
-	KERAS_BACKEND=torch $(TORCH_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(BACKEND_TESTS)
+	$(ONE_THREAD) KERAS_BACKEND=torch $(TORCH_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(BACKEND_TESTS)
 
 # The documentation site, from docs/ (docs/mkdocs.yml), into build/site/.
 docs: $(INSTALLED)

@@ -58,6 +58,17 @@ def pytest_collection_modifyitems(config, items):
             assert set(marker.args) <= set(LEGS), marker.args
             item.add_marker(pytest.mark.skip(reason=f"runs in the {' and '.join(marker.args)} leg(s)"))
 
+def rotated(cases, legs=("keras3", "tf_keras")):
+    """The share of `cases` (a parametrize list) this leg runs, where running each in every one of `legs` would
+    repeat what does not differ between them: case i in legs[i % len(legs)], so each runs in one of them, and
+    what does differ (the flavour's model beside the conversion's mode, say) varies across the cases. A leg
+    outside `legs` runs them all."""
+    cases = list(cases)
+    if LEG not in legs:
+        return cases
+    return [case for index, case in enumerate(cases) if index % len(legs) == legs.index(LEG)]
+
+
 def run_command(*argv, terminal=False, **environment):
     """The installed keras-gelu-convert in a process of its own, as a user's shell runs it: at TensorFlow's
     default log level (the suite's is quieter), so that the native chatter the command filters is there, with

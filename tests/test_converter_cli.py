@@ -19,7 +19,7 @@ from conversions import convert_here
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
 
-pytestmark = pytest.mark.legs("tf_keras", "tf218")  # TensorFlow graphs, any flavour: the leg that balances the cores
+pytestmark = pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: one leg
 
 
 # The module, not the convert() function that keras_gelu.converters exports under its name.

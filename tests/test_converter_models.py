@@ -7,6 +7,7 @@ import conversions
 import keras_gelu
 from conftest import IS_KERAS3
 from conftest import keras
+from conftest import rotated
 from keras_gelu import converters
 
 pytestmark = pytest.mark.legs("keras3", "tf_keras")
@@ -50,8 +51,13 @@ def _every_layer_sequential():
     ])
 
 
+# Each flavour's models in half the modes (the modes' arithmetic is the flavour's no more than the model is the
+# mode's); both forms of the model in each.
+MODES_HERE = rotated(conversions.REWRITING)
+
+
 @pytest.mark.parametrize("as_file", [False, True], ids=["savedmodel", "file"])
-@pytest.mark.parametrize("mode, exact_as", conversions.REWRITING, ids=conversions.ids(conversions.REWRITING))
+@pytest.mark.parametrize("mode, exact_as", MODES_HERE, ids=conversions.ids(MODES_HERE))
 def test_every_layer_in_every_mode(tmp_path, mode, exact_as, as_file):
     path = _save(_every_layer_sequential(), tmp_path, as_file)
     _, report = converters.convert(path, mode=mode, exact_as=exact_as)
@@ -151,8 +157,9 @@ def _mixed_precision_model(policy):
     return model
 
 
-@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-@pytest.mark.parametrize("mode, exact_as", [("builtin", "erf"), ("native", None), ("builtin", "sigmoid")])
+@pytest.mark.parametrize("policy, mode, exact_as", rotated(
+    (policy, *conversion) for policy in ("mixed_float16", "mixed_bfloat16")
+    for conversion in (("builtin", "erf"), ("native", None), ("builtin", "sigmoid"))))
 def test_mixed_precision_models_convert(tmp_path, policy, mode, exact_as):
     path = _save(_mixed_precision_model(policy), tmp_path, as_file=True)
     for float16_weights in (False, True):
@@ -192,8 +199,8 @@ def _two_named_outputs_model():
                         "embedding": keras.layers.Dense(4, activation=keras_gelu.gelu_tanh, name="embedding")(h)})
 
 
-@pytest.mark.parametrize("source", ["savedmodel", "file", "live"])
-@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
+@pytest.mark.parametrize("source, int8", rotated((source, int8) for int8 in (False, True)
+                                                 for source in ("savedmodel", "file", "live")))
 def test_signature_is_kept_by_name(tmp_path, source, int8):
     """The .tflite runs through get_signature_runner() with the source signature's own names."""
     import tensorflow as tf

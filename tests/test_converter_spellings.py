@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import conversions
+from conftest import LEG
 import references
 import spelling_models
 import tflite_helpers
@@ -48,7 +49,13 @@ def _expected_drift_bound(function, mode, exact_as):
     return 1e-4
 
 
-@pytest.mark.parametrize("mode, exact_as", conversions.EVERY, ids=conversions.ids(conversions.EVERY))
+# On TensorFlow 2.18, what its converter and runtime do differently: select mode (Flex runs there) and native
+# mode (its converter fuses fewer spellings into the GELU op); builtin mode's forms are our rewrite's arithmetic,
+# which is TensorFlow's version's no more than it is the spelling's.
+MODES_HERE = [conversion for conversion in conversions.EVERY if LEG != "tf218" or conversion[0] != "builtin"]
+
+
+@pytest.mark.parametrize("mode, exact_as", MODES_HERE, ids=conversions.ids(MODES_HERE))
 @pytest.mark.parametrize("name", sorted(spelling_models.SPELLINGS))
 def test_spelling(saved, name, mode, exact_as):
     _, function, alpha = spelling_models.SPELLINGS[name]

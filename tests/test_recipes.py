@@ -1,4 +1,4 @@
-"""The int8 recipes in examples/ run as the README says (shortened: one form, one epoch each), in both flavours.
+"""The int8 recipes in examples/ run as the README says (shortened: one form, one epoch each), each in one flavour.
 
 QAT is tfmot's under tf-keras (which must then be installed) and keras_gelu.qat's under Keras 3.
 """
@@ -22,9 +22,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "examples"
 SHORT = ["--epochs", "1", "--qat-epochs", "1", "--calibration-samples", "32"]
 
 
+# Each recipe in one flavour (`make recipes` runs every one in both): the MLP on Keras 3's engine (tfmot's
+# digits MLP is test_int8_digits'), the CNN on tfmot, each transformer where its attention has a rule.
 @pytest.mark.parametrize("recipe, extra, prefix", [
-    ("qat_digits", ["--functions", "learnable"], "digits"),
-    ("qat_cnn_digits", ["--functions", "tanh"], "digits_cnn"),
+    pytest.param("qat_digits", ["--functions", "learnable"], "digits", id="qat_digits",
+                 marks=pytest.mark.skipif(not IS_KERAS3, reason="test_int8_digits runs tfmot's digits MLP")),
+    pytest.param("qat_cnn_digits", ["--functions", "tanh"], "digits_cnn", id="qat_cnn_digits",
+                 marks=pytest.mark.skipif(IS_KERAS3, reason="Keras 3's engine runs the MLP recipe here, and its "
+                                                            "convolutions in test_keras3_qat")),
     pytest.param("qat_transformer", ["--functions", "exact", "--train-size", "256", "--test-size", "64"], "encoder",
                  marks=pytest.mark.skipif(IS_KERAS3, reason="Keras 3 runs the recipe's multi-head encoder below: "
                                                             "this one's layers and attention's"),
