@@ -850,3 +850,30 @@ def test_a_grouped_convolution_with_a_channel_per_group_is_a_depthwise_one_and_o
     pairs = keras.Model(inputs, keras.layers.Conv2D(4, 3, groups=2, name="pairs")(inputs))
     with pytest.raises(ValueError, match=r"pairs: .*one input and one output channel per group.*groups=2"):
         keras_gelu.qat.quantize_model(pairs)
+
+
+def test_a_lookup_of_constant_positions_is_folded_and_a_lookup_of_the_inputs_ids_is_kept(rng):
+    """A position embedding gathers rows at constant ids (keras.ops.arange): the converter folds that lookup
+    into the rows, on the table's grid, where TFLite kept a GATHER (which the Ethos-U55 has not); a token
+    embedding's ids come from the input and keep theirs. Integer throughout, within QAT_INT8_STEPS."""
+    import tflite_helpers
+
+    @keras.saving.register_keras_serializable(package="test_keras3_qat")
+    class Positions(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.table = keras.layers.Embedding(6, 8, name="table")
+
+        def call(self, x):
+            return x + self.table(keras.ops.arange(6))[None]
+
+    keras.utils.set_random_seed(8)
+    ids = keras.Input((6,), dtype="int32", name="ids")
+    hidden = Positions(name="positions")(keras.layers.Embedding(20, 8, name="tokens")(ids))
+    model = keras.Model(ids, keras.layers.Dense(3)(keras_gelu.GELU()(hidden)))
+    x = rng.integers(0, 20, size=(64, 6)).astype(np.int32)
+    qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
+    tflite_model, report = _converted(qat)
+    assert report.ops.get("GATHER") == 1 and report.float_ops == {}, report.op_types  # the tokens' lookup only
+    (scale,) = operators.output_scales(tflite_model)
+    assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS

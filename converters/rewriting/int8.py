@@ -213,10 +213,74 @@ def fake_quants_read_by_every_reader(graph_def):
     return moved
 
 
+# Ops whose value a constant lookup's indices may be computed with (keras.ops.take's arange and its wrap).
+_CONSTANT_INDEX_OPS = ("Const", "Identity", "Range", "Cast", "Reshape", "ExpandDims", "Less", "AddV2", "Add",
+                       "SelectV2", "Shape", "StridedSlice", "Pack", "Fill", "Sub", "Mul")
+
+
+def _constant_subgraph_value(name, graph_def, nodes):
+    """The value of tensor `name` where it is computed from constants alone (by the ops above), else None."""
+    pending, seen = [graph.split_tensor_name(name)[0]], set()
+    while pending:
+        node = nodes.get(pending.pop())
+        if node is None or node.op not in _CONSTANT_INDEX_OPS:
+            return None
+        if node.name not in seen:
+            seen.add(node.name)
+            pending.extend(graph.split_tensor_name(operand)[0] for operand in graph.data_inputs(node))
+    subgraph = type(graph_def)()
+    subgraph.node.extend(node for node in graph_def.node if node.name in seen)
+    for node in subgraph.node:
+        del node.input[:]  # control inputs dropped with the rest of the graph; data inputs restored below
+        node.input.extend(graph.data_inputs(nodes[node.name]))
+    with tf.Graph().as_default() as scratch:
+        tf.compat.v1.import_graph_def(subgraph, name="")
+        with tf.compat.v1.Session(graph=scratch) as session:
+            return session.run(graph.canonical(name))
+
+
+def constant_lookups_folded(graph_def):
+    """Rewrite GatherV2(FakeQuant(table), ids) with a constant table and ids computed from constants (a
+    position embedding's lookup of its positions) as FakeQuant(the rows gathered): the same values, as a
+    constant the converter stores int8 on the table's grid. Returns how many were folded.
+
+    The TFLite converter keeps a GATHER of a quantized table even where both operands are constant, and the
+    Ethos-U55 runs no GATHER: a ViT's position embedding stayed on the CPU beside the NPU.
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    folded = 0
+    for node in list(graph_def.node):
+        if node.op != "GatherV2" or node.attr["batch_dims"].i:
+            continue
+        params, indices, axis = graph.data_inputs(node)
+        fake_quant = graph.producer(params, nodes)
+        if fake_quant is None or fake_quant.op != "FakeQuantWithMinMaxVars":
+            continue
+        table = graph.constant_value(graph.data_inputs(fake_quant)[0], nodes)
+        axis = graph.constant_value(axis, nodes)
+        if table is None or axis is None:
+            continue
+        ids = _constant_subgraph_value(indices, graph_def, nodes)
+        if ids is None or np.any(ids < 0) or np.any(ids >= table.shape[int(axis)]):
+            continue
+        rows = graph_def.node.add(name=node.name + "/folded_rows", op="Const")
+        rows.attr["dtype"].type = tf.float32.as_datatype_enum
+        rows.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.take(table, ids, axis=int(axis)).astype(
+            np.float32)))
+        on_grid = graph_def.node.add()
+        on_grid.CopyFrom(fake_quant)
+        on_grid.name = node.name + "/folded"
+        on_grid.input[0] = rows.name
+        graph.redirect(graph_def, node.name, on_grid.name)
+        folded += 1
+    return folded
+
+
 # Run, in this order, on the main graph and every control-flow function before
 # GELUs are rewritten (the GELU op's fusion needs the Neg that the rewrite adds
 # itself, so negations are turned into multiplications first).
-GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, biases_before_reshapes)
+GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, biases_before_reshapes,
+                constant_lookups_folded)
 # And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.
 AFTER_REWRITE_PASSES = (fake_quants_read_by_every_reader,)
 
