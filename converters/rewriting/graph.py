@@ -46,6 +46,16 @@ def nodes_by_name(graph_def):
     return {node.name: node for node in graph_def.node}
 
 
+def attribute(node, name, default):
+    """The value of a node's attribute, or `default` where the node omits it, as a graph saved with its default
+    attributes stripped does: reading `node.attr[name]` would add an empty AttrValue, which the converter then
+    refuses ("AttrValue missing value")."""
+    if name not in node.attr:
+        return default
+    value = node.attr[name]
+    return getattr(value, value.WhichOneof("value"))
+
+
 def data_inputs(node):
     """A node's data inputs, without its control inputs ('^name')."""
     return [name for name in node.input if not name.startswith("^")]
@@ -594,19 +604,29 @@ def retype_floats_to_float32(graph_def):
 
 
 def splice(graph_def, replacement_fn, x_name, dtype, prefix, nodes):
-    """Add the ops of `replacement_fn(x)` to graph_def, fed by tensor x_name.
+    """Add the ops of `replacement_fn(x)` to graph_def, fed by tensor x_name; `nodes` (name -> node) is kept up
+    to date. Returns the name of the tensor that holds the result."""
+    return splice_many(graph_def, lambda x: [replacement_fn(x)], [(x_name, dtype, None)], prefix, nodes)[0]
 
-    The replacement is traced once as a tiny graph of its own and copied in
-    under `prefix`, with its placeholder replaced by x; `nodes` (name -> node)
-    is kept up to date. Returns the name of the tensor that holds the result.
+
+def splice_many(graph_def, build, inputs, prefix, nodes=None, control_inputs=()):
+    """Add the ops of `build(*placeholders)` (a list of tensors) to graph_def, each placeholder standing for one
+    of `inputs`, (tensor name, dtype, shape or None).
+
+    The ops are traced once as a tiny graph of their own and copied in under `prefix`, the placeholders
+    replaced by the tensors they stand for, `control_inputs` on the copies that have no inputs; `nodes`
+    (name -> node), if given, is kept up to date. Returns the names of the tensors `build` returned.
     """
     with tf.Graph().as_default() as scratch:
-        placeholder = tf.compat.v1.placeholder(dtype, name="x")
-        result = replacement_fn(placeholder)
-    copies, outer = _copy_under_prefix(graph_def, scratch.as_graph_def().node, prefix,
-                                       {placeholder.op.name: x_name})
-    nodes.update((copy.name, copy) for copy in copies)
-    return outer(result.name)
+        placeholders = [tf.compat.v1.placeholder(dtype, shape, name=f"input_{index}")
+                        for index, (_, dtype, shape) in enumerate(inputs)]
+        results = build(*placeholders)
+    outer_tensors = {placeholder.op.name: name for placeholder, (name, _, _) in zip(placeholders, inputs)}
+    copies, outer = _copy_under_prefix(graph_def, scratch.as_graph_def().node, prefix, outer_tensors,
+                                       control_inputs)
+    if nodes is not None:
+        nodes.update((copy.name, copy) for copy in copies)
+    return [outer(result.name) for result in results]
 
 
 def redirect(graph_def, old, new, keep=()):

@@ -159,7 +159,7 @@ def biases_before_reshapes(graph_def):
         if reshape is None or reshape.op != "Reshape" or bias is None or bias.ndim != 1:
             continue
         matmul = nodes.get(graph.split_tensor_name(graph.data_inputs(reshape)[0])[0])
-        if matmul is None or matmul.op != "MatMul" or matmul.attr["transpose_b"].b:
+        if matmul is None or matmul.op != "MatMul" or graph.attribute(matmul, "transpose_b", False):
             continue
         weights = graph.constant_value(graph.data_inputs(matmul)[1], nodes)
         if weights is not None and weights.shape[-1] != bias.shape[0]:
@@ -250,7 +250,7 @@ def constant_lookups_folded(graph_def):
     nodes = graph.nodes_by_name(graph_def)
     folded = 0
     for node in list(graph_def.node):
-        if node.op != "GatherV2" or node.attr["batch_dims"].i:
+        if node.op != "GatherV2" or graph.attribute(node, "batch_dims", 0):
             continue
         params, indices, axis = graph.data_inputs(node)
         fake_quant = graph.producer(params, nodes)
@@ -295,14 +295,14 @@ def input_grid(x_name, nodes):
     if node is None or node.op not in FAKE_QUANT_OPS:
         return None
     if node.op == "FakeQuantWithMinMaxArgs":
-        low, high = node.attr["min"].f, node.attr["max"].f
+        low, high = graph.attribute(node, "min", -6.0), graph.attribute(node, "max", 6.0)
     else:
         low, high = (graph.constant_value(name, nodes) for name in node.input[1:3])
         if low is None or high is None or low.size != 1 or high.size != 1:
             return None  # per-channel ranges: not a GELU's input
         low, high = float(low.reshape(())), float(high.reshape(()))
-    bits = node.attr["num_bits"].i or 8
-    narrow = node.attr["narrow_range"].b
+    bits = graph.attribute(node, "num_bits", 8)
+    narrow = graph.attribute(node, "narrow_range", False)
     quant_min, quant_max = (1 if narrow else 0), 2 ** bits - 1
     scale = np.float32((high - low) / (quant_max - quant_min))
     if scale <= 0:

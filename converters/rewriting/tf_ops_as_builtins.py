@@ -132,9 +132,9 @@ def _new_axes_spelling(node, nodes, shape):
 def new_axes_as_expand_dims(graph_def):
     """Rewrite StridedSlice with new axes, constant operands and no ellipsis, on a tensor of dynamic shape, as
     the slice without them and EXPAND_DIMS."""
-    return _spelled_in_builtins(graph_def, [node for node in graph_def.node if node.op == "StridedSlice"
-                                            and node.attr["new_axis_mask"].i and not node.attr["ellipsis_mask"].i],
-                                _new_axes_spelling)
+    found = [node for node in graph_def.node if node.op == "StridedSlice"
+             and graph.attribute(node, "new_axis_mask", 0) and not graph.attribute(node, "ellipsis_mask", 0)]
+    return _spelled_in_builtins(graph_def, found, _new_axes_spelling)
 
 
 _INPUT_OPS = ("Placeholder", "_Arg")
