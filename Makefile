@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 VENV_PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
-EXTRAS := tensorflow,test,qat,litert,examples,tflm,vela,docs
+EXTRAS := tensorflow,test,qat,litert,examples,tflm,vela,docs,jax
 # Every leg shows its 15 slowest tests, so that where the time goes stays in view.
 PYTEST_ARGS ?= --durations=15
 

@@ -27,6 +27,7 @@ from ..rewriting import graph
 from ..rewriting import int8 as integer
 from ..rewriting import rewrite
 from ..rewriting import saved_model
+from ..rewriting import stablehlo_as_tf
 from ..rewriting import tf_ops_as_builtins
 from ..tflite import deduplication
 from ..tflite import equivalent_ops
@@ -234,6 +235,9 @@ def convert(model, options, kind=None, name=None):
             kept_graph = None
         if kept_graph is None:
             _refuse_past_the_protobuf_limit(source, options, target)
+            if stablehlo_as_tf.holds_modules(source.graph_def):  # JAX's exports: TensorFlow ops from here on
+                with _naming_the_model(source.path):
+                    source.graph_def = graph.with_passes(source.graph_def, [stablehlo_as_tf.modules_translated])
         parity_inputs, batch_fixed = source.inputs, False  # parity runs on batches of the model's own shapes
         if (target is not None and target.static_shapes) or options.input_shapes:
             source, parity_inputs, batch_fixed = target_checks.with_static_shapes(source, target,
@@ -347,9 +351,19 @@ def _rewritten_in_place(proto, source, options, folder):
     protocol buffer `proto`) rewritten where it keeps its graph."""
     mode = vocabulary.conversion_mode(options.mode, options.int8)
     graph.constant_arguments_inlined(proto.meta_graphs[0].graph_def)  # the constants functions captured
-    passes = tf_ops_as_builtins.TO_BUILTINS if mode.rewrites else ()
-    result = rewrite.rewrite_saved_model(proto, source.signature, mode, options.exact_as, passes)
+    passes = (stablehlo_as_tf.modules_translated,) + (tf_ops_as_builtins.TO_BUILTINS if mode.rewrites else ())
+    with _naming_the_model(source.path):
+        result = rewrite.rewrite_saved_model(proto, source.signature, mode, options.exact_as, passes)
     return result, saved_model.write(proto, source.directory, os.path.join(folder, "model"))
+
+
+@contextlib.contextmanager
+def _naming_the_model(path):
+    """A graph pass's ConverterFailed (the StableHLO translation's), its line starting with the model's path."""
+    try:
+        yield
+    except errors.ConverterFailed as error:
+        raise errors.ConverterFailed(f"{path}: {error.message}") from error
 
 
 @contextlib.contextmanager

@@ -19,7 +19,8 @@ stateful ops, not a deny-list over the dangerous ones:
   reads the function's body like any other), and an op whose declared
   interface holds a graph, a module or a program (`DatasetFromGraph`'s
   `graph_def`, `MlirPassthroughOp`'s `mlir_module`) is refused, as the check
-  does not open it;
+  does not open it; except XlaCallModule's StableHLO module (JAX's exports),
+  which the check opens and reads (`stablehlo`);
 * an op TensorFlow does not register here is refused: nobody can say what it
   does.
 
@@ -30,6 +31,8 @@ someone reads its kernel and lists it, and allowed if pure.
 import re
 
 from tensorflow.python.framework import op_def_registry
+
+from . import stablehlo
 
 # Stateful ops a serving graph needs, by group: (why the group stays inside the process, its ops).
 STAYS_INSIDE = (
@@ -65,6 +68,9 @@ STAYS_INSIDE = (
     ("an allocation of uninitialised memory", ("Empty",)),
 )
 _STAYS_INSIDE = {op: reason for reason, ops in STAYS_INSIDE for op in ops}
+
+# Ops whose program the check opens: XlaCallModule's StableHLO (reading/trust/stablehlo.py).
+MODULE_OPS = frozenset({"XlaCallModule"})
 
 # Stateless ops whose kernels reach outside the process all the same, each with what it does.
 REACHES_OUTSIDE = {
@@ -135,6 +141,8 @@ def refusal(op, attributes=None):
     op_def = op_def_registry.get(op)
     if op_def is None:
         return "is not an op TensorFlow registers here, so what it does is unknown"
+    if op in MODULE_OPS:  # its program is opened and read, not refused unread
+        return stablehlo.refusal(attributes if attributes is not None else {})
     if op in REACHES_OUTSIDE:
         return REACHES_OUTSIDE[op]
     if _is_tf_data(op_def):
