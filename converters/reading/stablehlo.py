@@ -104,6 +104,8 @@ def tensor_type(mlir_type):
     return TensorType(_DTYPES[element], shape)
 
 
+# The trust check and the translation each read a module, in the one process that converts it.
+@functools.lru_cache(maxsize=4)
 def read(serialized):
     """The Module that XlaCallModule's `module` attribute (bytes) holds; errors.ConverterFailed if it cannot be
     read."""

@@ -39,6 +39,11 @@ def _shape(tensor):
     return [size if size is not None else dynamic[index] for index, size in enumerate(static)]
 
 
+def _shape_argument(sizes):
+    """A shape for reshape or broadcast_to: the list itself where every size is static, else the sizes stacked."""
+    return tf.stack(sizes) if any(isinstance(size, tf.Tensor) for size in sizes) else list(sizes)
+
+
 def _canonical_gelu(x, function, alpha):
     """The GELU in the spelling rewriting.patterns reads (tf.nn.gelu's, the tanh form's, x sigmoid(1.702 x))."""
     dtype = x.dtype
@@ -90,6 +95,9 @@ _REDUCTIONS = {"stablehlo.add": (tf.math.reduce_sum, 0.0), "stablehlo.multiply":
                "stablehlo.and": (tf.math.reduce_all, True), "stablehlo.or": (tf.math.reduce_any, False)}
 
 
+_RETURNS = ("func.return", "stablehlo.return")
+
+
 class _Translation:
     """One module's translation into the default TensorFlow graph."""
 
@@ -116,7 +124,7 @@ class _Translation:
         gelus = stablehlo_gelus.find(block, self.module.value_types)
         needed = self._needed(block, gelus)
         for operation in block.operations:
-            if operation.name in ("func.return", "stablehlo.return"):
+            if operation.name in _RETURNS:
                 return [values[operand] for operand in operation.operands]
             if not any(result in needed for result in operation.results):
                 if operation.name == "stablehlo.custom_call":  # a call for its effect: a check, or refused
@@ -135,8 +143,7 @@ class _Translation:
         """The values the block's return depends on, a GELU region's inner values only where something else
         reads them."""
         producer = {result: op for op in block.operations for result in op.results}
-        needed, pending = set(), [v for op in block.operations if op.name in ("func.return", "stablehlo.return")
-                                  for v in op.operands]
+        needed, pending = set(), [v for op in block.operations if op.name in _RETURNS for v in op.operands]
         while pending:
             value = pending.pop()
             if value in needed:
@@ -217,8 +224,7 @@ class _Translation:
     def _iota_of(shape, dimension, dtype):
         line = tf.range(tf.cast(shape[dimension], tf.int32), dtype=tf.int32)
         line = tf.reshape(line, [-1 if index == dimension else 1 for index in range(len(shape))])
-        return tf.broadcast_to(tf.cast(line, dtype), tf.stack(shape) if not isinstance(shape, list) or any(
-            isinstance(size, tf.Tensor) for size in shape) else shape)
+        return tf.broadcast_to(tf.cast(line, dtype), _shape_argument(shape))
 
     def _get_dimension_size(self, operation, operands, attributes, result_types):
         return tf.shape(operands[0], out_type=tf.int32)[attributes["dimension"]]
@@ -240,7 +246,7 @@ class _Translation:
         for operand_dimension, result_dimension in enumerate(dimensions):
             aligned[result_dimension] = sizes[operand_dimension]
         if aligned != sizes:
-            x = tf.reshape(x, tf.stack(aligned) if any(isinstance(s, tf.Tensor) for s in aligned) else aligned)
+            x = tf.reshape(x, _shape_argument(aligned))
         broadcast = tf.broadcast_to(x, shape)
         self.aligned[broadcast.ref()] = self.aligned.get(x.ref(), x)
         return broadcast
@@ -429,10 +435,10 @@ def modules_translated(graph_def):
     translated_count = 0
     for node in [node for node in graph_def.node if node.op == stablehlo.XLA_CALL_MODULE]:
         name, where = node.name, f"XlaCallModule {node.name}"
-        if node.attr["has_token_input_output"].b:
+        if graph.attribute(node, "has_token_input_output", False):
             raise errors.ConverterFailed(f"{where}: its module passes tokens to host callbacks, which have no "
                                          "TensorFlow translation")
-        if list(node.attr["function_list"].list.func):
+        if "function_list" in node.attr and node.attr["function_list"].list.func:
             raise errors.ConverterFailed(f"{where}: its module calls TensorFlow functions back (call_tf), which "
                                          "have no translation here")
         module = stablehlo.read(node.attr["module"].s)
@@ -443,17 +449,17 @@ def modules_translated(graph_def):
         if len(platforms) > 1:  # the module's first argument picks the platform its code runs as
             leading = [np.int32(platforms.index("CPU") if "CPU" in platforms else 0)]
         if len(entry_types) != len(leading) + len(inputs):
-            raise errors.ConverterFailed(f"{where}: its module takes {len(entry_types)} arguments and the op passes "
-                                 f"{len(inputs)}")
+            raise errors.ConverterFailed(f"{where}: its module takes {len(entry_types)} arguments and the op "
+                                         f"passes {len(inputs)}")
 
         def translated(*placeholders):
             arguments = [tf.constant(value) for value in leading] + list(placeholders)
             return _Translation(module, where).call(stablehlo.ENTRY, arguments)
 
-        specs = [(name, _dtype(t), [None if s is None else s for s in t.shape])
-                 for name, t in zip(inputs, entry_types[len(leading):])]
-        outputs = graph.splice_many(graph_def, translated, specs, node.name + "/stablehlo/",
-                                    control_inputs=[name for name in node.input if name.startswith("^")])
+        specs = [(operand, _dtype(entry_type), list(entry_type.shape))
+                 for operand, entry_type in zip(inputs, entry_types[len(leading):])]
+        outputs = graph.splice_many(graph_def, translated, specs, name + "/stablehlo/",
+                                    control_inputs=[operand for operand in node.input if operand.startswith("^")])
         translated_count += 1
         # The op becomes an IdentityN of the translation under its own name: whatever reads its outputs by name
         # (a function's return, a signature) reads them still.

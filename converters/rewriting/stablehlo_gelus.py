@@ -16,6 +16,7 @@ import numpy as np
 
 from keras_gelu import formulas
 
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
 # Elementwise operations, as float64 NumPy functions of their operands.
 _UNARY = {
     "stablehlo.negate": np.negative, "stablehlo.abs": np.abs, "stablehlo.exponential": np.exp,
@@ -24,7 +25,7 @@ _UNARY = {
     "stablehlo.rsqrt": lambda x: 1.0 / np.sqrt(x), "stablehlo.sign": np.sign, "stablehlo.floor": np.floor,
     "stablehlo.ceil": np.ceil, "stablehlo.not": np.logical_not, "stablehlo.is_finite": np.isfinite,
     "stablehlo.convert": lambda x: x, "chlo.erf": np.vectorize(math.erf, otypes=[np.float64]),
-    "chlo.erfc": np.vectorize(math.erfc, otypes=[np.float64]), "stablehlo.cbrt": np.cbrt,
+    "chlo.erfc": _erfc, "stablehlo.cbrt": np.cbrt,
 }
 _BINARY = {
     "stablehlo.add": np.add, "stablehlo.subtract": np.subtract, "stablehlo.multiply": np.multiply,
@@ -58,7 +59,7 @@ class Gelu:
 
 
 def _normal_cdf(t):
-    return 0.5 * np.vectorize(math.erfc, otypes=[np.float64])(-t / math.sqrt(2.0))
+    return 0.5 * _erfc(-t / math.sqrt(2.0))
 
 
 def _exact(x, alpha):
