@@ -128,3 +128,22 @@ def test_the_probe_tells_gelus_from_their_neighbours():
     }
     for name, function in neighbours.items():
         assert stablehlo_gelus.identify(_on_grid(function)) is None, name
+
+
+def test_every_field_of_a_gather_s_dimension_numbers_is_read():
+    """keras-hub's ViT exported on JAX failed with KeyError 'start_index_map': the reader kept only the fields
+    whose names end in "dims"."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import stablehlo as mlir_stablehlo
+
+    from keras_gelu.converters.reading import stablehlo
+
+    context = ir.Context()
+    mlir_stablehlo.register_dialect(context)
+    with context:
+        numbers = mlir_stablehlo.GatherDimensionNumbers.get(
+            offset_dims=[1], collapsed_slice_dims=[0], operand_batching_dims=[], start_indices_batching_dims=[],
+            start_index_map=[0], index_vector_dim=1)
+        assert stablehlo.attribute_value(numbers) == {
+            "offset_dims": [1], "collapsed_slice_dims": [0], "operand_batching_dims": [],
+            "start_indices_batching_dims": [], "start_index_map": [0], "index_vector_dim": 1}

@@ -6,6 +6,7 @@ own StableHLO API only re-serializes), so reading a module needs jax installed, 
 records below are all the rest of the converter sees: reading runs none of the module.
 """
 
+import collections.abc
 import dataclasses
 import functools
 import itertools
@@ -211,14 +212,25 @@ def attribute_value(attribute):
     for kind in (stablehlo.DotDimensionNumbers, stablehlo.ConvDimensionNumbers, stablehlo.GatherDimensionNumbers,
                  stablehlo.ScatterDimensionNumbers):
         if kind.isinstance(attribute):
-            record = kind(attribute)
-            return {name: getattr(record, name) if isinstance(getattr(record, name), int) else
-                    list(getattr(record, name)) for name in dir(record)
-                    if name.endswith(("dimensions", "dimension", "dims", "dim")) and not name.startswith("_")}
+            return _record_fields(kind(attribute))
     for kind in (stablehlo.ComparisonDirectionAttr, stablehlo.ComparisonTypeAttr):
         if kind.isinstance(attribute):
             return kind(attribute).value
     return str(attribute)
+
+
+def _record_fields(record):
+    """A dimension-numbers record's fields ({"start_index_map": [0], "index_vector_dim": 1, ...}): every public
+    property that is an integer or a sequence of them, whatever the field is called."""
+    fields = {}
+    for name in dir(record):
+        value = None if name.startswith("_") else getattr(record, name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            fields[name] = value
+        elif isinstance(value, collections.abc.Sequence) and not isinstance(value, str) and all(
+                isinstance(item, int) for item in value):
+            fields[name] = list(value)
+    return fields
 
 
 def _dense_array(attribute):
