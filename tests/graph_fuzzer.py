@@ -10,7 +10,8 @@ A *program* is a list of placements, summed into the signature's output:
   arithmetic, which a matcher must not mistake for part of the spelling;
 * a `pair` applies two spellings to one tensor, where a converter's
   common-subexpression pass can merge their ops;
-* `cond` puts placements in one or both branches of a tf.cond;
+* `cond` puts placements in one or both branches of a tf.cond, the same one
+  in both too;
 * `while` puts one in a tf.while_loop body, on the loop-carried value or on
   one plus a tensor captured from outside the loop;
 * `nested` puts one in a tf.function of its own.
@@ -73,12 +74,36 @@ class strategies:  # noqa: N801 - a namespace, as hypothesis.strategies is
         pairs = st.tuples(st.just("pair"), strategies.leaves(), strategies.leaves())
         return st.recursive(st.one_of(strategies.leaves(), pairs), lambda children: st.one_of(
             st.tuples(st.just("cond"), children, st.one_of(st.none(), children)),
+            children.map(lambda child: ("cond", child, child)),  # the same placement in sibling branches
             st.tuples(st.just("while"), children, st.booleans()),
             st.tuples(st.just("nested"), children)), max_leaves=3)
 
     @staticmethod
     def programs():
         return st.lists(strategies.placements(), min_size=1, max_size=3)
+
+
+# Where a converter can miss a GELU, each a function of the leaf it places: the enumeration below puts every
+# spelling in each, so that none is left to the draw (tf.nn.gelu in both branches of a tf.cond, and one in a
+# loop body in native mode, were missed while the random programs passed).
+PLACEMENTS = {
+    "main graph": lambda leaf: leaf,
+    "one branch": lambda leaf: ("cond", leaf, None),
+    "sibling branches": lambda leaf: ("cond", leaf, leaf),
+    "loop body": lambda leaf: ("while", leaf, False),
+    "loop body, with a captured operand": lambda leaf: ("while", leaf, True),
+    "nested function": lambda leaf: ("nested", leaf),
+    "branches in a loop body": lambda leaf: ("while", ("cond", leaf, leaf), False),
+}
+
+
+def every_spelling_in(placement):
+    """A program with every spelling in `placement`, their constant and input kinds rotating, so that across
+    the placements each spelling meets each kind."""
+    shift = sorted(PLACEMENTS).index(placement)
+    return [PLACEMENTS[placement](("gelu", name, CONSTANT_KINDS[(index + shift) % len(CONSTANT_KINDS)],
+                                   INPUT_KINDS[(index + 2 * shift) % len(INPUT_KINDS)]))
+            for index, name in enumerate(sorted(SPELLINGS))]
 
 
 def leaves(program):

@@ -11,13 +11,16 @@ import tensorflow as tf
 
 import conversions
 from conftest import LEG
+from conftest import rotated
 import references
 import spelling_models
 import tflite_helpers
 from keras_gelu import converters
 from keras_gelu.converters.running import verify
 
-pytestmark = pytest.mark.legs("keras3", "tf218")
+# Each spelling in one of the two main legs (each oneDNN setting sees half of them), and every one on TF 2.18.
+pytestmark = pytest.mark.legs("keras3", "tf_keras", "tf218")
+SPELLINGS_HERE = rotated(sorted(spelling_models.SPELLINGS))
 
 # Only TF <= 2.18's interpreter runs Flex ops; TF >= 2.19's converter fuses erfc-spelled GELUs.
 FLEX_RUNS = tf.__version__.startswith(("2.18", "2.17"))
@@ -30,7 +33,7 @@ NAN_PASSES_MAXIMUM = verify.interpreter_class()[1] == "ai-edge-litert"
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     root = tmp_path_factory.mktemp("spellings")
-    return {name: spelling_models.save(name, str(root / name)) for name in spelling_models.SPELLINGS}
+    return {name: spelling_models.save(name, str(root / name)) for name in SPELLINGS_HERE}
 
 
 def _expected_drift_bound(function, mode, exact_as):
@@ -56,7 +59,7 @@ MODES_HERE = [conversion for conversion in conversions.EVERY if LEG != "tf218" o
 
 
 @pytest.mark.parametrize("mode, exact_as", MODES_HERE, ids=conversions.ids(MODES_HERE))
-@pytest.mark.parametrize("name", sorted(spelling_models.SPELLINGS))
+@pytest.mark.parametrize("name", SPELLINGS_HERE)
 def test_spelling(saved, name, mode, exact_as):
     _, function, alpha = spelling_models.SPELLINGS[name]
     try:
@@ -111,6 +114,7 @@ TINIEST = float(np.finfo(np.float32).smallest_subnormal)
 EDGES = np.float32([LARGEST, -LARGEST, 1e30, -1e30, 1e4, -1e4, TINIEST, -TINIEST, 1e-39, -1e-39, 0.0, -0.0])
 
 
+@pytest.mark.legs("keras3", "tf218")  # the rewrite itself: each oneDNN setting, each TensorFlow version once
 @pytest.mark.parametrize("mode, exact_as", [("builtin", "sigmoid"), ("builtin", "erf"), ("native", None)])
 def test_rewritten_exact_gelu_accuracy_and_edges(tmp_path, mode, exact_as):
     """The rewritten GELU alone, against float64 math.erfc, through the .tflite: a dense grid, the edges
@@ -137,6 +141,7 @@ def test_rewritten_exact_gelu_accuracy_and_edges(tmp_path, mode, exact_as):
 
 
 
+@pytest.mark.legs("keras3", "tf218")  # the rewrite itself: each oneDNN setting, each TensorFlow version once
 def test_float16_reference_rounds_the_bare_erf_polynomial_but_not_the_fused_gelu(tmp_path):
     """--float16-weights, native mode: TFLite stores the bare erf polynomial's constants as float16, while
     the fused GELU op keeps none; the fidelity reference must round exactly the former (keeping the
@@ -158,6 +163,7 @@ def test_float16_reference_rounds_the_bare_erf_polynomial_but_not_the_fused_gelu
     assert report.fidelity[0]["max_abs"] <= 1e-5
 
 
+@pytest.mark.legs("keras3", "tf218")  # the rewrite itself: each oneDNN setting, each TensorFlow version once
 def test_builtin_erf_for_bare_erf_is_within_2e6(tmp_path):
     import math
 

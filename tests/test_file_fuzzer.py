@@ -12,6 +12,7 @@ deeper run by hand. A mutant may not hang (60 s), but may use memory up to its l
 import os
 import shutil
 import zipfile
+import zlib
 
 import numpy as np
 import pytest
@@ -74,7 +75,8 @@ _SAVED_MODEL_FILES = ("saved_model.pb", "variables/variables.data-00000-of-00001
 
 def _mutant(honest, model_format, number, folder):
     """The number-th mutant of a format: its path."""
-    rng = np.random.default_rng((SEED, hash(model_format) % 1000, number))
+    # zlib.crc32, not hash(): a str's hash changes with each process (PYTHONHASHSEED), and with it the mutants
+    rng = np.random.default_rng((SEED, zlib.crc32(model_format.encode()), number))
     source = honest[model_format]
     if model_format == "saved_model":
         target = os.path.join(folder, "mutant")

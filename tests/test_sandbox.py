@@ -303,6 +303,10 @@ def _first_quantized(model):
     # the file fuzzer's find: LiteRT and the report read names as text
     (lambda model: setattr(model.subgraphs[0].tensors[0], "name", b"\xff\xfe"), "is not UTF-8 text"),
     (lambda model: setattr(model.signatureDefs[0], "signatureKey", b"serving\xff"), "is not UTF-8 text"),
+    # the file fuzzer's find: a signature's tensor index with a bit flipped, which LiteRT read as an internal error
+    (lambda model: setattr(model.signatureDefs[0].outputs[0], "tensorIndex", 67108871),
+     "signature 0 names tensor 67108871"),
+    (lambda model: setattr(model.signatureDefs[0], "subgraphIndex", 3), "signature 0 names subgraph 3"),
 ])
 def test_a_tflite_a_runtime_must_not_read_is_refused_before_any_does(int8_tflite, edit, problem, tmp_path, capsys):
     assert validation.problem(int8_tflite) is None

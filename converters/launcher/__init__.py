@@ -32,8 +32,26 @@ def _create_packages_without_running_them():
             setattr(sys.modules[parent], child, module)
 
 
+def _run_held_back_packages():
+    """Run the __init__ files held back, into the package objects already made (TensorFlow's and Keras's
+    import): the sandbox's zygote does it at the moment it chooses (`zygote.main`)."""
+    for name in _HELD_BACK:
+        module = sys.modules[name]
+        module.__spec__.loader.exec_module(module)
+
+
 def main():
     _create_packages_without_running_them()
     from keras_gelu.converters import cli
 
     return cli.main()
+
+
+def zygote():
+    """The sandbox's zygote (`python -c "import keras_gelu_launcher; keras_gelu_launcher.zygote()"`): started
+    as `python -m keras_gelu.converters.sandbox.zygote`, Python would import keras_gelu, and with it TensorFlow
+    and Keras, before the zygote could choose what they import."""
+    _create_packages_without_running_them()
+    from keras_gelu.converters.sandbox import zygote as the_zygote
+
+    return the_zygote.main(_run_held_back_packages)

@@ -33,6 +33,7 @@ _GRACE_SECONDS = 60
 # How often a caller that shows progress hears the step.
 _PROGRESS_SECONDS = 0.5
 _STARTING = "starting (TensorFlow's import)"
+_ZYGOTE = "import keras_gelu_launcher; keras_gelu_launcher.zygote()"
 _RESULT_BYTES = 64 << 20
 _LOG_BYTES = 1 << 20
 
@@ -52,7 +53,7 @@ class _Zygote:
     def __init__(self, environment, progress):
         self._log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "keras_gelu.converters.sandbox.zygote", *_registering_packages()],
+            [sys.executable, "-c", _ZYGOTE, *_registering_packages()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log, env=environment, start_new_session=True, close_fds=True)
         self._events = channel.Lines(self.process.stdout.fileno())

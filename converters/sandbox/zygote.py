@@ -1,9 +1,9 @@
 """The zygote: a process that has imported the converter and run nothing, from which each conversion forks.
 
 TensorFlow cannot be forked once it has run anything (its thread pools do not survive a fork), and importing
-it takes seconds. So the supervisor starts this process once per caller (`python -m
-keras_gelu.converters.sandbox.zygote`); it imports what a conversion needs, runs nothing, and forks one
-worker per job (`worker.run`), which confines itself and converts. Until the worker ends, the zygote watches
+it takes seconds. So the supervisor starts this process once per caller (through `keras_gelu_launcher.zygote`,
+which holds keras_gelu's own import back until `main` runs it); it imports what a conversion needs, runs
+nothing, and forks one worker per job (`worker.run`), which confines itself and converts. Until the worker ends, the zygote watches
 it and kills it past its time or memory limit, or when the supervisor cancels it or goes away.
 
 It talks to the supervisor in JSON lines: jobs and cancellations on stdin; {"ready"}, {"started"} and
@@ -24,10 +24,12 @@ from . import channel
 PRELOAD = ("keras_gelu.converters.running.pipeline",)
 OPTIONAL = ("ai_edge_litert.interpreter", "h5py")
 # Keras imports scikit-learn and matplotlib at its own import where they are installed, for its scikit-learn
-# wrappers and image-gallery plots, which no conversion uses: 3.6 s of the 11.9 s `import keras` took in a
-# zygote (python -X importtime, a busy 2-core AMD EPYC). Kept out while the converter imports (Keras takes
-# their ImportError as "not installed"); importable again afterwards, as a trusted model's code may.
-_NOT_PRELOADED = ("sklearn", "matplotlib")
+# wrappers and image-gallery plots, and TensorFlow's TFLite module imports JAX, for converting JAX functions;
+# no conversion here uses them (a JAX export's module is read by jaxlib, imported when one comes): 10 s of the
+# 26 s `import keras_gelu` took on a busy 2-core AMD EPYC (python -X importtime). Kept out while the converter
+# imports (Keras and TensorFlow take their ImportError as "not installed"); importable again afterwards, as a
+# trusted model's code may.
+_NOT_PRELOADED = ("sklearn", "matplotlib", "jax")
 _POLL_SECONDS = 0.05
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
@@ -105,12 +107,15 @@ def _import_where_installed(names):
             pass
 
 
-def main():
+def main(import_keras_gelu):
+    """Serve jobs until the input ends; `import_keras_gelu()` imports the package this module is in (and with it
+    TensorFlow and Keras), which its launcher held back until what they import is chosen here."""
     # ^C in a terminal reaches the whole process group: the supervisor decides, and cancels the worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     kept_out = [name for name in _NOT_PRELOADED if name not in sys.modules]
     sys.modules.update(dict.fromkeys(kept_out))  # None: `import sklearn` raises ImportError, which Keras expects
     try:
+        import_keras_gelu()
         for name in PRELOAD:
             importlib.import_module(name)
     finally:
@@ -134,7 +139,3 @@ def main():
             worker.run(job)
         _say({"started": pid})
         _say(_watched(pid, job, requests))
-
-
-if __name__ == "__main__":
-    main()

@@ -51,6 +51,14 @@ def problem(tflite_model):
                           *(operator.outputs if operator.outputs is not None else [])]:
                 if not -1 <= index < len(tensors):
                     return f"operator {position} of subgraph {number} names tensor {index}, of {len(tensors)}"
+    subgraphs = model.subgraphs or []
+    for number, signature in enumerate(model.signatureDefs or []):
+        if not 0 <= signature.subgraphIndex < len(subgraphs):
+            return f"signature {number} names subgraph {signature.subgraphIndex}, of {len(subgraphs)}"
+        tensors = len(subgraphs[signature.subgraphIndex].tensors or [])
+        for entry in [*(signature.inputs or []), *(signature.outputs or [])]:
+            if not 0 <= entry.tensorIndex < tensors:
+                return f"signature {number} names tensor {entry.tensorIndex}, of {tensors}"
     return None
 
 
