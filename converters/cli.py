@@ -214,7 +214,8 @@ def _fail(error, args):
     """Print a user error as one line, the last; its exit code."""
     if args.debug and error.traceback:
         _say(error.traceback.rstrip())
-    _say(f"keras-gelu-convert: error: {error.message}")
+    # one line even where the message quotes a model's name with a line break in it (the file fuzzer's find)
+    _say(f"keras-gelu-convert: error: {error.message}".replace("\n", "\\n"))
     return error.exit_code
 
 

@@ -1,10 +1,11 @@
-"""tf.distribute: MirroredStrategy over the two logical CPUs conftest makes, in both Keras flavours.
+"""Distributed training: MirroredStrategy over the two logical CPUs conftest makes, in both Keras flavours.
 
 A replica sees half the global batch; the cross-replica sum of its gradients
 is the single-device gradient of the whole batch, up to the order of float32
-additions. QAT ranges are per replica by design (each replica's moving
-averages see its own half), so QAT is checked to train and convert, not to
-match a single-device run.
+additions. QAT is checked to train, to end with one model on every replica
+and worker, and to convert. Past one process: tf-keras's two workers under
+MultiWorkerMirroredStrategy, and Keras 3's two JAX processes under
+keras.distribution.DataParallel, each pair on the loopback interface.
 """
 
 import importlib.util
@@ -18,9 +19,13 @@ import pytest
 import tensorflow as tf
 
 import keras_gelu
+import tflite_helpers
+import two_jax_processes
 from conftest import IS_KERAS3
 from conftest import keras
+from conversions import QAT_INT8_STEPS
 from keras_gelu import converters
+from keras_gelu.converters.tflite import operators
 import keras_gelu.qat
 
 pytestmark = pytest.mark.legs("keras3", "tf_keras")
@@ -149,3 +154,47 @@ def test_two_workers_on_the_loopback_interface_end_qat_with_the_same_variables(t
     low, high = chief["inputs_seen"]  # both workers' data: the range of every input either worker quantized
     np.testing.assert_array_equal([chief["quantize_layer/quantize_layer_min:0"],
                                    chief["quantize_layer/quantize_layer_max:0"]], [min(low, 0.0), max(high, 0.0)])
+
+
+def _free_port():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        return listener.getsockname()[1]
+
+
+def _moving_range(batches):
+    """The Keras 3 engine's activation range over `batches`, by its definition (ranges.ActivationRange): the
+    first batch's range, zero included, then a moving average (decay 0.999) of each batch's; in float32."""
+    decay = np.float32(0.999)
+    low, high = np.float32(min(batches[0].min(), 0.0)), np.float32(max(batches[0].max(), 0.0))
+    for batch in batches[1:]:
+        low = decay * low + (np.float32(1.0) - decay) * np.float32(min(batch.min(), 0.0))
+        high = decay * high + (np.float32(1.0) - decay) * np.float32(max(batch.max(), 0.0))
+    return low, high
+
+
+@pytest.mark.legs("keras3")  # the workers run on JAX, which the main environment has; the conversion on TensorFlow
+def test_two_jax_processes_on_the_loopback_interface_train_one_qat_model_that_converts_to_integer(tmp_path):
+    """keras.distribution.DataParallel over two processes (jax.distributed, CPU collectives): each process
+    feeds its half of every global batch, and both end with every variable equal, the input's range that of
+    the whole global batches (not of a process's half), and the chief's .keras converts to a fully integer
+    .tflite within QAT's int8 steps of the chief's model."""
+    script, port = two_jax_processes.__file__, str(_free_port())
+    environment = {**os.environ, "KERAS_BACKEND": "jax", "TF_USE_LEGACY_KERAS": "0"}
+    workers = [subprocess.Popen([sys.executable, script, str(index), port, str(tmp_path)], env=environment,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for index in range(2)]
+    outputs = [worker.communicate(timeout=300)[0] for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], outputs
+    chief, other = (np.load(tmp_path / f"{index}.npz") for index in range(2))
+    assert sorted(chief.files) == sorted(other.files) and len(chief.files) > 10, chief.files
+    for name in chief.files:
+        np.testing.assert_array_equal(chief[name], other[name], err_msg=name)
+    x = two_jax_processes.data(0)[0]
+    batches = np.split(x, len(x) // two_jax_processes.GLOBAL_BATCH)
+    (low,) = [name for name in chief.files if name.endswith("/input_min")]  # the model input's range
+    np.testing.assert_allclose([chief[low], chief[low[:-len("_min")] + "_max"]], _moving_range(batches), rtol=1e-6)
+    tflite_model, report = converters.convert(str(tmp_path / "model.keras"), int8=True)
+    assert report.quantization_aware and report.float_ops == {}, report.op_types
+    (scale,) = operators.output_scales(tflite_model)
+    actual = tflite_helpers.run(tflite_model, x[:16])[0]
+    assert np.max(np.abs(actual - np.load(tmp_path / "outputs.npy"))) / scale <= QAT_INT8_STEPS

@@ -3,8 +3,9 @@
 TensorFlow cannot be forked once it has run anything (its thread pools do not survive a fork), and importing
 it takes seconds. So the supervisor starts this process once per caller (through `keras_gelu_launcher.zygote`,
 which holds keras_gelu's own import back until `main` runs it); it imports what a conversion needs, runs
-nothing, and forks one worker per job (`worker.run`), which confines itself and converts. Until the worker ends, the zygote watches
-it and kills it past its time or memory limit, or when the supervisor cancels it or goes away.
+nothing, and forks one worker per job (`worker.run`), which confines itself and converts. Until the worker
+ends, the zygote watches it and kills it past its time or memory limit, or when the supervisor cancels it or
+goes away.
 
 It talks to the supervisor in JSON lines: jobs and cancellations on stdin; {"ready"}, {"started"} and
 {"ended"} on stdout. The end of its input ends it.
