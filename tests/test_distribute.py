@@ -130,6 +130,20 @@ def test_qat_replicas_agree_on_every_variable_and_the_input_range_is_the_whole_b
                                   [min(x.min(), 0.0), max(x.max(), 0.0)])
 
 
+def _the_variables_both_end_with(folder, scripts, **environment):
+    """Run the two processes (Python scripts with their arguments) to their end, each saving its variables to
+    folder/INDEX.npz; the chief's, once they are known to be the other's, value for value."""
+    workers = [subprocess.Popen([sys.executable, *script], env={**os.environ, **environment}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for script in scripts]
+    outputs = [worker.communicate(timeout=300)[0] for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], outputs
+    chief, other = (np.load(folder / f"{index}.npz") for index in range(2))
+    assert sorted(chief.files) == sorted(other.files) and len(chief.files) > 10, chief.files
+    for name in chief.files:
+        np.testing.assert_array_equal(chief[name], other[name], err_msg=name)
+    return chief
+
+
 @pytest.mark.legs("tf_keras")  # Keras 3 on TensorFlow does not train under MultiWorkerMirroredStrategy
 @pytest.mark.skipif(not HAS_QAT, reason="QAT under tf-keras needs tensorflow-model-optimization")
 def test_two_workers_on_the_loopback_interface_end_qat_with_the_same_variables(tmp_path):
@@ -142,15 +156,8 @@ def test_two_workers_on_the_loopback_interface_end_qat_with_the_same_variables(t
     for listener in ports:
         listener.close()
     script = os.path.join(os.path.dirname(__file__), "two_workers.py")
-    workers = [subprocess.Popen([sys.executable, script, str(index), names, str(tmp_path / f"{index}.npz")],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-               for index in range(2)]
-    outputs = [worker.communicate(timeout=300)[0] for worker in workers]
-    assert [worker.returncode for worker in workers] == [0, 0], outputs
-    chief, other = (np.load(tmp_path / f"{index}.npz") for index in range(2))
-    assert sorted(chief.files) == sorted(other.files) and len(chief.files) > 10, chief.files
-    for name in chief.files:
-        np.testing.assert_array_equal(chief[name], other[name], err_msg=name)
+    chief = _the_variables_both_end_with(
+        tmp_path, [[script, str(index), names, str(tmp_path / f"{index}.npz")] for index in range(2)])
     low, high = chief["inputs_seen"]  # both workers' data: the range of every input either worker quantized
     np.testing.assert_array_equal([chief["quantize_layer/quantize_layer_min:0"],
                                    chief["quantize_layer/quantize_layer_max:0"]], [min(low, 0.0), max(high, 0.0)])
@@ -180,15 +187,8 @@ def test_two_jax_processes_on_the_loopback_interface_train_one_qat_model_that_co
     the whole global batches (not of a process's half), and the chief's .keras converts to a fully integer
     .tflite within QAT's int8 steps of the chief's model."""
     script, port = two_jax_processes.__file__, str(_free_port())
-    environment = {**os.environ, "KERAS_BACKEND": "jax", "TF_USE_LEGACY_KERAS": "0"}
-    workers = [subprocess.Popen([sys.executable, script, str(index), port, str(tmp_path)], env=environment,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for index in range(2)]
-    outputs = [worker.communicate(timeout=300)[0] for worker in workers]
-    assert [worker.returncode for worker in workers] == [0, 0], outputs
-    chief, other = (np.load(tmp_path / f"{index}.npz") for index in range(2))
-    assert sorted(chief.files) == sorted(other.files) and len(chief.files) > 10, chief.files
-    for name in chief.files:
-        np.testing.assert_array_equal(chief[name], other[name], err_msg=name)
+    chief = _the_variables_both_end_with(tmp_path, [[script, str(index), port, str(tmp_path)] for index in range(2)],
+                                         KERAS_BACKEND="jax", TF_USE_LEGACY_KERAS="0")
     x = two_jax_processes.data(0)[0]
     batches = np.split(x, len(x) // two_jax_processes.GLOBAL_BATCH)
     (low,) = [name for name in chief.files if name.endswith("/input_min")]  # the model input's range
