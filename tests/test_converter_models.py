@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import conversions
 import keras_gelu
@@ -9,6 +10,7 @@ from conftest import IS_KERAS3
 from conftest import keras
 from conftest import rotated
 from keras_gelu import converters
+from keras_gelu.converters import errors
 
 pytestmark = pytest.mark.legs("keras3", "tf_keras")
 
@@ -312,3 +314,29 @@ def test_a_mixed_precision_saved_model_is_frozen_and_retyped_like_a_keras_file(t
     assert report.promoted_to_float32
     assert sum(g["count"] for g in report.gelus) == 3
     _assert_converted(report, "native", gelu_ops_expected=3)
+
+
+class _CountingCalls(tf.Module):
+    """A serving function that writes a variable as it runs (as Keras's JAX export writes a layer's state back)."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernel = tf.Variable(np.random.default_rng(5).normal(size=(8, 4)).astype(np.float32))
+        self.calls = tf.Variable(0.0)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32, name="x")])
+    def serve(self, x):
+        self.calls.assign_add(1.0)
+        return {"y": tf.nn.gelu(tf.matmul(x, self.kernel), approximate=False)}
+
+
+@pytest.mark.legs("tf_keras")  # a SavedModel: no flavour changes it
+def test_a_model_that_writes_a_variable_converts_unfrozen_and_a_frozen_conversion_says_why_not(tmp_path):
+    module = _CountingCalls()
+    path = str(tmp_path / "counting")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    _, report = converters.convert(path)  # the variable kept, as the stock converter keeps it
+    assert report.verified and sum(entry["count"] for entry in report.gelus) == 1, report.gelus
+    with pytest.raises(errors.ConverterFailed, match=r"writes a variable while it runs \(AssignAddVariableOp, .*"
+                                                     r"convert without those options"):
+        converters.convert(path, int8=True, calibration="random:4")

@@ -264,7 +264,24 @@ class _FreezingData(convert_to_constants._FunctionConverterDataInEager):
         self._build_tensor_data()
 
 
-def _frozen_graph_def(function):
+_VARIABLE_WRITES = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"}
+
+
+def _refuse_variable_writes(path, graph_def):
+    """ConverterFailed for a frozen graph that still writes a variable: Keras's JAX export writes a layer's state
+    back (keras-hub's DINOv2 its interpolated position embeddings), and the variable it writes is now a constant,
+    which takes no write (TensorFlow failed on the graph later: 'passed float ... expected resource')."""
+    nodes = [*graph_def.node, *(node for library in graph_def.library.function for node in library.node_def)]
+    for node in nodes:
+        if node.op in _VARIABLE_WRITES or node.op.startswith(("ResourceScatter", "ResourceApply")):
+            raise errors.ConverterFailed(
+                f"{path}: the model writes a variable while it runs ({node.op}, node {node.name!r}), and a frozen "
+                "graph (what --int8, --input-shape and a static-shape --target convert) holds variables as "
+                "constants, which take no write: convert without those options, and the .tflite keeps the "
+                "variable, as the stock converter's does")
+
+
+def _frozen_graph_def(function, path):
     """The signature's graph with its variables turned into constants.
 
     Control flow stays functional (If/While with library functions), as the
@@ -285,10 +302,11 @@ def _frozen_graph_def(function):
             # converter would look them up for error locations, and complain
             # on stderr that they are gone.
             node.ClearField("experimental_debug_info")
-        return graph_def
     except (AttributeError, TypeError):
         frozen = convert_to_constants.convert_variables_to_constants_v2(function, aggressive_inlining=True)
-        return frozen.graph.as_graph_def()
+        graph_def = frozen.graph.as_graph_def()
+    _refuse_variable_writes(path, graph_def)
+    return graph_def
 
 
 def _refuse_non_finite_weights(path, function):
@@ -309,7 +327,8 @@ def _refuse_non_finite_weights(path, function):
 
 def freeze_graph(source):
     """Freeze, in place, the graph of a Source loaded with freeze=False (its function still held)."""
-    source.graph_def, source.promoted_to_float32 = _inlined_in_float32(_frozen_graph_def(source.function))
+    source.graph_def, source.promoted_to_float32 = _inlined_in_float32(_frozen_graph_def(source.function,
+                                                                                         source.path))
 
 
 def _variable_shapes(function):
@@ -340,7 +359,7 @@ def _source(path, kind, signature, function, freeze=True):
         for key, tensor in zip(output_keys, function.outputs)
     ]
     if freeze:
-        graph_def, variable_shapes = _frozen_graph_def(function), {}
+        graph_def, variable_shapes = _frozen_graph_def(function, path), {}
     else:
         graph_def, variable_shapes = graph.inline_function_calls(function.graph.as_graph_def()), _variable_shapes(function)
     graph_def, promoted = _inlined_in_float32(graph_def)
