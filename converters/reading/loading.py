@@ -271,8 +271,7 @@ def _refuse_variable_writes(path, graph_def):
     """ConverterFailed for a frozen graph that still writes a variable: Keras's JAX export writes a layer's state
     back (keras-hub's DINOv2 its interpolated position embeddings), and the variable it writes is now a constant,
     which takes no write (TensorFlow failed on the graph later: 'passed float ... expected resource')."""
-    nodes = [*graph_def.node, *(node for library in graph_def.library.function for node in library.node_def)]
-    for node in nodes:
+    for node in graph.every_node(graph_def):
         if node.op in _VARIABLE_WRITES or node.op.startswith(("ResourceScatter", "ResourceApply")):
             raise errors.ConverterFailed(
                 f"{path}: the model writes a variable while it runs ({node.op}, node {node.name!r}), and a frozen "

@@ -270,11 +270,17 @@ def _function_tensor_source(name, body_nodes):
         name = node.input[0]
 
 
+def every_node(graph_def):
+    """The graph's nodes, then those of every function in its library."""
+    yield from graph_def.node
+    for function in graph_def.library.function:
+        yield from function.node_def
+
+
 def constant_bytes(graph_def):
     """The bytes of every Const's value in the graph and its function library: what freezing made of the
     weights, which a serialized GraphDef must hold."""
-    nodes = [*graph_def.node, *(node for function in graph_def.library.function for node in function.node_def)]
-    return sum(node.attr["value"].tensor.ByteSize() for node in nodes if node.op == "Const")
+    return sum(node.attr["value"].tensor.ByteSize() for node in every_node(graph_def) if node.op == "Const")
 
 
 def constant_arguments_inlined(graph_def):

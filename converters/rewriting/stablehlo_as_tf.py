@@ -473,5 +473,4 @@ def modules_translated(graph_def):
 
 def holds_modules(graph_def):
     """Whether the graph or a function of its library runs a StableHLO module."""
-    return any(node.op == stablehlo.XLA_CALL_MODULE for node in graph_def.node) or any(
-        node.op == stablehlo.XLA_CALL_MODULE for function in graph_def.library.function for node in function.node_def)
+    return any(node.op == stablehlo.XLA_CALL_MODULE for node in graph.every_node(graph_def))
