@@ -24,7 +24,7 @@ JAX_VENV ?= .venv-jax
 TORCH_VENV ?= .venv-torch
 BACKEND_TESTS := tests/test_backends.py tests/test_fine_tuning.py
 
-.PHONY: demo test test-chain-a test-chain-b test-keras3 test-tf-keras test-tf218 test-jax test-torch install install-tf218 install-jax install-torch docs bench bench-int8 recipes study plot clean
+.PHONY: demo test test-every-case test-chain-a test-chain-b test-keras3 test-tf-keras test-tf218 test-jax test-torch install install-tf218 install-jax install-torch docs bench bench-int8 recipes study plot clean
 
 install: $(INSTALLED)
 
@@ -116,6 +116,11 @@ test-jax: $(JAX_VENV)/.installed
 
 test-torch: $(TORCH_VENV)/.installed
 	$(ONE_THREAD) KERAS_BACKEND=torch $(TORCH_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(BACKEND_TESTS)
+
+# Every case of every matrix that `make test` runs today's share of (conftest.todays_share), and every keras-hub
+# family, in the two flavour legs: for a release, or a change to a mechanism a matrix covers (about an hour).
+test-every-case:
+	KG_EVERY_CASE=1 $(MAKE) --jobs=2 test-keras3 test-tf-keras
 
 # The documentation site, from docs/ (docs/mkdocs.yml), into build/site/.
 docs: $(INSTALLED)

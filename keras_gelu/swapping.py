@@ -128,8 +128,8 @@ def _same_function_names():
     functions are module-level and live as long as the process, so their ids stay theirs)."""
     # Keras's `gelu` activation and tf.nn.gelu default to exact GELU...
     spellings = [(keras.activations.relu, "relu"), (keras.activations.gelu, "gelu_exact")]
-    if "tensorflow" in sys.modules:  # a model can hold TensorFlow's functions only where TensorFlow is loaded
-        tf = sys.modules["tensorflow"]
+    tf = sys.modules.get("tensorflow")  # None where it is not loaded, or kept out (sys.modules["tensorflow"] = None)
+    if tf is not None:  # a model can hold TensorFlow's functions only where TensorFlow is loaded
         spellings += [(tf.nn.relu, "relu"), (tf.nn.relu6, "relu6"), (tf.nn.gelu, "gelu_exact")]
     if hasattr(keras.activations, "relu6"):
         spellings.append((keras.activations.relu6, "relu6"))

@@ -8,6 +8,7 @@ tests have two replicas on this one-CPU machine; JAX gets two host devices,
 for keras.distribution.DataParallel.
 """
 
+import datetime
 import os
 import pty
 import subprocess
@@ -67,6 +68,29 @@ def rotated(cases, legs=("keras3", "tf_keras")):
     if LEG not in legs:
         return cases
     return [case for index, case in enumerate(cases) if index % len(legs) == legs.index(LEG)]
+
+
+def todays_seed():
+    """The seed of today's draws (`todays_share`, the families of test_every_family): the day's ordinal, so that
+    each day's run takes other cases and a week's runs take them all; KG_SEED repeats a day's draw (the report
+    header names it)."""
+    return int(os.environ.get("KG_SEED", datetime.date.today().toordinal()))
+
+
+def todays_share(cases, count):
+    """`count` of `cases` (a parametrize list) for a matrix whose cases run one mechanism on another parameter (a
+    spelling, a mode, a layer): `make test` runs a share, and which share changes daily, where running them all
+    in every run spent its budget on repeating one case. The cases in a fixed shuffled order (so that a share
+    mixes every parameter), then a window of `count` of them that moves by `count` a day (todays_seed) and
+    stands `count` further on in each leg: every case runs within ceil(len / count) days in each leg, and legs
+    running the same matrix take different cases on a day. KG_EVERY_CASE=1 (`make test-every-case`) takes them
+    all."""
+    cases = list(cases)
+    if os.environ.get("KG_EVERY_CASE") == "1" or count >= len(cases):
+        return cases
+    order = np.random.default_rng(len(cases)).permutation(len(cases))
+    start = (todays_seed() + LEGS.index(LEG)) * count
+    return [cases[index] for index in sorted(order[(start + offset) % len(cases)] for offset in range(count))]
 
 
 def run_command(*argv, terminal=False, **environment):
@@ -144,4 +168,6 @@ def pytest_report_header(config):
     framework = f"tensorflow {tf.__version__}" if BACKEND == "tensorflow" else f"backend {BACKEND}"
     return (f"keras_gelu flavour: {keras_gelu.KERAS_FLAVOUR} (keras {keras.__version__}), {framework}, "
             f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', '(unset: the CPU default)')}, "
-            f"CPU: {_cpu_kind()}")
+            f"CPU: {_cpu_kind()}, matrices: "
+            + ("every case (KG_EVERY_CASE=1)" if os.environ.get("KG_EVERY_CASE") == "1"
+               else f"today's share (KG_SEED={todays_seed()})"))

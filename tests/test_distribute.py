@@ -23,6 +23,7 @@ import tflite_helpers
 import two_jax_processes
 from conftest import IS_KERAS3
 from conftest import keras
+from conftest import todays_share
 from conversions import QAT_INT8_STEPS
 from keras_gelu import converters
 from keras_gelu.converters.tflite import operators
@@ -75,7 +76,7 @@ def _one_step(strategy, layer):
     return before, [weight.numpy() for weight in model.weights]
 
 
-@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("layer", todays_share(LAYERS, 2))
 def test_one_mirrored_step_equals_the_single_device_step(mirrored, devices, layer):
     before, distributed = _one_step(mirrored, layer)
     _, single = _one_step(tf.distribute.OneDeviceStrategy(devices[0]), layer)
@@ -86,7 +87,7 @@ def test_one_mirrored_step_equals_the_single_device_step(mirrored, devices, laye
 
 
 @pytest.mark.skipif(not HAS_QAT, reason="QAT under tf-keras needs tensorflow-model-optimization")
-@pytest.mark.parametrize("layer", ["GELU exact", "GELU tanh", "LearnableGELU"])
+@pytest.mark.parametrize("layer", todays_share(["GELU exact", "GELU tanh", "LearnableGELU"], 1))
 def test_qat_trains_under_mirrored_strategy_and_converts_to_integer(mirrored, layer):
     """Both engines (tfmot under tf-keras, keras_gelu.qat under Keras 3), quantized inside the strategy."""
     x, y = _batch(128)

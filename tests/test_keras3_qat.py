@@ -76,7 +76,8 @@ def test_a_small_cnn_converts_to_a_fully_integer_tflite_within_qat_int8_steps(po
 
     x = rng.uniform(0, 1, size=(128, 8, 8, 1)).astype(np.float32)
     qat = keras_gelu.qat.quantize_model(_cnn(getattr(keras.layers, pooling)(2)), calibration_data=x)
-    qat.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    qat.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                run_eagerly=True)  # as _quantized_and_trained says why
     qat.fit(x, rng.integers(0, 10, size=128), epochs=1, verbose=0)
     tflite_model, report = _converted(qat)
     assert report.float_ops == {}, report.op_types
@@ -561,7 +562,7 @@ def test_an_activation_layer_takes_its_int8_grid_and_converts_within_qat_int8_st
     if getattr(getattr(model.get_layer("activation"), "activation", None), "__name__", "") == "<lambda>":
         assert type(qat.get_layer("quant_activation").layer) is keras_gelu.GELU
         assert qat.get_layer("quant_activation").layer.approximate == "sigmoid"
-    qat.compile(keras.optimizers.Adam(1e-2), "mse")
+    qat.compile(keras.optimizers.Adam(1e-2), "mse", run_eagerly=True)  # as _quantized_and_trained says why
     qat.fit(x, rng.normal(size=(256, 4)).astype(np.float32), epochs=1, verbose=0)
     tf.saved_model.save(qat, str(tmp_path / "activation"))
     tflite_model, report = converters.convert(str(tmp_path / "activation"), int8=True, mode="native")

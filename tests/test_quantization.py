@@ -16,6 +16,7 @@ from conftest import clear_keras_state
 from conftest import keras
 from conftest import keras3_only
 from conftest import tf_keras_only
+from conftest import todays_share
 import conversions
 from conversions import QAT_INT8_STEPS
 from gelu_models import every_gelu_functional
@@ -373,7 +374,7 @@ def trained_qat_models():
 def _qat_conversions():
     """(activation, QAT mode, conversion mode, exact_as): the two GELU layers people train (exact, learnable) in
     every conversion; each other activation in each int8 mode (builtin in its default form), which still pairs
-    every QAT mode with every int8 mode for every activation."""
+    every QAT mode with every int8 mode for every activation: 30 cases, of which a run takes today's share."""
     in_each_int8_mode = [(mode, vocabulary.resolve_exact_as(mode, None)) for mode in QAT_TARGETS]
     # The thorough ones, by the GELU function each computes, in every conversion that makes ops of its own
     chosen = {name: [conversion for conversion in conversions.EVERY
@@ -381,8 +382,9 @@ def _qat_conversions():
               for name, function in (("exact layer", "exact"), ("learnable layer", None))}
     cases = [(name, qat_mode, conversion) for name in ACTIVATIONS for qat_mode in QAT_TARGETS
              for conversion in chosen.get(name, in_each_int8_mode)]
-    return [pytest.param(name, qat_mode, *conversion, id=f"{name}-{qat_mode}-{conversions.ids([conversion])[0]}")
-            for name, qat_mode, conversion in cases]
+    params = [pytest.param(name, qat_mode, *conversion, id=f"{name}-{qat_mode}-{conversions.ids([conversion])[0]}")
+              for name, qat_mode, conversion in cases]
+    return todays_share(params, 16)
 
 
 @pytest.mark.parametrize("name, qat_mode, mode, exact_as", _qat_conversions())

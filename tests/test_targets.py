@@ -11,6 +11,7 @@ import keras_gelu
 from conftest import IS_KERAS3
 from conftest import keras
 from conftest import rotated
+from conftest import todays_share
 from conversions import convert_here
 from gelu_models import every_gelu_functional
 from keras_gelu import converters
@@ -46,16 +47,21 @@ def _calibration(target_name):
     return {"calibration": "random:16"} if targets.TARGETS[target_name].int8 else {}
 
 
+# Today's share of the spellings (conftest.todays_share), each run on TFLite Micro and on Ethos-U: which
+# spelling it is changes what the rewrite meets, not what the runtimes are asked to run.
+SPELLINGS_TODAY = todays_share(sorted(spelling_models.SPELLINGS), 10)
+
+
 @pytest.fixture(scope="module")
 def spelling_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("spellings")
-    return {name: spelling_models.save(name, str(root / name)) for name in spelling_models.SPELLINGS}
+    return {name: spelling_models.save(name, str(root / name)) for name in SPELLINGS_TODAY}
 
 
 @one_leg
 @needs_tflm
 @pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
-@pytest.mark.parametrize("name", sorted(spelling_models.SPELLINGS))
+@pytest.mark.parametrize("name", SPELLINGS_TODAY)
 def test_every_spelling_runs_in_tflite_micro(spelling_dirs, name, int8):
     options = {"int8": True, "calibration": "random:16"} if int8 else {}
     _, report = converters.convert(spelling_dirs[name], target="tflm", **options)
@@ -71,7 +77,7 @@ def test_every_spelling_runs_in_tflite_micro(spelling_dirs, name, int8):
 
 @one_leg
 @needs_vela
-@pytest.mark.parametrize("name", sorted(spelling_models.SPELLINGS))
+@pytest.mark.parametrize("name", SPELLINGS_TODAY)
 def test_every_int8_spelling_runs_wholly_on_the_ethos_u55_npu(spelling_dirs, name):
     _, report = converters.convert(spelling_dirs[name], target="ethos-u55", mode="builtin", calibration="random:16")
     figures = report.target["figures"]

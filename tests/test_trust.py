@@ -30,6 +30,7 @@ from conftest import LEG
 from conftest import keras
 from conftest import keras3_only
 from conftest import tf_keras_only
+from conftest import todays_seed
 from conversions import convert_here
 from keras_gelu import converters
 from keras_gelu.converters import cli
@@ -105,14 +106,15 @@ def test_every_hostile_model_is_refused_by_the_checks_and_nothing_of_it_runs(cor
 
 
 def _sandbox_runs():
-    """(kind, run) for the sandbox alone: every kind in the default run, and in one other run, which rotates
-    with the kind and the leg (the three legs cover every other run of every kind but a few); KG_SANDBOX_RUNS=all
-    runs every kind in every run (by hand: four times the conversions)."""
-    if os.environ.get("KG_SANDBOX_RUNS") == "all":
+    """(kind, run) for the sandbox alone: every kind in every leg, each in one run, which rotates with the kind,
+    the leg and the day (conftest.todays_seed), so that the three legs take three of a kind's four runs in a
+    day and a few days every run of every kind; KG_EVERY_CASE=1 runs every kind in every run (four times the
+    conversions)."""
+    if os.environ.get("KG_EVERY_CASE") == "1":
         return [(kind, run) for kind in HOSTILE for run in RUNS]
-    others = [run for run in RUNS if run != "default"]
     leg = ("keras3", "tf_keras", "tf218").index(LEG) if LEG in ("keras3", "tf_keras", "tf218") else 0
-    return [(kind, run) for index, kind in enumerate(HOSTILE) for run in ("default", others[(index + leg) % 3])]
+    runs = list(RUNS)
+    return [(kind, runs[(index + leg + todays_seed()) % len(runs)]) for index, kind in enumerate(HOSTILE)]
 
 
 @pytest.mark.parametrize("kind, run", _sandbox_runs())

@@ -31,6 +31,9 @@ def data(index):
 
 def main(index, port, folder):
     os.environ["KERAS_BACKEND"] = "jax"
+    # Keras imports TensorFlow where it is installed (for its tf.keras API), which nothing here uses: kept out,
+    # as an environment with JAX alone would have it (the import is two thirds of a process's start).
+    sys.modules["tensorflow"] = None
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
