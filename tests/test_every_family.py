@@ -66,7 +66,7 @@ _ALL_GRAPH = {"builtin": _STRIDED_SLICE, "int8": _STRIDED_SLICE, "qat": _IN_THE_
 _ABS_SIGN = r"TFLite has no builtin op for TensorFlow op\(s\) Abs, Sign"
 _FFT = r"TFLite has no builtin op for TensorFlow op\(s\) Complex, FFT2D"
 NOT_YET = {
-    "BLIP2Backbone": {"qat int8": _CANNOT_LOAD},
+    "BLIP2Backbone": {"qat int8": _PARITY},
     "BloomBackbone": {"qat int8": _PARITY},
     "DFineBackbone": {"builtin": _NO_EXPORT, "int8": _NO_EXPORT, "qat": _WEIGHT_COUNT},
     "DINOV3Backbone": {"qat": r"you cannot mix tensors and non-tensors"},

@@ -464,6 +464,53 @@ def test_a_saved_qat_model_loads_in_a_fresh_process_and_converts_from_keras_and_
     assert output.read_bytes()[4:8] == b"TFL3"
 
 
+def test_a_composite_that_builds_its_sublayers_from_tuple_shapes_loads_from_keras(tmp_path, rng):
+    """Keras calls `build` with tuple shapes, a loaded file's build config gives JSON lists: a composite that adds
+    to its input shape as to a tuple (keras-hub's BLIP-2 Q-Former) is built from tuples either way."""
+
+    @keras.saving.register_keras_serializable(package="test_keras3_qat")
+    class TupleShaped(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.inner, self.outer = keras.layers.Dense(8, name="inner"), keras.layers.Dense(4, name="outer")
+
+        def build(self, input_shape):
+            self.inner.build(input_shape)
+            self.outer.build(input_shape[:-1] + (8,))
+
+        def call(self, x):
+            return self.outer(self.inner(x))
+
+    keras.utils.set_random_seed(9)
+    inputs = keras.Input((6,))
+    qat = keras_gelu.qat.quantize_model(keras.Model(inputs, TupleShaped(name="block")(inputs)))
+    x = rng.normal(size=(8, 6)).astype(np.float32)
+    qat.save(str(tmp_path / "qat.keras"))
+    loaded = keras.models.load_model(str(tmp_path / "qat.keras"))
+    np.testing.assert_array_equal(loaded(x).numpy(), qat(x).numpy())
+
+
+def test_a_qat_file_that_does_not_load_is_not_taken_for_a_tf_keras_one(tmp_path):
+    """The engine's wrapper shares tfmot's class name (QuantizeWrapper): a Keras 3 QAT file that does not load
+    (here: it names a class nothing defines) says why, and does not send its user to tf-keras."""
+    import zipfile
+
+    path = tmp_path / "qat.keras"
+    keras_gelu.qat.quantize_model(_mlp()).save(str(path))
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    config = members["config.json"].decode()
+    assert config.count('"class_name": "Dense"') == 2
+    members["config.json"] = config.replace('"class_name": "Dense"', '"class_name": "NoSuchDense"', 1).encode()
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    with pytest.raises(converters.errors.CorruptModel) as refusal:
+        converters.convert(str(path), int8=True)
+    assert "cannot load the Keras model" in refusal.value.message and "NoSuchDense" in refusal.value.message
+    assert "tf-keras" not in refusal.value.message and "TF_USE_LEGACY_KERAS" not in refusal.value.message
+
+
 def _attention_block(cross):
     keras.utils.set_random_seed(5)
     if cross:

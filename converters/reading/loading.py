@@ -82,11 +82,17 @@ def _saved_model_signature(path, directory, signature, trust_model):
 _UNKNOWN_CLASS = re.compile(r"(?:Could not locate|Unknown) (class|function|layer|object):? '([^']+)'")
 
 
+def _made_by_tfmot(config):
+    """Whether a Keras file's config holds a tfmot QAT model (its QuantizeWrapperV2), not one of keras_gelu's own
+    Keras 3 engine, whose wrapper has the same class name and is registered as keras_gelu>QuantizeWrapper."""
+    return "QuantizeWrapper" in config and "keras_gelu>QuantizeWrapper" not in config
+
+
 def _quantize_scope_if_needed(path, config):
     """keras_gelu's quantize scope for a tf-keras file holding a QAT (tfmot) model, else a no-op."""
     from keras_gelu.flavour import USE_LEGACY_KERAS
 
-    if USE_LEGACY_KERAS and "QuantizeWrapper" in config:
+    if USE_LEGACY_KERAS and _made_by_tfmot(config):
         try:
             from keras_gelu.qat import quantize_scope
 
@@ -112,7 +118,8 @@ def _load_keras_file(path, description, trust_model, config_limit, member_limit)
         if trust.is_safe_mode_refusal(error):
             raise trust.refuse_safe_mode(description, error) from None
         unknown = _UNKNOWN_CLASS.search(str(error))
-        if unknown is not None and not (KERAS_FLAVOUR == "keras3" and "QuantizeWrapper" in config):
+        a_tfmot_model_here = KERAS_FLAVOUR == "keras3" and _made_by_tfmot(config)
+        if unknown is not None and not a_tfmot_model_here:
             raise errors.CorruptModel(
                 f"{description}: cannot load the Keras model: it names {unknown.group(1)} {unknown.group(2)!r}, which "
                 "no installed package defines (a class your program registers as it runs is unknown to the "
@@ -121,7 +128,7 @@ def _load_keras_file(path, description, trust_model, config_limit, member_limit)
         hint = ""
         if path.endswith(".keras") and KERAS_FLAVOUR != "keras3":
             hint = " (a .keras file from Keras 3 needs TF_USE_LEGACY_KERAS unset)"
-        elif KERAS_FLAVOUR == "keras3" and "QuantizeWrapper" in config:
+        elif a_tfmot_model_here:
             hint = " (a tf-keras quantization-aware model: set TF_USE_LEGACY_KERAS=1, or convert its SavedModel)"
         raise errors.CorruptModel(f"{description}: cannot load the Keras model{hint} ({first_line(error)})") \
             from error

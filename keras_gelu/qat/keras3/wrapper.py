@@ -10,6 +10,18 @@ def _all_none(value):
     return all(item is None for item in keras.tree.flatten(value)) if value is not None else True
 
 
+def _shapes_as_tuples(shapes):
+    """Each shape in a (nested) structure of shapes as a tuple, as Keras gives shapes to `build` when it calls a
+    layer; a loaded model's build config gives them as JSON lists, which a layer adding `shape[:-1] + (n,)`
+    refuses (keras-hub's BLIP-2 Q-Former)."""
+    if isinstance(shapes, dict):
+        return {key: _shapes_as_tuples(value) for key, value in shapes.items()}
+    if isinstance(shapes, (list, tuple)):
+        items = [_shapes_as_tuples(item) for item in shapes]
+        return tuple(items) if all(item is None or isinstance(item, int) for item in items) else items
+    return shapes
+
+
 @register_serializable
 class QuantizeWrapper(keras.layers.Wrapper):
     """`layer` computed by `rule` (a QuantizeRule), with the rule's int8 ranges as this wrapper's variables."""
@@ -22,6 +34,7 @@ class QuantizeWrapper(keras.layers.Wrapper):
         self.operation_ranges = None  # {place in the code: range name}, made at a composite's first call
 
     def build(self, input_shape=None):
+        input_shape = _shapes_as_tuples(input_shape)
         with refusals.quantizing(self.layer):
             if not self.layer.built:
                 self.layer.build(*self.rule.layer_arguments(input_shape))
