@@ -52,10 +52,10 @@ def with_static_shapes(source, target=None, input_shapes=None):
         elif shape and shape[0] is None:
             shape[0] = 1
         if shape is None or None in shape:
-            dims = "1," + ",".join("?" if size is None else str(size) for size in (shape or [None])[1:])
+            dims = "1," + ",".join("N" if size is None else str(size) for size in (shape or [None])[1:])
             raise errors.DoesNotFitTarget(
                 f"{who} needs static shapes, and input {info.name!r} has shape {_shown(shape)}; give its size "
-                f"with --input-shape {info.name}={dims}")
+                f"with --input-shape {info.name}={dims} (N: the size it will run at)")
         placeholder = nodes[graph.split_tensor_name(info.tensor)[0]]
         placeholder.attr["shape"].shape.ClearField("dim")
         placeholder.attr["shape"].shape.unknown_rank = False
