@@ -71,9 +71,9 @@ def rotated(cases, legs=("keras3", "tf_keras")):
 
 
 def todays_seed():
-    """The seed of today's draws (`todays_share`, the families of test_every_family): the day's ordinal, so that
-    each day's run takes other cases and a week's runs take them all; KG_SEED repeats a day's draw (the report
-    header names it)."""
+    """The seed of today's draws (`todays_share`, the graph fuzzer's programs, the families of test_every_family):
+    the day's ordinal, so that each day's run takes other cases; KG_SEED repeats a day's draw (the report header
+    names it)."""
     return int(os.environ.get("KG_SEED", datetime.date.today().toordinal()))
 
 

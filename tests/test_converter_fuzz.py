@@ -127,7 +127,7 @@ def _check_program(main_graph_fuses, path, program, second, exact_as, with_int8)
 
 
 # Each leg draws its own programs, and each day others (conftest.todays_seed: KG_SEED repeats a day's draw).
-LEG_SEED = 4 * todays_seed() + LEGS.index(LEG)
+LEG_SEED = len(LEGS) * todays_seed() + LEGS.index(LEG)
 
 
 @seed(LEG_SEED)

@@ -8,11 +8,11 @@ cannot be built). Here:
 * a rotating subset of the families that compute a GELU and whose outcomes the sweep recorded
   (`KG_FAMILIES`, default 2, drawn by the seed that changes daily, conftest.todays_seed; `KG_SEED` repeats a
   draw, `KG_FAMILIES=all` (or KG_EVERY_CASE=1) takes every family, and `KG_FAMILIES=ViTBackbone,BertBackbone`
-  those) is built, checked to compute a GELU (read from its traced graph), and taken through what a user does: the float .keras converted
-  in builtin mode, `--int8` post-training (calibrated on its inputs), and `quantize_model` (no calibration
-  data, the default), a training step, `.keras`, `--int8`. A stage a family does not pass yet is listed in
-  `NOT_YET` with its one-line refusal, strictly: the refusal must be the one listed, and a stage that passes
-  while listed fails, so that the table shrinks as the mechanisms grow.
+  those) is built, checked to compute a GELU (read from its traced graph), and taken through what a user
+  does: the float .keras converted in builtin mode, `--int8` post-training (calibrated on its inputs), and
+  `quantize_model` (no calibration data, the default), a training step, `.keras`, `--int8`. A stage a family
+  does not pass yet is listed in `NOT_YET` with its one-line refusal, strictly: the refusal must be the one
+  listed, and a stage that passes while listed fails, so that the table shrinks as the mechanisms grow.
 
 The widest sweep (every family, native mode too) is `benchmarks/sweep_families.py --stages`.
 """
