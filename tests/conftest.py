@@ -70,10 +70,13 @@ def rotated(cases, legs=("keras3", "tf_keras")):
     return [case for index, case in enumerate(cases) if index % len(legs) == legs.index(LEG)]
 
 
+# KG_EVERY_CASE=1 (`make test-every-case`): every case of the matrices `todays_share` takes a share of.
+EVERY_CASE = os.environ.get("KG_EVERY_CASE") == "1"
+
+
 def todays_seed():
-    """The seed of today's draws (`todays_share`, the graph fuzzer's programs, the families of test_every_family):
-    the day's ordinal, so that each day's run takes other cases; KG_SEED repeats a day's draw (the report header
-    names it)."""
+    """The seed of today's draws (`todays_share`, the graph fuzzer's programs): the day's ordinal, so that each
+    day's run takes other cases; KG_SEED repeats a day's draw (the report header names it)."""
     return int(os.environ.get("KG_SEED", datetime.date.today().toordinal()))
 
 
@@ -86,7 +89,7 @@ def todays_share(cases, count):
     running the same matrix take different cases on a day. KG_EVERY_CASE=1 (`make test-every-case`) takes them
     all."""
     cases = list(cases)
-    if os.environ.get("KG_EVERY_CASE") == "1" or count >= len(cases):
+    if EVERY_CASE or count >= len(cases):
         return cases
     order = np.random.default_rng(len(cases)).permutation(len(cases))
     start = (todays_seed() + LEGS.index(LEG)) * count
@@ -169,5 +172,4 @@ def pytest_report_header(config):
     return (f"keras_gelu flavour: {keras_gelu.KERAS_FLAVOUR} (keras {keras.__version__}), {framework}, "
             f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', '(unset: the CPU default)')}, "
             f"CPU: {_cpu_kind()}, matrices: "
-            + ("every case (KG_EVERY_CASE=1)" if os.environ.get("KG_EVERY_CASE") == "1"
-               else f"today's share (KG_SEED={todays_seed()})"))
+            + ("every case (KG_EVERY_CASE=1)" if EVERY_CASE else f"today's share (KG_SEED={todays_seed()})"))

@@ -22,8 +22,8 @@ from keras_gelu.converters.running import verify
 # Each spelling in one of the two main legs (each oneDNN setting sees half of them), and on TF 2.18 (where
 # select mode's Flex ops run) today's share of them (conftest.todays_share).
 pytestmark = pytest.mark.legs("keras3", "tf_keras", "tf218")
-SPELLINGS_HERE = todays_share(sorted(spelling_models.SPELLINGS), 11) if LEG == "tf218" else rotated(
-    sorted(spelling_models.SPELLINGS))
+_SPELLINGS = sorted(spelling_models.SPELLINGS)
+SPELLINGS_HERE = todays_share(_SPELLINGS, 11) if LEG == "tf218" else rotated(_SPELLINGS)
 
 # Only TF <= 2.18's interpreter runs Flex ops; TF >= 2.19's converter fuses erfc-spelled GELUs.
 FLEX_RUNS = tf.__version__.startswith(("2.18", "2.17"))

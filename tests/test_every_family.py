@@ -6,8 +6,8 @@ cannot be built). Here:
 * every Backbone class keras-hub exports has an entry: a family keras-hub adds fails this test until it is
   given a config, so that no family goes unseen;
 * a rotating subset of the families that compute a GELU and whose outcomes the sweep recorded
-  (`KG_FAMILIES`, default 2, drawn by the seed that changes daily, conftest.todays_seed; `KG_SEED` repeats a
-  draw, `KG_FAMILIES=all` (or KG_EVERY_CASE=1) takes every family, and `KG_FAMILIES=ViTBackbone,BertBackbone`
+  (`KG_FAMILIES`, default 2, today's share: conftest.todays_share, every family within a month; `KG_SEED`
+  repeats a draw, `KG_FAMILIES=all` (or KG_EVERY_CASE=1) takes every family, and `KG_FAMILIES=ViTBackbone,BertBackbone`
   those) is built, checked to compute a GELU (read from its traced graph), and taken through what a user
   does: the float .keras converted in builtin mode, `--int8` post-training (calibrated on its inputs), and
   `quantize_model` (no calibration data, the default), a training step, `.keras`, `--int8`. A stage a family
@@ -26,7 +26,7 @@ import pytest
 import keras_hub_families
 from conftest import IS_KERAS3
 from conftest import keras
-from conftest import todays_seed
+from conftest import todays_share
 
 if not IS_KERAS3:
     pytest.skip("keras-hub models are Keras 3 models", allow_module_level=True)
@@ -115,12 +115,12 @@ STAGES = ("builtin", "int8", "qat", "qat int8")
 
 def _families_today():
     families = sorted(set(NOT_YET) | PASSING)
-    count = os.environ.get("KG_FAMILIES", "all" if os.environ.get("KG_EVERY_CASE") == "1" else "2")
+    count = os.environ.get("KG_FAMILIES", "2")
     if count == "all":
         return families
     if not count.isdigit():  # names, comma-separated
         return sorted(count.split(","))
-    return sorted(np.random.default_rng(todays_seed()).choice(families, size=int(count), replace=False).tolist())
+    return todays_share(families, int(count))
 
 
 def test_every_backbone_keras_hub_exports_has_a_tiny_config_or_a_reason():

@@ -25,8 +25,10 @@ import tensorflow as tf
 
 import hostile_models
 import keras_gelu
+from conftest import EVERY_CASE
 from conftest import IS_KERAS3
 from conftest import LEG
+from conftest import LEGS
 from conftest import keras
 from conftest import keras3_only
 from conftest import tf_keras_only
@@ -110,11 +112,10 @@ def _sandbox_runs():
     the leg and the day (conftest.todays_seed), so that the three legs take three of a kind's four runs in a
     day and a few days every run of every kind; KG_EVERY_CASE=1 runs every kind in every run (four times the
     conversions)."""
-    if os.environ.get("KG_EVERY_CASE") == "1":
+    if EVERY_CASE:
         return [(kind, run) for kind in HOSTILE for run in RUNS]
-    leg = ("keras3", "tf_keras", "tf218").index(LEG) if LEG in ("keras3", "tf_keras", "tf218") else 0
     runs = list(RUNS)
-    return [(kind, runs[(index + leg + todays_seed()) % len(runs)]) for index, kind in enumerate(HOSTILE)]
+    return [(kind, runs[(index + LEGS.index(LEG) + todays_seed()) % len(runs)]) for index, kind in enumerate(HOSTILE)]
 
 
 @pytest.mark.parametrize("kind, run", _sandbox_runs())
