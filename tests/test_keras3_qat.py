@@ -576,6 +576,35 @@ def test_masked_attention_converts_to_a_select_and_stays_within_qat_int8_steps(m
     assert np.max(np.abs(outputs - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
 
+def test_a_softmax_layer_called_with_a_mask_masks_in_int8_as_keras_does_in_float(rng):
+    """An attention layer of a library's own (keras-hub's decoders) calls a Softmax sublayer with the causal
+    mask. Keras sets the masked-off scores to -1e9; on the scores' int8 grid that is the range's low end, where
+    a masked-off score weighs e^(low - score): a causal row's first position then shared its weight with seven
+    masked ones (keras-hub GPT-2: 224 steps of the probabilities' grid, 25 of its output)."""
+    import tflite_helpers
+
+    keras.utils.set_random_seed(4)
+    steps = 8
+    tokens = keras.Input((steps, 16), name="tokens")
+    causal = keras.Input((steps, steps), dtype="bool", name="causal")
+    scores = keras.layers.Dense(steps, name="scores")(tokens)
+    weights = keras.layers.Softmax(name="softmax")(scores, mask=causal)
+    model = keras.Model([tokens, causal], keras.layers.Dense(3, name="head")(weights))
+    x = [rng.normal(size=(64, steps, 16)).astype(np.float32),
+         np.broadcast_to(np.tril(np.ones((steps, steps), bool)), (64, steps, steps)).copy()]
+    qat = _quantized_and_trained(model, x, rng)  # the float model's function up to int8 rounding, inside
+    tflite_model, report = _converted(qat)
+    assert report.float_ops == {} and set(report.op_types["SELECT_V2"]) == {"int8"}, report.op_types
+    (scale,) = operators.output_scales(tflite_model)
+    outputs = tflite_helpers.run_matched_by_shape(tflite_model, x)[0]
+    # SOFTMAX's int8 kernel (a table of exponentials) lands each probability within a step of 1/256 of its
+    # rounded float value, and the head sums a row of them: up to sum|w| / 256 on an output, besides its own
+    # rounding. (With the masked-off scores at the low end of their grid: 25 steps from the rewritten graph.)
+    head_kernel = model.get_layer("head").kernel.numpy()
+    softmax_steps = np.abs(head_kernel).sum(axis=0).max() / 256 / scale
+    assert np.max(np.abs(outputs - qat(x).numpy())) / scale <= QAT_INT8_STEPS + softmax_steps
+
+
 def test_multi_head_attention_returning_its_scores_is_refused_by_name():
     tokens = keras.Input((6, 16))
     outputs, _ = keras.layers.MultiHeadAttention(2, 8, name="scored")(tokens, tokens, return_attention_scores=True)
@@ -803,6 +832,60 @@ def test_operations_on_tensors_get_a_range_save_and_convert_to_integer(tmp_path,
     assert sorted(type(operation).__name__ for operation in operations) == ["Add", "Multiply"]
     qat.save(str(tmp_path / "qat.keras"))
     np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "qat.keras"))(x).numpy(), qat(x).numpy())
+    tflite_model, report = _converted(qat)
+    assert report.float_ops == {}, report.op_types
+    (scale,) = operators.output_scales(tflite_model)
+    assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
+
+
+class _FusedProjection(keras.layers.Layer):
+    """One Dense for two projections, split with the backend tensor's own slicing, which no interception of
+    keras.ops sees, and half of one rotated, the other half passed on (keras-hub GPT-NeoX's fused query-key-value
+    and its rotary embedding)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.projection = keras.layers.Dense(16, name="projection")
+
+    def call(self, x):
+        both = self.projection(x)
+        query, key = both[..., :8], both[..., 8:]
+        rotated = keras.ops.multiply(query[..., :4], key[..., :4])
+        return keras.ops.concatenate([rotated, query[..., 4:]], axis=-1)
+
+
+def test_slices_no_interception_sees_keep_their_tensors_grid_in_int8(rng):
+    """TFLite holds a STRIDED_SLICE's output on its input's scale: the slices of the projection's output, put on
+    ranges of their own where the operations read them, failed to convert ("the same scale constraint"). The
+    int8 model rounds them once, on the projection's grid, where the QAT model rounds them again on their own
+    (half a step of theirs at most): the .tflite computes the rewritten graph within QAT_INT8_STEPS (the
+    converter's parity check, at that bound), and the QAT model up to those half steps."""
+    import tflite_helpers
+
+    keras.utils.set_random_seed(6)
+    inputs = keras.Input((5, 12), name="tokens")
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(_FusedProjection(name="fused")(inputs)))
+    x = rng.normal(size=(64, 5, 12)).astype(np.float32)
+    qat = _quantized_and_trained(model, x, rng)
+    tflite_model, report = converters.convert(qat, int8=True, max_steps=QAT_INT8_STEPS)
+    assert report.float_ops == {} and set(report.op_types["STRIDED_SLICE"]) == {"int8"}, report.op_types
+    outputs, expected = tflite_helpers.run(tflite_model, x)[0].ravel(), qat(x).numpy().ravel()
+    assert outputs @ expected / np.linalg.norm(outputs) / np.linalg.norm(expected) >= 0.999
+
+
+def test_a_layer_normalization_without_beta_before_an_einsum_dense_converts_to_integer(rng):
+    """Without beta, the normalized values' range and the output's are set from one batch's values, the second
+    from the first's rounded ones: one grid, whose scales differ in float32's last bits, which TFLite refused for
+    the RESHAPE of the EinsumDense reading them (keras-hub Moonshine)."""
+    import tflite_helpers
+
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((5, 12), name="tokens")
+    normalized = keras.layers.LayerNormalization(center=False, name="norm")(inputs)
+    projected = keras.layers.EinsumDense("abc,cd->abd", output_shape=(5, 8), name="key")(normalized)
+    model = keras.Model(inputs, projected)
+    x = rng.normal(size=(64, 5, 12)).astype(np.float32)
+    qat = _quantized_and_trained(model, x, rng)
     tflite_model, report = _converted(qat)
     assert report.float_ops == {}, report.op_types
     (scale,) = operators.output_scales(tflite_model)

@@ -213,6 +213,95 @@ def fake_quants_read_by_every_reader(graph_def):
     return moved
 
 
+def fake_quants_on_one_grid_merged(graph_def):
+    """Point the readers of FakeQuant(FakeQuant(x)) at the inner one where both nudge to one grid; returns how
+    many moved.
+
+    Two ranges learned apart can land on one grid (a LayerNormalization
+    without beta: its normalized values' range, and its output's, set from
+    the values on the first): the same scale up to float32 rounding and the
+    same zero point. TFLite takes them for two scales, and refuses the RESHAPE
+    that reads the second (keras-hub Moonshine). The values are the same on
+    either.
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    merged = 0
+    for node in graph_def.node:
+        if node.op not in FAKE_QUANT_OPS:
+            continue
+        inner = graph.data_inputs(node)[0]
+        producer = nodes.get(graph.split_tensor_name(inner)[0])
+        if producer is None or producer.op not in FAKE_QUANT_OPS:
+            continue
+        outer_grid, inner_grid = input_grid(node.name, nodes), input_grid(inner, nodes)
+        if outer_grid is None or inner_grid is None or not np.allclose(
+                outer_grid, inner_grid, rtol=1e-6, atol=1e-6 * float(np.abs(inner_grid).max())):
+            continue
+        graph.redirect(graph_def, node.name, inner)
+        merged += 1
+    return merged
+
+
+# Ops that move their first input's values and compute none: TFLite holds their int8 output on their input's
+# scale (the same-scale constraint of RESHAPE, TRANSPOSE, STRIDED_SLICE, GATHER, ...).
+_VALUE_MOVING = ("Identity", "Reshape", "Transpose", "StridedSlice", "Slice", "ExpandDims", "Squeeze", "GatherV2",
+                 "Tile", "BroadcastTo")
+
+
+def fake_quants_after_value_moving_ops(graph_def):
+    """Where a FakeQuant reads what ops that only move values made of a tensor, keep one grid along them; returns
+    how many FakeQuants changed.
+
+    A composite layer's Python code slices a tensor with the backend's own
+    `x[..., :n]` (keras-hub GPT-NeoX's fused query-key-value), which no
+    interception of keras.ops sees: the slice is put on a range of its own
+    where an operation reads it, and TFLite refuses a STRIDED_SLICE whose
+    output's scale is not its input's (nor does it take a FakeQuant of a
+    FakeQuant's output into such an op). Two cases:
+
+    * the values come from a FakeQuant: they are on its grid already, and the
+      later FakeQuant is dropped; its readers see them on that grid, which
+      differs from the dropped one's rounding by half a step of it at most;
+    * they come from a float op: the FakeQuant moves before the ops that move
+      them, where it gives the same values (it rounds each value on its own),
+      and TFLite quantizes that op's output on it.
+    """
+    changed = 0
+    nodes = graph.nodes_by_name(graph_def)
+    for fake_quant in list(graph_def.node):
+        if fake_quant.op not in FAKE_QUANT_OPS:
+            continue
+        chain, tensor = [], graph.data_inputs(fake_quant)[0]
+        while True:
+            name, index = graph.split_tensor_name(tensor)
+            producer = nodes.get(name)
+            if producer is None or producer.op not in _VALUE_MOVING or index != 0:
+                break
+            chain.append(producer)
+            tensor = graph.data_inputs(producer)[0]
+        if all(mover.op == "Identity" for mover in chain) or producer is None or producer.op == "Const":
+            continue  # (an Identity has no scale of its own in TFLite: a FakeQuant of one is a requantization)
+        if producer.op in FAKE_QUANT_OPS:
+            graph.redirect(graph_def, fake_quant.name, graph.data_inputs(fake_quant)[0])
+        else:  # the FakeQuant first, then a copy of each op, the last under the FakeQuant's name
+            early = graph_def.node.add()
+            early.CopyFrom(fake_quant)
+            early.name = f"{fake_quant.name}/before_{chain[-1].op.lower()}"
+            early.input[0] = tensor
+            previous = early.name
+            for depth, mover in enumerate(reversed(chain)):
+                copy = graph_def.node.add() if depth < len(chain) - 1 else fake_quant
+                name = f"{fake_quant.name}/moved_{depth}" if depth < len(chain) - 1 else fake_quant.name
+                controls = [control for control in copy.input if control.startswith("^")]
+                copy.CopyFrom(mover)
+                copy.name = name
+                copy.input[0] = previous
+                copy.input.extend(control for control in controls if control not in copy.input)
+                previous = name
+        changed += 1
+    return changed
+
+
 # Ops whose value a constant lookup's indices may be computed with (keras.ops.take's arange and its wrap).
 _CONSTANT_INDEX_OPS = ("Const", "Identity", "Range", "Cast", "Reshape", "ExpandDims", "Less", "AddV2", "Add",
                        "SelectV2", "Shape", "StridedSlice", "Pack", "Fill", "Sub", "Mul")
@@ -282,7 +371,8 @@ def constant_lookups_folded(graph_def):
 GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, biases_before_reshapes,
                 constant_lookups_folded)
 # And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.
-AFTER_REWRITE_PASSES = (fake_quants_read_by_every_reader,)
+AFTER_REWRITE_PASSES = (fake_quants_read_by_every_reader, fake_quants_on_one_grid_merged,
+                        fake_quants_after_value_moving_ops)
 
 
 def input_grid(x_name, nodes):

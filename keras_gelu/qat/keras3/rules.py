@@ -299,20 +299,48 @@ class LayerNormalizationRule(QuantizeRule):
         return ranges["output"](outputs)
 
 
+# A masked-off score is set this far below the scores' range, so that its softmax weight, e^-16 of the row's
+# largest at most, is 0 on SOFTMAX's k/256 grid and next to nothing in its sum. Keras sets it to -1e9, which no
+# int8 range holds: on the scores' own grid (TFLite's SELECT_V2 keeps its input's scale) it would land at the
+# range's low end, a few hundredths below the kept scores of an untrained model, and weigh as much as they do.
+MASKED_MARGIN = 16.0
+
+
+def _masked_scores(wrapper, scores, keep, training):
+    """SELECT_V2 setting the scores `keep` leaves out MASKED_MARGIN below the range "scores", onto a range of
+    its own ("masked_scores"), wide enough for them."""
+    masked_off = wrapper.ranges["scores"].low - MASKED_MARGIN
+    return wrapper.ranges["masked_scores"](keras.ops.where(keep, scores, masked_off), training)
+
+
 @register_serializable
 class SoftmaxRule(QuantizeRule):
-    """SOFTMAX: its int8 output is on TFLite's fixed grid of k/256, as LOGISTIC's; no range to learn."""
+    """SOFTMAX: its int8 output is on TFLite's fixed grid of k/256, as LOGISTIC's; no range to learn.
+
+    Called with a mask (as attention layers of their own call it), the masked-off inputs are set below the
+    inputs' range as MultiHeadAttentionRule sets them (`_masked_scores`), and their outputs to 0 after it, as
+    Keras's Softmax does (a row masked off entirely then gives zeros)."""
 
     def build(self, wrapper, layer):
-        pass
+        wrapper.add_activation_range("scores")  # both used when the layer is called with a mask
+        wrapper.add_activation_range("masked_scores")
 
     def call_arguments(self, layer, args, kwargs):
         if len(args) == 2 and "mask" not in kwargs:  # Softmax's call(inputs, mask=None), the mask positional
             return args[0], {**kwargs, "mask": args[1]}
         return super().call_arguments(layer, args, kwargs)
 
-    def call(self, wrapper, layer, inputs, training, **kwargs):
-        return replacements.on_logistic_int8_grid(layer(inputs, **kwargs))
+    def call(self, wrapper, layer, inputs, training, mask=None, **kwargs):
+        if mask is None:
+            return replacements.on_logistic_int8_grid(layer(inputs, **kwargs))
+        # as Keras's Softmax reads a mask: kept where True, or above 0.5
+        keep = mask if keras.backend.standardize_dtype(mask.dtype) == "bool" else keras.ops.greater(mask, 0.5)
+        # the inputs' range observed, not applied: the inputs are on their producer's grid already, and a second
+        # grid before the SELECT_V2 would be a requantization the converter cannot take into its same scale
+        wrapper.ranges["scores"](inputs, training)
+        scores = _masked_scores(wrapper, inputs, keep, training)
+        probabilities = replacements.on_logistic_int8_grid(layer(scores, **kwargs))
+        return keras.ops.where(keep, probabilities, 0.0)
 
 
 def _spread_taps(kernel, dilation_rate):
@@ -641,7 +669,7 @@ class MultiHeadAttentionRule(QuantizeRule):
 
     Covered: attention over one axis, with an `attention_mask` or `use_causal_mask`. Keras adds -1e9 where
     a mask is off, which no int8 range holds; here a SELECT_V2 sets those scores MASKED_MARGIN below the
-    scores' range, onto a range of its own. (A row masked off entirely then averages its values evenly,
+    scores' range, onto a range of its own (`_masked_scores`). (A row masked off entirely then averages its values evenly,
     where Keras weights them by the raw scores: such a row is padding either way.) Not covered: Keras masks
     on the inputs (Embedding's mask_zero), returned scores; gated attention and multi-axis softmax, which
     are not TFLite ops."""
@@ -649,9 +677,6 @@ class MultiHeadAttentionRule(QuantizeRule):
     PROJECTIONS = ("query", "key", "value", "output")
     TENSORS = ("query", "value", "key", "attention_mask")
     UNCOVERED = ("return_attention_scores", "query_mask", "value_mask", "key_mask")
-    # A masked-off score is set this far below the scores' range, so that its softmax weight, e^-16 of the
-    # row's largest at most, is 0 on SOFTMAX's k/256 grid and next to nothing in its sum.
-    MASKED_MARGIN = 16.0
 
     def call_arguments(self, layer, args, kwargs):
         bound = dict(zip(("query", "value", "key"), args), **kwargs)
@@ -692,9 +717,8 @@ class MultiHeadAttentionRule(QuantizeRule):
         query, key, value = (self._projected(wrapper, layer, name, tensor, training)
                              for name, tensor in (("query", query), ("key", key), ("value", value)))
         scores = wrapper.ranges["scores"](keras.ops.einsum(layer._dot_product_equation, key, query), training)
-        if keep is not None:  # SELECT_V2 onto a range wide enough for the masked-off value
-            masked_off = wrapper.ranges["scores"].low - self.MASKED_MARGIN
-            scores = wrapper.ranges["masked_scores"](keras.ops.where(keep, scores, masked_off), training)
+        if keep is not None:
+            scores = _masked_scores(wrapper, scores, keep, training)
         probabilities = replacements.on_logistic_int8_grid(keras.ops.softmax(scores, axis=-1))
         probabilities = layer._dropout_layer(probabilities, training=training)
         attended = wrapper.ranges["attended"](keras.ops.einsum(layer._combine_equation, probabilities, value),
