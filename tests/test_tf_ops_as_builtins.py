@@ -46,21 +46,28 @@ def test_the_slices_compute_numpys_roll(case):
 
 @st.composite
 def slices_with_new_axes(draw):
-    """A shape, and an index with at least one new axis (None) among slices and integers, no ellipsis: the
-    Python spellings that become one StridedSlice with a new_axis_mask."""
+    """A shape, and an index with at least one new axis (None) among slices and integers, and at most one
+    ellipsis (`mask[..., None]`), which may stand for no axis: the Python spellings that become one
+    StridedSlice with a new_axis_mask."""
     shape = draw(st.lists(st.integers(1, 5), min_size=1, max_size=3))
-    index = []
-    for size in shape[:draw(st.integers(0, len(shape)))]:
-        index.append(draw(st.one_of(
+
+    def entry(size):
+        return draw(st.one_of(
             st.integers(-size, size - 1),
             st.builds(slice, st.one_of(st.none(), st.integers(-size, size)), st.one_of(st.none(), st.integers(
-                -size, size)), st.sampled_from([None, 1, 2, -1])))))
+                -size, size)), st.sampled_from([None, 1, 2, -1]))))
+
+    leading = draw(st.integers(0, len(shape)))
+    index = [entry(size) for size in shape[:leading]]
+    if draw(st.booleans()):  # the ellipsis, then entries for the last axes it leaves: x[0, ..., 1:]
+        trailing = draw(st.integers(0, len(shape) - leading))
+        index += [Ellipsis] + [entry(size) for size in shape[len(shape) - trailing:]]
     for _ in range(draw(st.integers(1, 3))):
         index.insert(draw(st.integers(0, len(index))), None)
     return shape, tuple(index)
 
 
-@settings(max_examples=60)
+@settings(max_examples=80)
 @given(case=slices_with_new_axes())
 def test_new_axes_become_expand_dims_after_the_slice_and_compute_numpys_indexing(case):
     """On a tensor of dynamic shape (where TFLite's STRIDED_SLICE takes no new axis): numpy's own indexing is

@@ -11,10 +11,12 @@ values from the same inputs, so parity and int8 ranges are unaffected:
   CONCATENATION, which every runtime and target profile has).
 * StridedSlice with new axes (`mask[None, None, :, :]`, how keras-hub's
   Gemma, CLIP text, PaliGemma and GPT-OSS widen an attention mask) on a
-  tensor of dynamic shape, with constant begin, end and strides and no
-  ellipsis: TFLite's STRIDED_SLICE takes new axes on static shapes only, and
-  the stock converter stops there too. The same slice without the new axes,
-  then EXPAND_DIMS at each new axis's place in the output.
+  tensor of dynamic shape, with constant begin, end and strides:
+  TFLite's STRIDED_SLICE takes new axes on static shapes only, and the stock
+  converter stops there too. The same slice without the new axes, then
+  EXPAND_DIMS at each new axis's place in the output. An ellipsis
+  (`mask[..., None]`, Gemma 3's and SAM's) is first spelled out as the full
+  slices it stands for, where the input's rank is known.
 
 One pass changes what a graph computes, for values a model is never given:
 
@@ -119,6 +121,23 @@ def _without_new_axes(x, begin, end, strides, begin_mask, end_mask, shrink_mask,
     return value
 
 
+def _ellipsis_spelled_out(rank, begin, end, strides, masks, ellipsis):
+    """The slice's operands and masks with its ellipsis replaced by the full slices it stands for on a tensor
+    of `rank` dimensions: what TensorFlow's own slice does, written per axis."""
+    at = ellipsis.index(True)
+    consumed = sum(1 for index, new in enumerate(masks[3]) if not new and index != at)  # axes the others index
+    count = rank - consumed
+    if count < 0:
+        return None
+
+    def spread(values, filler):
+        return values[:at] + [filler] * count + values[at + 1:]
+
+    begin_mask, end_mask, shrink_mask, new_axis = masks
+    return (spread(begin, 0), spread(end, 0), spread(strides, 1),
+            [spread(begin_mask, True), spread(end_mask, True), spread(shrink_mask, False), spread(new_axis, False)])
+
+
 def _new_axes_spelling(node, nodes, shape):
     values = [graph.constant_value(operand, nodes) for operand in graph.data_inputs(node)[1:]]
     if shape.is_fully_defined() or any(value is None for value in values):
@@ -126,14 +145,21 @@ def _new_axes_spelling(node, nodes, shape):
     begin, end, strides = (value.reshape(-1).tolist() for value in values)
     masks = [_bits(node.attr[name].i, len(begin)) for name in ("begin_mask", "end_mask", "shrink_axis_mask",
                                                                 "new_axis_mask")]
+    ellipsis = _bits(graph.attribute(node, "ellipsis_mask", 0), len(begin))
+    if any(ellipsis):  # x[..., None], as keras-hub widens a mask or a point's coordinates: rank known suffices
+        if shape.rank is None:
+            return None
+        spelled = _ellipsis_spelled_out(shape.rank, begin, end, strides, masks, ellipsis)
+        if spelled is None:
+            return None
+        begin, end, strides, masks = spelled
     return lambda value: _without_new_axes(value, begin, end, strides, *masks)
 
 
 def new_axes_as_expand_dims(graph_def):
-    """Rewrite StridedSlice with new axes, constant operands and no ellipsis, on a tensor of dynamic shape, as
-    the slice without them and EXPAND_DIMS."""
-    found = [node for node in graph_def.node if node.op == "StridedSlice"
-             and graph.attribute(node, "new_axis_mask", 0) and not graph.attribute(node, "ellipsis_mask", 0)]
+    """Rewrite StridedSlice with new axes and constant operands (an ellipsis too, where the input's rank is
+    known) on a tensor of dynamic shape, as the slice without them and EXPAND_DIMS."""
+    found = [node for node in graph_def.node if node.op == "StridedSlice" and graph.attribute(node, "new_axis_mask", 0)]
     return _spelled_in_builtins(graph_def, found, _new_axes_spelling)
 
 
