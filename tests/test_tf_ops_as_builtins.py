@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+import tflite_helpers
 from keras_gelu import converters
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
@@ -171,3 +172,72 @@ def test_an_embedding_of_the_models_ids_runs_on_tflite_micro(tmp_path):
     assert set(report.ops) == {"GATHER"}, report.ops
     if report.target.get("agreement"):  # where tflite-micro is installed: run there, as LiteRT runs it
         assert all(agreement["max_abs"] == 0.0 for agreement in report.target["agreement"])
+
+
+@st.composite
+def products(draw):
+    """Two operands' shapes and an einsum equation that sums no index: each operand's indices distinct, in any
+    order, every one of them in the output (the output's order drawn too)."""
+    letters = "abcde"[:draw(st.integers(1, 4))]
+    sizes = dict(zip(letters, draw(st.lists(st.integers(1, 4), min_size=len(letters), max_size=len(letters)))))
+    output = "".join(draw(st.permutations(letters)))
+    first = "".join(draw(st.permutations(sorted(draw(st.sets(st.sampled_from(letters), min_size=1))))))
+    rest = [letter for letter in letters if letter not in first]  # the second holds what the first lacks
+    second = "".join(draw(st.permutations(rest + draw(st.lists(st.sampled_from(first), unique=True)))))
+    if not second:
+        second = first[0]
+    return f"{first},{second}->{output}", [[sizes[letter] for letter in first], [sizes[letter] for letter in second]]
+
+
+@settings(max_examples=40)
+@given(case=products())
+def test_an_einsum_that_sums_nothing_becomes_a_broadcast_mul_and_computes_numpys_einsum(case):
+    """On operands of dynamic shape (where the stock converter's reshape to BATCH_MATMUL stops): numpy's own
+    einsum is the reference, exactly (each output element is one product, as before)."""
+    equation, shapes = case
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(shape).astype(np.float32) for shape in shapes)
+    function = tf.function(lambda x, y: tf.einsum(equation, x, y)).get_concrete_function(
+        *(tf.TensorSpec([None] * len(shape), tf.float32) for shape in shapes))
+    graph_def = function.graph.as_graph_def()
+    assert tf_ops_as_builtins.products_as_mul(graph_def) == 1
+    output = function.outputs[0].name
+    graph.prune(graph_def, [tensor.name for tensor in function.inputs] + [output])
+    assert "Einsum" not in {node.op for node in graph_def.node}
+    (product,) = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
+        graph_def, input_map={function.inputs[0].name: tf.constant(a), function.inputs[1].name: tf.constant(b)},
+        return_elements=[output]), [])()
+    np.testing.assert_array_equal(product.numpy(), np.einsum(equation, a, b))
+
+
+def test_an_einsum_that_sums_an_index_or_has_static_shapes_is_left_to_the_converter():
+    """The stock converter lowers those itself (a contraction as BATCH_MATMUL; a static product)."""
+    for equation, shapes in [("abc,cd->abd", ([None, None, 3], [3, 4])), ("ab,c->abc", ([2, 3], [4]))]:
+        function = tf.function(lambda x, y, equation=equation: tf.einsum(equation, x, y)).get_concrete_function(
+            *(tf.TensorSpec(shape, tf.float32) for shape in shapes))
+        assert tf_ops_as_builtins.products_as_mul(function.graph.as_graph_def()) == 0, equation
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_rotary_outer_product_on_dynamic_shapes_converts_where_the_stock_converter_stops(tmp_path, int8):
+    """positions (batch, length) times frequencies (4,) as einsum("ab,c->abc"), as Gemma 4's rotary embedding
+    spells it: the stock converter stops at the Einsum; ours is one MUL, compared with TensorFlow by the
+    converter's own parity check (float: 1e-5 as every float conversion; int8: the default step bound)."""
+    frequencies = tf.constant([1.0, 0.5, 0.25, 0.125])
+    module = tf.Module()
+    module.f = tf.function(lambda x: {"y": tf.sin(tf.einsum("ab,c->abc", x, frequencies))},
+                           input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    path = str(tmp_path / "rotary")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    with pytest.raises(Exception, match="Einsum"):
+        tf.lite.TFLiteConverter.from_saved_model(path).convert()
+    positions = np.arange(12, dtype=np.float32).reshape(2, 6)
+    np.savez(tmp_path / "positions.npz", x=positions)
+    extra = {"int8": True, "calibration": str(tmp_path / "positions.npz")} if int8 else {}
+    tflite_model, report = converters.convert(path, inputs=str(tmp_path / "positions.npz"), **extra)
+    assert "BATCH_MATMUL" not in report.ops and not report.flex_ops and report.ops.get("MUL", 0) >= 1, report.ops
+    assert report.verified and all(comparison["passed"] for comparison in report.fidelity + report.drift)
+    if not int8:  # an independent reference: numpy's outer product, through the .tflite itself
+        (y,) = tflite_helpers.run(tflite_model, positions)
+        expected = np.sin(np.einsum("ab,c->abc", positions.astype(np.float64), frequencies.numpy()))
+        np.testing.assert_allclose(y, expected, atol=1e-5)  # float32 SIN of arguments up to 11: ~1e-6

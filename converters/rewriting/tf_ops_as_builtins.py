@@ -17,6 +17,12 @@ values from the same inputs, so parity and int8 ranges are unaffected:
   EXPAND_DIMS at each new axis's place in the output. An ellipsis
   (`mask[..., None]`, Gemma 3's and SAM's) is first spelled out as the full
   slices it stands for, where the input's rank is known.
+* Einsum that sums no index (`ab,c->abc`, an outer product: Gemma 4's
+  rotary embedding) on operands of dynamic shape: the stock converter makes
+  every einsum a BATCH_MATMUL of reshaped operands, and stops where the
+  reshape would merge two dynamic dimensions. Each operand transposed into
+  the output's order and widened with EXPAND_DIMS, then MUL, which
+  broadcasts.
 
 One pass changes what a graph computes, for values a model is never given:
 
@@ -163,6 +169,61 @@ def new_axes_as_expand_dims(graph_def):
     return _spelled_in_builtins(graph_def, found, _new_axes_spelling)
 
 
+def _product_subscripts(equation):
+    """(the operands' subscripts, the output's) of an einsum equation that sums no index: each operand's
+    indices distinct and all in the output, no ellipsis; else None."""
+    operands, arrow, output = equation.replace(" ", "").partition("->")
+    operands = operands.split(",")
+    if not arrow or "." in equation or len(set(output)) != len(output) or set("".join(operands)) != set(output):
+        return None
+    return None if any(len(set(operand)) != len(operand) for operand in operands) else (operands, output)
+
+
+def _broadcast_product(operands, subscripts, output):
+    """The product of `operands` (tensors with those subscripts), each transposed into the output's order and
+    given a size-1 axis for every output index it lacks, then multiplied with broadcasting."""
+    product = None
+    for value, indices in zip(operands, subscripts):
+        order = sorted(range(len(indices)), key=lambda axis: output.index(indices[axis]))
+        if order != list(range(len(indices))):
+            value = tf.transpose(value, order)
+        for position, index in enumerate(output):
+            if index not in indices:
+                value = tf.expand_dims(value, position)
+        product = value if product is None else product * value
+    return product
+
+
+def products_as_mul(graph_def):
+    """Rewrite Einsum that sums no index (`ab,c->abc`, an outer product, as Gemma 4's rotary embedding takes
+    positions times frequencies; `abc,ac->abc`) on operands of dynamic shape as TRANSPOSE, EXPAND_DIMS and MUL.
+
+    The stock converter lowers every einsum to a BATCH_MATMUL between reshaped operands: without a summed
+    index it reshapes with a size-1 contraction, and where two or more of the dimensions it merges are dynamic
+    that reshape has no shape it can write, so it stops ("'tf.Einsum' op is neither a custom op nor a flex
+    op"). A product that sums nothing is an elementwise product with broadcasting, exactly.
+    """
+    found = [node for node in graph_def.node if node.op == "Einsum" and len(graph.data_inputs(node)) == 2
+             and _product_subscripts(graph.attribute(node, "equation", b"").decode()) is not None]
+    if not found:
+        return 0
+    nodes = graph.nodes_by_name(graph_def)
+    shapes = _static_shapes(graph_def, [operand for node in found for operand in graph.data_inputs(node)])
+    rewritten = 0
+    for node in found:
+        operands = graph.data_inputs(node)
+        if all(shapes[operand].is_fully_defined() for operand in operands):
+            continue  # on static shapes the converter's own lowering serves
+        subscripts, output = _product_subscripts(node.attr["equation"].s.decode())
+        dtype = tf.as_dtype(node.attr["T"].type)
+        (product,) = graph.splice_many(
+            graph_def, lambda *values: [_broadcast_product(values, subscripts, output)],
+            [(operand, dtype, None) for operand in operands], node.name + _SCOPE, nodes)
+        graph.redirect(graph_def, node.name, product)
+        rewritten += 1
+    return rewritten
+
+
 _INPUT_OPS = ("Placeholder", "_Arg")
 
 
@@ -205,4 +266,4 @@ def input_ids_gathered_directly(graph_def):
     return rewritten
 
 
-TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims, input_ids_gathered_directly)
+TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims, products_as_mul, input_ids_gathered_directly)
