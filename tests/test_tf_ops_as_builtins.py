@@ -241,3 +241,50 @@ def test_a_rotary_outer_product_on_dynamic_shapes_converts_where_the_stock_conve
         (y,) = tflite_helpers.run(tflite_model, positions)
         expected = np.sin(np.einsum("ab,c->abc", positions.astype(np.float64), frequencies.numpy()))
         np.testing.assert_allclose(y, expected, atol=1e-5)  # float32 SIN of arguments up to 11: ~1e-6
+
+
+def test_int64_abs_and_sign_become_min_max_and_compute_numpys_for_every_int64():
+    """numpy's abs and sign are the reference, on the int64 extremes too (abs(-2**63) wraps in both)."""
+    values = np.array([-2**63, -2**63 + 1, -2**40, -7, -1, 0, 1, 5, 2**40, 2**63 - 1], np.int64)
+    function = tf.function(lambda v: (tf.abs(v), tf.sign(v))).get_concrete_function(tf.TensorSpec([None], tf.int64))
+    graph_def = function.graph.as_graph_def()
+    assert tf_ops_as_builtins.int64_abs_and_sign_as_min_max(graph_def) == 2
+    outputs = [tensor.name for tensor in function.outputs]
+    graph.prune(graph_def, [function.inputs[0].name] + outputs)
+    assert not {"Abs", "Sign"} & {node.op for node in graph_def.node}
+    absolute, sign = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
+        graph_def, input_map={function.inputs[0].name: tf.constant(values)}, return_elements=outputs), [])()
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(absolute.numpy(), np.abs(values))
+    np.testing.assert_array_equal(sign.numpy(), np.sign(values))
+
+
+def test_relative_position_buckets_in_int64_convert_where_the_stock_converter_stops(tmp_path):
+    """DeBERTa's buckets: the int64 distance between positions, its sign and magnitude (a log bucket past 2),
+    on a dynamic length; the stock converter stops at int64 ABS and SIGN. The .tflite is compared with numpy's
+    own buckets, exactly: every op on the way is integer or a float whose result is rounded to an integer."""
+    def buckets(x):
+        positions = tf.range(tf.shape(x, out_type=tf.int64)[1])
+        distance = positions[:, None] - positions[None, :]
+        magnitude = tf.abs(distance)
+        logged = 2 + tf.cast(tf.math.floor(tf.math.log(tf.cast(tf.maximum(magnitude, 1), tf.float32))), tf.int64)
+        bucket = tf.sign(distance) * tf.where(magnitude <= 2, magnitude, logged)
+        return tf.cast(bucket, tf.float32)[None] * x[:, :1, None]
+
+    module = tf.Module()
+    module.f = tf.function(lambda x: {"y": buckets(x)}, input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    path = str(tmp_path / "buckets")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    with pytest.raises(Exception, match="Abs|Sign"):
+        tf.lite.TFLiteConverter.from_saved_model(path).convert()
+    x = np.ones((1, 9), np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    tflite_model, report = converters.convert(path, inputs=str(tmp_path / "x.npz"))
+    assert not {"ABS", "SIGN"} & set(report.ops) and report.ops.get("MAXIMUM", 0) >= 2 and "MINIMUM" in report.ops, \
+        report.ops
+    distance = np.arange(9)[:, None] - np.arange(9)[None, :]
+    magnitude = np.abs(distance)
+    expected = np.sign(distance) * np.where(magnitude <= 2, magnitude,
+                                            2 + np.floor(np.log(np.maximum(magnitude, 1))).astype(np.int64))
+    (y,) = tflite_helpers.run(tflite_model, x)
+    np.testing.assert_array_equal(y[0], expected.astype(np.float32))

@@ -23,6 +23,9 @@ values from the same inputs, so parity and int8 ranges are unaffected:
   reshape would merge two dynamic dimensions. Each operand transposed into
   the output's order and widened with EXPAND_DIMS, then MUL, which
   broadcasts.
+* Abs and Sign of int64 (DeBERTa's relative-position buckets), which TFLite's
+  ABS and SIGN do not take: max(x, -x), and x clipped to [-1, 1], in the
+  int64 NEG, MAXIMUM and MINIMUM TFLite has.
 
 One pass changes what a graph computes, for values a model is never given:
 
@@ -224,6 +227,23 @@ def products_as_mul(graph_def):
     return rewritten
 
 
+_INT64_SPELLINGS = {
+    # |x| = max(x, -x): NEG and MAXIMUM, both int64 in TFLite; at -2**63 both wrap to -2**63, as TensorFlow's Abs
+    "Abs": lambda x: tf.maximum(x, -x),
+    # the sign of an integer is the integer clipped to [-1, 1]
+    "Sign": lambda x: tf.minimum(tf.maximum(x, tf.constant(-1, x.dtype)), tf.constant(1, x.dtype)),
+}
+
+
+def int64_abs_and_sign_as_min_max(graph_def):
+    """Rewrite int64 Abs and Sign (DeBERTa's relative-position buckets: the distances between int64 positions)
+    as NEG, MAXIMUM and MINIMUM, which TFLite has in int64; its ABS and SIGN take float32 and int32 (ABS
+    int16 too) only."""
+    found = [node for node in graph_def.node if node.op in _INT64_SPELLINGS
+             and graph.attribute(node, "T", None) == tf.int64.as_datatype_enum]
+    return _spelled_in_builtins(graph_def, found, lambda node, nodes, shape: _INT64_SPELLINGS[node.op])
+
+
 _INPUT_OPS = ("Placeholder", "_Arg")
 
 
@@ -266,4 +286,5 @@ def input_ids_gathered_directly(graph_def):
     return rewritten
 
 
-TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims, products_as_mul, input_ids_gathered_directly)
+TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims, products_as_mul, int64_abs_and_sign_as_min_max,
+               input_ids_gathered_directly)
