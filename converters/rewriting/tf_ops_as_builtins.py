@@ -26,6 +26,9 @@ values from the same inputs, so parity and int8 ranges are unaffected:
 * Abs and Sign of int64 (DeBERTa's relative-position buckets), which TFLite's
   ABS and SIGN do not take: max(x, -x), and x clipped to [-1, 1], in the
   int64 NEG, MAXIMUM and MINIMUM TFLite has.
+* The Fourier transform of a real tensor, FFT, FFT2D or FFT3D of which only
+  the real or imaginary part or the magnitude is read (FNet's token mixing):
+  products with cosine and sine matrices (`fourier_as_matmuls.py`).
 
 One pass changes what a graph computes, for values a model is never given:
 
@@ -43,6 +46,7 @@ returns how many ops it rewrote.
 
 import tensorflow as tf
 
+from . import fourier_as_matmuls
 from . import graph
 
 _SCOPE = "/keras_gelu_builtins/"
@@ -287,4 +291,4 @@ def input_ids_gathered_directly(graph_def):
 
 
 TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims, products_as_mul, int64_abs_and_sign_as_min_max,
-               input_ids_gathered_directly)
+               fourier_as_matmuls.real_transforms_as_matmuls, input_ids_gathered_directly)
