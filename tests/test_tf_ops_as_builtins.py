@@ -1,5 +1,5 @@
-"""TensorFlow ops TFLite has no builtin for: Roll and new axes on dynamic shapes spelled in builtins, any other named
-in one line."""
+"""TensorFlow ops TFLite has no builtin for: Roll, new axes (after an ellipsis too) and einsums that sum nothing on
+dynamic shapes, int64 Abs and Sign, spelled in builtins; any other named in one line."""
 
 import numpy as np
 import pytest
