@@ -18,6 +18,9 @@ _MADE_COMPLEX = {  # the spellings of a real tensor made complex
     "zeros_like": lambda x: tf.complex(x, tf.zeros_like(x)),
     "constant_zeros": lambda x: tf.complex(x, tf.zeros([2, 3, 5, 6], tf.float32)),
     "cast": lambda x: tf.cast(x, tf.complex64),
+    # a QAT model's: the zeros fake-quantized, on a range TensorFlow nudges to hold 0 even where it is not in it
+    "fake_quantized_zeros": lambda x: tf.complex(x, tf.quantization.fake_quant_with_min_max_vars(
+        tf.zeros_like(x), tf.constant(0.1), tf.constant(2.0))),
 }
 
 

@@ -40,14 +40,25 @@ def _real_input(node, nodes):
     if node.op != "Complex":
         return None
     real, imaginary = graph.data_inputs(node)
-    zeros = graph.producer(imaginary, nodes)
-    if zeros is not None and zeros.op == "ZerosLike":
-        return real
-    if zeros is not None and zeros.op == "Fill":
-        value = graph.constant_value(graph.data_inputs(zeros)[1], nodes)
-    else:
-        value = graph.constant_value(imaginary, nodes)
-    return real if value is not None and not np.any(value) else None
+    return real if _zeros(imaginary, nodes) else None
+
+
+# TensorFlow nudges every fake-quantization range to hold 0 exactly: zeros stay zeros through one (a QAT model
+# fake-quantizes the imaginary zeros keras.ops.fft2 is given)
+_FAKE_QUANTS = ("FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxVarsPerChannel", "FakeQuantWithMinMaxArgs")
+
+
+def _zeros(name, nodes):
+    """Whether tensor `name` is all zeros: ZerosLike, Fill with 0, a zero constant, through fake quantization."""
+    node = graph.producer(name, nodes)
+    while node is not None and node.op in _FAKE_QUANTS:
+        node = graph.producer(graph.data_inputs(node)[0], nodes)
+    if node is None:
+        return False
+    if node.op == "ZerosLike":
+        return True
+    value = graph.constant_value(graph.data_inputs(node)[1] if node.op == "Fill" else node.name, nodes)
+    return value is not None and not np.any(value)
 
 
 def _dft_matrices(x, axis, size):
