@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import graph
+from . import int8
 
 _SCOPE = "/keras_gelu_dft/"
 _TRANSFORMS = {"FFT": 1, "FFT2D": 2, "FFT3D": 3}  # how many of the last axes each transforms
@@ -43,16 +44,9 @@ def _real_input(node, nodes):
     return real if _zeros(imaginary, nodes) else None
 
 
-# TensorFlow nudges every fake-quantization range to hold 0 exactly: zeros stay zeros through one (a QAT model
-# fake-quantizes the imaginary zeros keras.ops.fft2 is given)
-_FAKE_QUANTS = ("FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxVarsPerChannel", "FakeQuantWithMinMaxArgs")
-
-
 def _zeros(name, nodes):
-    """Whether tensor `name` is all zeros: ZerosLike, Fill with 0, a zero constant, through fake quantization."""
+    """Whether tensor `name` is all zeros: ZerosLike, Fill with 0, a zero constant."""
     node = graph.producer(name, nodes)
-    while node is not None and node.op in _FAKE_QUANTS:
-        node = graph.producer(graph.data_inputs(node)[0], nodes)
     if node is None:
         return False
     if node.op == "ZerosLike":
@@ -109,6 +103,11 @@ def _transformed(x, sizes, rank, parts):
 def real_transforms_as_matmuls(graph_def):
     """Rewrite each Real, Imag or ComplexAbs of FFT, FFT2D or FFT3D (complex64) of a real tensor as matrix
     products with cosine and sine matrices; a transform anything else reads is left (the converter names it)."""
+    if int8.is_quantization_aware(graph_def):
+        # The matrices and their products would carry no trained ranges: the stock converter then writes a
+        # FULLY_CONNECTED of an int8 input and float weights, which LiteRT cannot prepare (FNet's QAT model). Left,
+        # the transform is named in one line.
+        return 0
     transforms = [node for node in graph_def.node if node.op in _TRANSFORMS
                   and graph.attribute(node, "Tcomplex", tf.complex64.as_datatype_enum) == tf.complex64.as_datatype_enum]
     if not transforms:
