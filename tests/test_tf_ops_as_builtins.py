@@ -1,5 +1,5 @@
-"""TensorFlow ops TFLite has no builtin for: Roll and new axes on dynamic shapes spelled in builtins, any other named
-in one line."""
+"""TensorFlow ops TFLite has no builtin for: Roll, new axes (after an ellipsis too) and einsums that sum nothing on
+dynamic shapes, int64 Abs and Sign, spelled in builtins; any other named in one line."""
 
 import numpy as np
 import pytest
@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+import tflite_helpers
 from keras_gelu import converters
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
@@ -46,21 +47,28 @@ def test_the_slices_compute_numpys_roll(case):
 
 @st.composite
 def slices_with_new_axes(draw):
-    """A shape, and an index with at least one new axis (None) among slices and integers, no ellipsis: the
-    Python spellings that become one StridedSlice with a new_axis_mask."""
+    """A shape, and an index with at least one new axis (None) among slices and integers, and at most one
+    ellipsis (`mask[..., None]`), which may stand for no axis: the Python spellings that become one
+    StridedSlice with a new_axis_mask."""
     shape = draw(st.lists(st.integers(1, 5), min_size=1, max_size=3))
-    index = []
-    for size in shape[:draw(st.integers(0, len(shape)))]:
-        index.append(draw(st.one_of(
+
+    def entry(size):
+        return draw(st.one_of(
             st.integers(-size, size - 1),
             st.builds(slice, st.one_of(st.none(), st.integers(-size, size)), st.one_of(st.none(), st.integers(
-                -size, size)), st.sampled_from([None, 1, 2, -1])))))
+                -size, size)), st.sampled_from([None, 1, 2, -1]))))
+
+    leading = draw(st.integers(0, len(shape)))
+    index = [entry(size) for size in shape[:leading]]
+    if draw(st.booleans()):  # the ellipsis, then entries for the last axes it leaves: x[0, ..., 1:]
+        trailing = draw(st.integers(0, len(shape) - leading))
+        index += [Ellipsis] + [entry(size) for size in shape[len(shape) - trailing:]]
     for _ in range(draw(st.integers(1, 3))):
         index.insert(draw(st.integers(0, len(index))), None)
     return shape, tuple(index)
 
 
-@settings(max_examples=60)
+@settings(max_examples=80)
 @given(case=slices_with_new_axes())
 def test_new_axes_become_expand_dims_after_the_slice_and_compute_numpys_indexing(case):
     """On a tensor of dynamic shape (where TFLite's STRIDED_SLICE takes no new axis): numpy's own indexing is
@@ -164,3 +172,119 @@ def test_an_embedding_of_the_models_ids_runs_on_tflite_micro(tmp_path):
     assert set(report.ops) == {"GATHER"}, report.ops
     if report.target.get("agreement"):  # where tflite-micro is installed: run there, as LiteRT runs it
         assert all(agreement["max_abs"] == 0.0 for agreement in report.target["agreement"])
+
+
+@st.composite
+def products(draw):
+    """Two operands' shapes and an einsum equation that sums no index: each operand's indices distinct, in any
+    order, every one of them in the output (the output's order drawn too)."""
+    letters = "abcde"[:draw(st.integers(1, 4))]
+    sizes = dict(zip(letters, draw(st.lists(st.integers(1, 4), min_size=len(letters), max_size=len(letters)))))
+    output = "".join(draw(st.permutations(letters)))
+    first = "".join(draw(st.permutations(sorted(draw(st.sets(st.sampled_from(letters), min_size=1))))))
+    rest = [letter for letter in letters if letter not in first]  # the second holds what the first lacks
+    second = "".join(draw(st.permutations(rest + draw(st.lists(st.sampled_from(first), unique=True)))))
+    if not second:
+        second = first[0]
+    return f"{first},{second}->{output}", [[sizes[letter] for letter in first], [sizes[letter] for letter in second]]
+
+
+@settings(max_examples=40)
+@given(case=products())
+def test_an_einsum_that_sums_nothing_becomes_a_broadcast_mul_and_computes_numpys_einsum(case):
+    """On operands of dynamic shape (where the stock converter's reshape to BATCH_MATMUL stops): numpy's own
+    einsum is the reference, exactly (each output element is one product, as before)."""
+    equation, shapes = case
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(shape).astype(np.float32) for shape in shapes)
+    function = tf.function(lambda x, y: tf.einsum(equation, x, y)).get_concrete_function(
+        *(tf.TensorSpec([None] * len(shape), tf.float32) for shape in shapes))
+    graph_def = function.graph.as_graph_def()
+    assert tf_ops_as_builtins.products_as_mul(graph_def) == 1
+    output = function.outputs[0].name
+    graph.prune(graph_def, [tensor.name for tensor in function.inputs] + [output])
+    assert "Einsum" not in {node.op for node in graph_def.node}
+    (product,) = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
+        graph_def, input_map={function.inputs[0].name: tf.constant(a), function.inputs[1].name: tf.constant(b)},
+        return_elements=[output]), [])()
+    np.testing.assert_array_equal(product.numpy(), np.einsum(equation, a, b))
+
+
+def test_an_einsum_that_sums_an_index_or_has_static_shapes_is_left_to_the_converter():
+    """The stock converter lowers those itself (a contraction as BATCH_MATMUL; a static product)."""
+    for equation, shapes in [("abc,cd->abd", ([None, None, 3], [3, 4])), ("ab,c->abc", ([2, 3], [4]))]:
+        function = tf.function(lambda x, y, equation=equation: tf.einsum(equation, x, y)).get_concrete_function(
+            *(tf.TensorSpec(shape, tf.float32) for shape in shapes))
+        assert tf_ops_as_builtins.products_as_mul(function.graph.as_graph_def()) == 0, equation
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_rotary_outer_product_on_dynamic_shapes_converts_where_the_stock_converter_stops(tmp_path, int8):
+    """positions (batch, length) times frequencies (4,) as einsum("ab,c->abc"), as Gemma 4's rotary embedding
+    spells it: the stock converter stops at the Einsum; ours is one MUL, compared with TensorFlow by the
+    converter's own parity check (float: 1e-5 as every float conversion; int8: the default step bound)."""
+    frequencies = tf.constant([1.0, 0.5, 0.25, 0.125])
+    module = tf.Module()
+    module.f = tf.function(lambda x: {"y": tf.sin(tf.einsum("ab,c->abc", x, frequencies))},
+                           input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    path = str(tmp_path / "rotary")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    with pytest.raises(Exception, match="Einsum"):
+        tf.lite.TFLiteConverter.from_saved_model(path).convert()
+    positions = np.arange(12, dtype=np.float32).reshape(2, 6)
+    np.savez(tmp_path / "positions.npz", x=positions)
+    extra = {"int8": True, "calibration": str(tmp_path / "positions.npz")} if int8 else {}
+    tflite_model, report = converters.convert(path, inputs=str(tmp_path / "positions.npz"), **extra)
+    assert "BATCH_MATMUL" not in report.ops and not report.flex_ops and report.ops.get("MUL", 0) >= 1, report.ops
+    assert report.verified and all(comparison["passed"] for comparison in report.fidelity + report.drift)
+    if not int8:  # an independent reference: numpy's outer product, through the .tflite itself
+        (y,) = tflite_helpers.run(tflite_model, positions)
+        expected = np.sin(np.einsum("ab,c->abc", positions.astype(np.float64), frequencies.numpy()))
+        np.testing.assert_allclose(y, expected, atol=1e-5)  # float32 SIN of arguments up to 11: ~1e-6
+
+
+def test_int64_abs_and_sign_become_min_max_and_compute_numpys_for_every_int64():
+    """numpy's abs and sign are the reference, on the int64 extremes too (abs(-2**63) wraps in both)."""
+    values = np.array([-2**63, -2**63 + 1, -2**40, -7, -1, 0, 1, 5, 2**40, 2**63 - 1], np.int64)
+    function = tf.function(lambda v: (tf.abs(v), tf.sign(v))).get_concrete_function(tf.TensorSpec([None], tf.int64))
+    graph_def = function.graph.as_graph_def()
+    assert tf_ops_as_builtins.int64_abs_and_sign_as_min_max(graph_def) == 2
+    outputs = [tensor.name for tensor in function.outputs]
+    graph.prune(graph_def, [function.inputs[0].name] + outputs)
+    assert not {"Abs", "Sign"} & {node.op for node in graph_def.node}
+    absolute, sign = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
+        graph_def, input_map={function.inputs[0].name: tf.constant(values)}, return_elements=outputs), [])()
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(absolute.numpy(), np.abs(values))
+    np.testing.assert_array_equal(sign.numpy(), np.sign(values))
+
+
+def test_relative_position_buckets_in_int64_convert_where_the_stock_converter_stops(tmp_path):
+    """DeBERTa's buckets: the int64 distance between positions, its sign and magnitude (a log bucket past 2),
+    on a dynamic length; the stock converter stops at int64 ABS and SIGN. The .tflite is compared with numpy's
+    own buckets, exactly: every op on the way is integer or a float whose result is rounded to an integer."""
+    def buckets(x):
+        positions = tf.range(tf.shape(x, out_type=tf.int64)[1])
+        distance = positions[:, None] - positions[None, :]
+        magnitude = tf.abs(distance)
+        logged = 2 + tf.cast(tf.math.floor(tf.math.log(tf.cast(tf.maximum(magnitude, 1), tf.float32))), tf.int64)
+        bucket = tf.sign(distance) * tf.where(magnitude <= 2, magnitude, logged)
+        return tf.cast(bucket, tf.float32)[None] * x[:, :1, None]
+
+    module = tf.Module()
+    module.f = tf.function(lambda x: {"y": buckets(x)}, input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    path = str(tmp_path / "buckets")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    with pytest.raises(Exception, match="Abs|Sign"):
+        tf.lite.TFLiteConverter.from_saved_model(path).convert()
+    x = np.ones((1, 9), np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    tflite_model, report = converters.convert(path, inputs=str(tmp_path / "x.npz"))
+    assert not {"ABS", "SIGN"} & set(report.ops) and report.ops.get("MAXIMUM", 0) >= 2 and "MINIMUM" in report.ops, \
+        report.ops
+    distance = np.arange(9)[:, None] - np.arange(9)[None, :]
+    magnitude = np.abs(distance)
+    expected = np.sign(distance) * np.where(magnitude <= 2, magnitude,
+                                            2 + np.floor(np.log(np.maximum(magnitude, 1))).astype(np.int64))
+    (y,) = tflite_helpers.run(tflite_model, x)
+    np.testing.assert_array_equal(y[0], expected.astype(np.float32))

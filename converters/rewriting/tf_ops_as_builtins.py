@@ -11,10 +11,24 @@ values from the same inputs, so parity and int8 ranges are unaffected:
   CONCATENATION, which every runtime and target profile has).
 * StridedSlice with new axes (`mask[None, None, :, :]`, how keras-hub's
   Gemma, CLIP text, PaliGemma and GPT-OSS widen an attention mask) on a
-  tensor of dynamic shape, with constant begin, end and strides and no
-  ellipsis: TFLite's STRIDED_SLICE takes new axes on static shapes only, and
-  the stock converter stops there too. The same slice without the new axes,
-  then EXPAND_DIMS at each new axis's place in the output.
+  tensor of dynamic shape, with constant begin, end and strides:
+  TFLite's STRIDED_SLICE takes new axes on static shapes only, and the stock
+  converter stops there too. The same slice without the new axes, then
+  EXPAND_DIMS at each new axis's place in the output. An ellipsis
+  (`mask[..., None]`, Gemma 3's and SAM's) is first spelled out as the full
+  slices it stands for, where the input's rank is known.
+* Einsum that sums no index (`ab,c->abc`, an outer product: Gemma 4's
+  rotary embedding) on operands of dynamic shape: the stock converter makes
+  every einsum a BATCH_MATMUL of reshaped operands, and stops where the
+  reshape would merge two dynamic dimensions. Each operand transposed into
+  the output's order and widened with EXPAND_DIMS, then MUL, which
+  broadcasts.
+* Abs and Sign of int64 (DeBERTa's relative-position buckets), which TFLite's
+  ABS and SIGN do not take: max(x, -x), and x clipped to [-1, 1], in the
+  int64 NEG, MAXIMUM and MINIMUM TFLite has.
+* The Fourier transform of a real tensor, FFT, FFT2D or FFT3D of which only
+  the real or imaginary part or the magnitude is read (FNet's token mixing):
+  products with cosine and sine matrices (`fourier_as_matmuls.py`).
 
 One pass changes what a graph computes, for values a model is never given:
 
@@ -32,6 +46,7 @@ returns how many ops it rewrote.
 
 import tensorflow as tf
 
+from . import fourier_as_matmuls
 from . import graph
 
 _SCOPE = "/keras_gelu_builtins/"
@@ -119,6 +134,23 @@ def _without_new_axes(x, begin, end, strides, begin_mask, end_mask, shrink_mask,
     return value
 
 
+def _ellipsis_spelled_out(rank, begin, end, strides, masks, ellipsis):
+    """The slice's operands and masks with its ellipsis replaced by the full slices it stands for on a tensor
+    of `rank` dimensions: what TensorFlow's own slice does, written per axis."""
+    at = ellipsis.index(True)
+    consumed = sum(1 for index, new in enumerate(masks[3]) if not new and index != at)  # axes the others index
+    count = rank - consumed
+    if count < 0:
+        return None
+
+    def spread(values, filler):
+        return values[:at] + [filler] * count + values[at + 1:]
+
+    begin_mask, end_mask, shrink_mask, new_axis = masks
+    return (spread(begin, 0), spread(end, 0), spread(strides, 1),
+            [spread(begin_mask, True), spread(end_mask, True), spread(shrink_mask, False), spread(new_axis, False)])
+
+
 def _new_axes_spelling(node, nodes, shape):
     values = [graph.constant_value(operand, nodes) for operand in graph.data_inputs(node)[1:]]
     if shape.is_fully_defined() or any(value is None for value in values):
@@ -126,15 +158,94 @@ def _new_axes_spelling(node, nodes, shape):
     begin, end, strides = (value.reshape(-1).tolist() for value in values)
     masks = [_bits(node.attr[name].i, len(begin)) for name in ("begin_mask", "end_mask", "shrink_axis_mask",
                                                                 "new_axis_mask")]
+    ellipsis = _bits(graph.attribute(node, "ellipsis_mask", 0), len(begin))
+    if any(ellipsis):  # x[..., None], as keras-hub widens a mask or a point's coordinates: rank known suffices
+        if shape.rank is None:
+            return None
+        spelled = _ellipsis_spelled_out(shape.rank, begin, end, strides, masks, ellipsis)
+        if spelled is None:
+            return None
+        begin, end, strides, masks = spelled
     return lambda value: _without_new_axes(value, begin, end, strides, *masks)
 
 
 def new_axes_as_expand_dims(graph_def):
-    """Rewrite StridedSlice with new axes, constant operands and no ellipsis, on a tensor of dynamic shape, as
-    the slice without them and EXPAND_DIMS."""
-    found = [node for node in graph_def.node if node.op == "StridedSlice"
-             and graph.attribute(node, "new_axis_mask", 0) and not graph.attribute(node, "ellipsis_mask", 0)]
+    """Rewrite StridedSlice with new axes and constant operands (an ellipsis too, where the input's rank is
+    known) on a tensor of dynamic shape, as the slice without them and EXPAND_DIMS."""
+    found = [node for node in graph_def.node if node.op == "StridedSlice" and graph.attribute(node, "new_axis_mask", 0)]
     return _spelled_in_builtins(graph_def, found, _new_axes_spelling)
+
+
+def _product_subscripts(equation):
+    """(the operands' subscripts, the output's) of an einsum equation that sums no index: each operand's
+    indices distinct and all in the output, no ellipsis; else None."""
+    operands, arrow, output = equation.replace(" ", "").partition("->")
+    operands = operands.split(",")
+    if not arrow or "." in equation or len(set(output)) != len(output) or set("".join(operands)) != set(output):
+        return None
+    return None if any(len(set(operand)) != len(operand) for operand in operands) else (operands, output)
+
+
+def _broadcast_product(operands, subscripts, output):
+    """The product of `operands` (tensors with those subscripts), each transposed into the output's order and
+    given a size-1 axis for every output index it lacks, then multiplied with broadcasting."""
+    product = None
+    for value, indices in zip(operands, subscripts):
+        order = sorted(range(len(indices)), key=lambda axis: output.index(indices[axis]))
+        if order != list(range(len(indices))):
+            value = tf.transpose(value, order)
+        for position, index in enumerate(output):
+            if index not in indices:
+                value = tf.expand_dims(value, position)
+        product = value if product is None else product * value
+    return product
+
+
+def products_as_mul(graph_def):
+    """Rewrite Einsum that sums no index (`ab,c->abc`, an outer product, as Gemma 4's rotary embedding takes
+    positions times frequencies; `abc,ac->abc`) on operands of dynamic shape as TRANSPOSE, EXPAND_DIMS and MUL.
+
+    The stock converter lowers every einsum to a BATCH_MATMUL between reshaped operands: without a summed
+    index it reshapes with a size-1 contraction, and where two or more of the dimensions it merges are dynamic
+    that reshape has no shape it can write, so it stops ("'tf.Einsum' op is neither a custom op nor a flex
+    op"). A product that sums nothing is an elementwise product with broadcasting, exactly.
+    """
+    found = [node for node in graph_def.node if node.op == "Einsum" and len(graph.data_inputs(node)) == 2
+             and _product_subscripts(graph.attribute(node, "equation", b"").decode()) is not None]
+    if not found:
+        return 0
+    nodes = graph.nodes_by_name(graph_def)
+    shapes = _static_shapes(graph_def, [operand for node in found for operand in graph.data_inputs(node)])
+    rewritten = 0
+    for node in found:
+        operands = graph.data_inputs(node)
+        if all(shapes[operand].is_fully_defined() for operand in operands):
+            continue  # on static shapes the converter's own lowering serves
+        subscripts, output = _product_subscripts(node.attr["equation"].s.decode())
+        dtype = tf.as_dtype(node.attr["T"].type)
+        (product,) = graph.splice_many(
+            graph_def, lambda *values: [_broadcast_product(values, subscripts, output)],
+            [(operand, dtype, None) for operand in operands], node.name + _SCOPE, nodes)
+        graph.redirect(graph_def, node.name, product)
+        rewritten += 1
+    return rewritten
+
+
+_INT64_SPELLINGS = {
+    # |x| = max(x, -x): NEG and MAXIMUM, both int64 in TFLite; at -2**63 both wrap to -2**63, as TensorFlow's Abs
+    "Abs": lambda x: tf.maximum(x, -x),
+    # the sign of an integer is the integer clipped to [-1, 1]
+    "Sign": lambda x: tf.minimum(tf.maximum(x, tf.constant(-1, x.dtype)), tf.constant(1, x.dtype)),
+}
+
+
+def int64_abs_and_sign_as_min_max(graph_def):
+    """Rewrite int64 Abs and Sign (DeBERTa's relative-position buckets: the distances between int64 positions)
+    as NEG, MAXIMUM and MINIMUM, which TFLite has in int64; its ABS and SIGN take float32 and int32 (ABS
+    int16 too) only."""
+    found = [node for node in graph_def.node if node.op in _INT64_SPELLINGS
+             and graph.attribute(node, "T", None) == tf.int64.as_datatype_enum]
+    return _spelled_in_builtins(graph_def, found, lambda node, nodes, shape: _INT64_SPELLINGS[node.op])
 
 
 _INPUT_OPS = ("Placeholder", "_Arg")
@@ -179,4 +290,5 @@ def input_ids_gathered_directly(graph_def):
     return rewritten
 
 
-TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims, input_ids_gathered_directly)
+TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims, products_as_mul, int64_abs_and_sign_as_min_max,
+               fourier_as_matmuls.real_transforms_as_matmuls, input_ids_gathered_directly)
