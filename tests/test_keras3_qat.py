@@ -925,3 +925,42 @@ def test_a_lookup_of_constant_positions_is_folded_and_a_lookup_of_the_inputs_ids
     assert report.ops.get("GATHER") == 1 and report.float_ops == {}, report.op_types  # the tokens' lookup only
     (scale,) = operators.output_scales(tflite_model)
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
+
+
+def _trained_saved_and_loaded(model, x, tmp_path, rng):
+    """`_quantized_and_trained` (within 10 output steps of the float model), then saved as .keras and loaded: the
+    loaded model computes what the trained one does."""
+    qat = _quantized_and_trained(model, x, rng)
+    qat.save(str(tmp_path / "qat.keras"))
+    np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "qat.keras"))(x).numpy(), qat(x).numpy())
+    return qat
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _RMSNormalization(keras.layers.Layer):
+    """keras.ops alone, as keras-hub's Gemma normalization (a composite with no sublayers)."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="scale")
+
+    def call(self, x):
+        x = keras.ops.cast(x, "float32")
+        variance = keras.ops.mean(keras.ops.square(x), axis=-1, keepdims=True)
+        return x * keras.ops.reciprocal(keras.ops.sqrt(variance + 1e-6)) * self.scale
+
+    def compute_output_shape(self, input_shape):  # the float model never traces call(), as Gemma's blocks
+        return input_shape
+
+
+def test_a_product_with_a_constant_is_dense_for_the_composite_reading_it(tmp_path, rng):
+    """Keras's Multiply spec takes a constant (no `sparse` attribute) for sparse and marks `x * c` sparse, as in
+    keras-hub's Gemma embeddings (`x * sqrt(hidden_dim)`): the QuantizeOperation's output is dense, so the
+    composite after it is traced on a dense tensor, which its fake-quant ops take."""
+    keras.utils.set_random_seed(11)
+    inputs = keras.Input((6, 8), name="tokens")
+    scaled = keras.layers.Dense(8, name="embed")(inputs) * keras.ops.cast(keras.ops.sqrt(8.0), "float32")
+    assert scaled.sparse  # Keras's own spec, the cause
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(_RMSNormalization(name="norm")(scaled)))
+    x = rng.normal(size=(64, 6, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    assert not qat.get_layer("quant_norm").input.sparse

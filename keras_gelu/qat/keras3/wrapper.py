@@ -144,16 +144,28 @@ class QuantizeOperation(keras.layers.Layer):
             lambda output: self.output_range(output, bool(training)) if is_float(output) else output, outputs)
 
     def compute_output_spec(self, tensors, training=False):
-        return self.operation.compute_output_spec(*self._arguments(tensors))
+        spec = self.operation.compute_output_spec(*self._arguments(tensors))
+        if any(getattr(tensor, "sparse", False) for tensor in keras.tree.flatten(tensors)):
+            return spec
+        # Keras's elementwise specs take an argument without a `sparse` attribute for a sparse one (Multiply: a
+        # constant, Gemma's `x * sqrt(hidden_dim)`), and so mark a dense tensor's product sparse; a layer reading
+        # it is then traced on a SparseTensor, which no fake-quant op takes. Dense tensors give a dense result.
+        return keras.tree.map_structure(
+            lambda output: keras.KerasTensor(output.shape, output.dtype, name=output.name)
+            if getattr(output, "sparse", False) else output, spec)
 
     def get_config(self):
         return {**super().get_config(), "operation": keras.saving.serialize_keras_object(self.operation),
-                "constants": self.constants}
+                "constants": [[position, keras.saving.serialize_keras_object(value)]
+                              for position, value in self.constants]}
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
         config["operation"] = keras.saving.deserialize_keras_object(config["operation"])
+        # a tensor constant (Gemma's `ops.sqrt(hidden_dim)`) is saved as Keras saves a tensor, and read back one
+        config["constants"] = [[position, keras.saving.deserialize_keras_object(value)]
+                               for position, value in config.get("constants", ())]
         return cls(**config)
 
 
