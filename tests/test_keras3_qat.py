@@ -964,3 +964,44 @@ def test_a_product_with_a_constant_is_dense_for_the_composite_reading_it(tmp_pat
     x = rng.normal(size=(64, 6, 8)).astype(np.float32)
     qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
     assert not qat.get_layer("quant_norm").input.sparse
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _Shifted(keras.layers.Layer):
+    """A composite called with a tensor and a Python value by keyword, as keras-hub's ViTDet attention
+    (`queries=q, query_size=(8, 8)`) and PARSeq's decoder (`memory=m, update_content=False`)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(8, name="dense")
+
+    def call(self, x, shift=None, weight=1.0):
+        return self.dense(x) + weight * shift
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _CallsByKeyword(keras.layers.Layer):
+    """Calls its sublayers by keywords alone (keras-hub's PaliGemma attention: `query_proj(inputs=x)`), and
+    `_Shifted` with a tensor and a Python value."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.project = keras.layers.Dense(8, name="project")
+        self.shifted = _Shifted(name="shifted")
+
+    def call(self, x):
+        return self.shifted(x, shift=self.project(inputs=x), weight=0.5)
+
+
+def test_sublayers_called_by_keywords_and_with_python_values_beside_tensors_are_quantized(tmp_path, rng):
+    """A wrapper hands keyword tensors apart from other keyword values (Keras refuses one `**kwargs` mixing
+    them), a sublayer called by keywords alone takes its first as its input; at the model's top level too."""
+    keras.utils.set_random_seed(12)
+    inputs = keras.Input((6, 8), name="tokens")
+    hidden = _CallsByKeyword(name="block")(inputs)
+    shifted = _Shifted(name="top")(hidden, shift=inputs, weight=0.25)
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(shifted))
+    x = rng.normal(size=(64, 6, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    block = qat.get_layer("quant_block").layer
+    assert type(block.project).__name__ == "QuantizeSublayer" and type(block.shifted).__name__ == "QuantizeSublayer"

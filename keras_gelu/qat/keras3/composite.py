@@ -27,7 +27,6 @@ out.
 """
 
 import contextlib
-import inspect
 
 from keras_gelu.flavour import keras
 from keras_gelu.inner_activations import set_slot
@@ -42,6 +41,7 @@ from keras_gelu.qat.keras3.rules import QuantizeRule
 from keras_gelu.qat.keras3.rules import rule_for
 from keras_gelu.qat.keras3.wrapper import QuantizeWrapper
 from keras_gelu.qat.keras3.wrapper import is_float
+from keras_gelu.qat.keras3.wrapper import is_tensor
 
 # The tensors on an int8 grid in the composite calls under way (innermost last): the composite's inputs, and
 # those a sublayer's or an operation's range produced. {id: tensor}: kept alive, so that an id is not reused.
@@ -160,7 +160,7 @@ class QuantizeSublayer(QuantizeWrapper):
         if self.input_ranges is None:  # first call: symbolic, when the QAT model is built or loaded
             self.input_ranges = {}
             for path, value in paths_and_values:
-                if _is_tensor(value) and is_float(value) and not _is_on_grid(value):
+                if is_tensor(value) and is_float(value) and not _is_on_grid(value):
                     key = _argument_key(path)
                     self.input_ranges[key] = ranges_module.ActivationRange(f"input_{len(self.input_ranges)}")
                     self.input_ranges[key].build(self)
@@ -194,10 +194,6 @@ def _argument_key(path):
     """Where in a call's (args, kwargs) a value is, as a key: (0, 0) for the first positional argument,
     (1, 'attention_mask') for a keyword's."""
     return "/".join(str(step) for step in path)
-
-
-def _is_tensor(value):
-    return isinstance(value, keras.KerasTensor) or keras.ops.is_tensor(value)
 
 
 @register_serializable
@@ -245,11 +241,7 @@ class CompositeRule(QuantizeRule):
     _POSITIONAL = "positional"
 
     def call_arguments(self, layer, args, kwargs):
-        if not args:  # called by keywords alone (keras-hub's BART decoder): its call's first one, as Keras builds
-            first = next(iter(inspect.signature(layer.call).parameters))
-            if first in kwargs:
-                kwargs = dict(kwargs)
-                args = (kwargs.pop(first),)
+        args, kwargs = self.first_argument_positional(layer, args, kwargs)
         return (args[0] if len(args) == 1 else {self._POSITIONAL: list(args)}), kwargs
 
     def layer_arguments(self, inputs):
@@ -264,7 +256,7 @@ class CompositeRule(QuantizeRule):
             with operations.intercepting(wrapper, training, on_grid):
                 outputs = layer(*positional, training=training, **kwargs)
             outputs = keras.tree.map_structure(
-                lambda output: output if not _is_tensor(output) or _is_on_grid(output) or not is_float(output)
+                lambda output: output if not is_tensor(output) or _is_on_grid(output) or not is_float(output)
                 else wrapper.ranges["output"](output, training), outputs)
         return outputs
 

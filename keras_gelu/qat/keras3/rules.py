@@ -29,6 +29,7 @@ another, equal form (see `_einsum_dense`, `_spread_taps`).
 Add a rule for a layer of yours with `register_rule(YourLayer, YourRule())`.
 """
 
+import inspect
 import math
 
 import numpy as np
@@ -78,10 +79,24 @@ class QuantizeRule:
 
     def call_arguments(self, layer, args, kwargs):
         """A functional call `layer(*args, **kwargs)` as (inputs, kwargs): what the wrapper is called with."""
+        args, kwargs = self.first_argument_positional(layer, args, kwargs)
         if len(args) != 1:
             raise refusal(layer, f"{type(self).__name__} covers layers called on one input (a tensor or a list); "
                                  f"{layer.name} is called on {len(args)}. Received: args of {len(args)} tensors")
         return args[0], kwargs
+
+    @staticmethod
+    def first_argument_positional(layer, args, kwargs):
+        """(args, kwargs) of a call by keywords alone (keras-hub's BART decoder; PaliGemma's attention calls its
+        Dense layers as `query_proj(inputs=x)`) with its call's first parameter made positional, as Keras builds
+        the layer from it; any other call as it is."""
+        if args:
+            return args, kwargs
+        first = next(iter(inspect.signature(layer.call).parameters))
+        if first not in kwargs:
+            return args, kwargs
+        kwargs = dict(kwargs)
+        return (kwargs.pop(first),), kwargs
 
     def layer_arguments(self, inputs):
         """The wrapper's `inputs` (or their shapes) as the positional arguments of the layer's `build`."""

@@ -6,6 +6,14 @@ from keras_gelu.qat.keras3 import ranges as ranges_module
 from keras_gelu.qat.keras3 import refusals
 
 
+# The keyword arguments Keras itself reads in a layer call.
+_CALL_CONTEXT = ("training", "mask")
+
+
+def is_tensor(value):
+    return isinstance(value, keras.KerasTensor) or keras.ops.is_tensor(value)
+
+
 def _all_none(value):
     return all(item is None for item in keras.tree.flatten(value)) if value is not None else True
 
@@ -64,7 +72,22 @@ class QuantizeWrapper(keras.layers.Wrapper):
     def add_constant_range(self, name, weight):
         self._add_range(name, ranges_module.WeightRange(name, symmetric=False), weight)
 
-    def call(self, inputs, training=False, **kwargs):
+    def __call__(self, inputs, *args, **kwargs):
+        # Keras takes `**kwargs` for one nested argument, and refuses one mixing tensors and other values (keras-hub's
+        # ViTDet attention, `query_size=(8, 8)` beside its queries; PARSeq's decoder, `update_content=False`): the
+        # keyword arguments holding tensors are handed over apart, as `keyword_tensors`, and call() merges them back.
+        # A functional model runs its node again with the arguments as they were handed over.
+        kwargs = dict(kwargs)
+        kwargs.update(kwargs.pop("keyword_tensors", None) or {})
+        tensors = {key: value for key, value in kwargs.items()
+                   if key not in _CALL_CONTEXT and any(is_tensor(item) for item in keras.tree.flatten(value))}
+        if tensors:
+            kwargs = {key: value for key, value in kwargs.items() if key not in tensors}
+            kwargs["keyword_tensors"] = tensors
+        return super().__call__(inputs, *args, **kwargs)
+
+    def call(self, inputs, training=False, keyword_tensors=None, **kwargs):
+        kwargs.update(keyword_tensors or {})
         # Keras 3 passes the call's other arguments (a mask of None per input, an attention mask) as given.
         kwargs = {key: value for key, value in kwargs.items() if not (key == "mask" and _all_none(value))}
         with refusals.quantizing(self.layer):
