@@ -1005,3 +1005,34 @@ def test_sublayers_called_by_keywords_and_with_python_values_beside_tensors_are_
     qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
     block = qat.get_layer("quant_block").layer
     assert type(block.project).__name__ == "QuantizeSublayer" and type(block.shifted).__name__ == "QuantizeSublayer"
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _ClassToken(keras.layers.Layer):
+    """A token prepended from an Embedding's table read as a weight, as keras-hub's SAM3 geometry encoder reads
+    `self.cls_embed._embeddings`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.token = keras.layers.Embedding(1, 8, name="token")
+
+    def build(self, input_shape):
+        self.token.build()
+
+    def call(self, x):
+        token = keras.ops.tile(keras.ops.reshape(self.token._embeddings, (1, 1, 8)), (keras.ops.shape(x)[0], 1, 1))
+        return keras.ops.concatenate([token, x], axis=1)
+
+
+def test_a_composite_reading_a_sublayers_weight_through_its_stand_in_is_quantized(tmp_path, rng):
+    """The stand-in answers for its layer's private weights (not for other private names, which Keras probes)."""
+    keras.utils.set_random_seed(13)
+    inputs = keras.Input((5, 8), name="tokens")
+    tokens = _ClassToken(name="class_token")(keras.layers.Dense(8, name="embed")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(keras.layers.Flatten()(tokens)))
+    x = rng.normal(size=(64, 5, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    stand_in = qat.get_layer("quant_class_token").layer.token
+    assert stand_in._embeddings is stand_in.layer._embeddings
+    with pytest.raises(AttributeError):
+        stand_in._no_such_attribute  # noqa: B018

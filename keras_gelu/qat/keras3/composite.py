@@ -145,9 +145,12 @@ class QuantizeSublayer(QuantizeWrapper):
     def __getattr__(self, name):
         # The composite's own code reads its sublayers' attributes (keras-hub's Moonshine decoder, its attention's
         # use_causal_mask): the stand-in answers for the layer it holds; not for private ones, which Keras probes
-        # on the wrapper itself
+        # on the wrapper itself, but for a weight the composite reads as it is (keras-hub's SAM3 geometry encoder
+        # takes its class token as `self.cls_embed._embeddings`): a constant to the converter, as in the float model
         layer = self.__dict__.get("layer")
-        if layer is None or name.startswith("_"):
+        if layer is None:
+            raise AttributeError(name)
+        if name.startswith("_") and not isinstance(layer.__dict__.get(name), keras.Variable):
             raise AttributeError(name)
         return getattr(layer, name)
 
