@@ -549,14 +549,18 @@ def test_multi_head_attention_trains_saves_and_converts_to_integer_within_qat_in
     assert np.max(np.abs(outputs[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
 
-@pytest.mark.parametrize("masking", ["padding", "causal"])
+@pytest.mark.parametrize("masking", ["padding", "padding with a heads axis", "causal"])
 def test_masked_attention_converts_to_a_select_and_stays_within_qat_int8_steps(masking, rng):
+    """A mask of (batch, query, value) steps, or of (batch, 1, query, value) (keras-hub's SAM3 text encoder),
+    which Keras's attention broadcasts over the heads as it is."""
     import tflite_helpers
 
     keras.utils.set_random_seed(2)
     steps = 8
+    heads_axis = (1,) if masking == "padding with a heads axis" else ()
+    masking = masking.replace(" with a heads axis", "")
     ids = keras.Input((steps,), dtype="int32", name="ids")
-    padding = keras.Input((steps, steps), dtype="bool", name="padding")
+    padding = keras.Input(heads_axis + (steps, steps), dtype="bool", name="padding")
     hidden = keras.layers.Embedding(30, 16)(ids)
     attended = keras.layers.MultiHeadAttention(2, 8)(hidden, hidden, attention_mask=padding if masking == "padding"
                                                      else None, use_causal_mask=masking == "causal")
@@ -564,7 +568,8 @@ def test_masked_attention_converts_to_a_select_and_stays_within_qat_int8_steps(m
     model = keras.Model([ids, padding] if masking == "padding" else ids, outputs)
     lengths = rng.integers(2, steps + 1, size=64)
     x = [rng.integers(0, 30, size=(64, steps)).astype(np.int32),
-         np.repeat((np.arange(steps) < lengths[:, None])[:, None, :], steps, axis=1)]
+         np.repeat((np.arange(steps) < lengths[:, None])[:, None, :], steps, axis=1).reshape(
+             (64,) + heads_axis + (steps, steps))]
     x = x if masking == "padding" else x[0]
     # Keras masks with -1e9; the rule with a SELECT 16 below the scores' range (e^-16 of a weight): the same
     # attention up to int8 rounding, checked against the float model inside

@@ -718,13 +718,18 @@ class MultiHeadAttentionRule(QuantizeRule):
 
     @staticmethod
     def _kept(layer, query, value, attention_mask, use_causal_mask):
-        """Which scores count, (batch, 1 for the heads, query steps, value steps), as Keras combines them; None
-        for all."""
+        """Which scores count, (batch, heads or 1, query steps, value steps), as Keras combines them; None for
+        all. A mask is given the heads' axis only where it has none (keras-hub's SAM3 text encoder hands one of
+        (batch, 1, query steps, value steps)), as Keras's own expands it up to the scores' rank."""
         keep = None if attention_mask is None else keras.ops.cast(attention_mask, "bool")
         if use_causal_mask:
             causal = layer._compute_causal_mask(query, value)
             keep = causal if keep is None else keras.ops.logical_and(keep, causal)
-        return None if keep is None else keras.ops.expand_dims(keep, -3)
+        if keep is None:
+            return None
+        for _ in range(len(query.shape) + 1 - len(keep.shape)):  # the scores: the query's axes and the heads'
+            keep = keras.ops.expand_dims(keep, -3)
+        return keep
 
     @staticmethod
     def _scale(layer, name):
