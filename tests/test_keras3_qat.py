@@ -1029,15 +1029,44 @@ class _ClassToken(keras.layers.Layer):
         return keras.ops.concatenate([token, x], axis=1)
 
 
-def test_a_composite_reading_a_sublayers_weight_through_its_stand_in_is_quantized(tmp_path, rng):
-    """The stand-in answers for its layer's private weights (not for other private names, which Keras probes)."""
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _WithAHelper(keras.layers.Layer):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(8, name="dense")
+
+    def _halved(self, x):
+        return x * 0.5
+
+    def call(self, x):
+        return self.dense(x)
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _CallsAPrivateMethod(keras.layers.Layer):
+    """Calls a sublayer's private method, as keras-hub's Gemma 4 decoder `self.attention._mask_sliding_window`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = _WithAHelper(name="inner")
+
+    def call(self, x):
+        return self.inner._halved(self.inner(x))
+
+
+def test_a_composite_reading_a_sublayers_private_weight_or_method_through_its_stand_in_is_quantized(tmp_path, rng):
+    """The stand-in answers for its layer's private weights and for what the layer's class defines, not for the
+    names of Keras's base Layer (which Keras probes on the wrapper, a layer itself) nor for what nothing has."""
     keras.utils.set_random_seed(13)
     inputs = keras.Input((5, 8), name="tokens")
     tokens = _ClassToken(name="class_token")(keras.layers.Dense(8, name="embed")(inputs))
+    tokens = _CallsAPrivateMethod(name="block")(tokens)
     model = keras.Model(inputs, keras.layers.Dense(3, name="head")(keras.layers.Flatten()(tokens)))
     x = rng.normal(size=(64, 5, 8)).astype(np.float32)
     qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
     stand_in = qat.get_layer("quant_class_token").layer.token
     assert stand_in._embeddings is stand_in.layer._embeddings
+    inner = qat.get_layer("quant_block").layer.inner
+    assert inner._halved.__self__ is inner.layer and inner._tracker is not inner.layer._tracker
     with pytest.raises(AttributeError):
         stand_in._no_such_attribute  # noqa: B018

@@ -132,6 +132,17 @@ def composite_rule(layer, mode, exact_as):
     return None
 
 
+# What Keras's base Layer (and its bases) define: the machinery Keras probes, the wrapper's own.
+_KERAS_LAYER_NAMES = frozenset(name for cls in keras.layers.Layer.__mro__ for name in vars(cls))
+
+
+def _defined_by_the_layer(layer, name):
+    """Whether private `name` is one of `layer`'s weights, or defined by its class and not Keras's base Layer."""
+    if isinstance(layer.__dict__.get(name), keras.Variable):
+        return True
+    return name not in _KERAS_LAYER_NAMES and any(name in vars(cls) for cls in type(layer).__mro__)
+
+
 @register_serializable
 class QuantizeSublayer(QuantizeWrapper):
     """A composite layer's sublayer with its rule, called as the sublayer is; each of its float inputs that
@@ -144,13 +155,12 @@ class QuantizeSublayer(QuantizeWrapper):
 
     def __getattr__(self, name):
         # The composite's own code reads its sublayers' attributes (keras-hub's Moonshine decoder, its attention's
-        # use_causal_mask): the stand-in answers for the layer it holds; not for private ones, which Keras probes
-        # on the wrapper itself, but for a weight the composite reads as it is (keras-hub's SAM3 geometry encoder
-        # takes its class token as `self.cls_embed._embeddings`): a constant to the converter, as in the float model
+        # use_causal_mask): the stand-in answers for the layer it holds. Private ones only where the layer's class
+        # defines them (Gemma 4's decoder calls `self.attention._mask_sliding_window`) or they are its weights,
+        # which the composite reads as they are (SAM3's geometry encoder: `self.cls_embed._embeddings`, a constant
+        # to the converter as in the float model): Keras probes its own on the wrapper, which has them as a layer
         layer = self.__dict__.get("layer")
-        if layer is None:
-            raise AttributeError(name)
-        if name.startswith("_") and not isinstance(layer.__dict__.get(name), keras.Variable):
+        if layer is None or (name.startswith("_") and not _defined_by_the_layer(layer, name)):
             raise AttributeError(name)
         return getattr(layer, name)
 
