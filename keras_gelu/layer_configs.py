@@ -2,13 +2,16 @@
 
 Some layers' `get_config` gives keys their constructor does not take
 (keras-hub's `ViTPatchingAndEmbedding` and `DeiTEmbeddings` add the derived
-`num_patches` and `num_positions`), or fails (keras-hub's `DeiTEncoder`
+`num_patches` and `num_positions`), leaves out some it does (keras-hub's
+MiT encoder block: `sr_ratio`), gives a weight for one (keras-hub's D-FINE
+decoder: `upsampling_factor`), or fails (keras-hub's `DeiTEncoder`
 reads a `key_dim` it never sets; its ViT `MLP` has none, which Keras's
 default refuses). keras-hub never rebuilds such a layer from its own config
 (a backbone is rebuilt from the backbone's arguments), but the QAT model and
 `swap_activations` copy layers one by one, and save them so: with the config
-without those keys; where `get_config` fails, with the constructor's
-arguments as the layer holds them, under the same names.
+without those keys, and with the arguments it left out or gave as weights
+as Keras recorded them at construction; where `get_config` fails, with the
+constructor's arguments as the layer holds them, under the same names.
 """
 
 import inspect
@@ -50,10 +53,24 @@ def config(layer, **overrides):
         settings = type(layer).get_config(layer)  # the class's (swap_activations sets an instance's to this)
     except (AttributeError, NotImplementedError):  # reads an attribute never set; Keras's default refuses
         settings = {**_base_config(layer), **{name: getattr(layer, name) for name in accepted if name in vars(layer)}}
-    settings.update(overrides)
     if isinstance(layer, keras.Model) or _reads_its_own_config(type(layer)):
-        return settings  # a model's config is its graph; a class with its own from_config reads what it wrote
-    return {key: value for key, value in settings.items() if key in accepted}
+        return {**settings, **overrides}  # a model's config is its graph; a class with its own from_config reads
+        # what it wrote
+    recorded = _recorded_arguments(layer)
+    # A weight in place of an argument: keras-hub's D-FINE decoder makes its `upsampling_factor` argument a
+    # weight of that name in build(), and its get_config then gives that weight, which a copy would track as
+    # its own (one weight too many). The argument as recorded, or else the weight's value, as the constructor's.
+    settings = {key: (recorded[key] if key in recorded else keras.ops.convert_to_numpy(value).tolist())
+                if isinstance(value, keras.Variable) else value for key, value in settings.items()}
+    return {key: value for key, value in {**recorded, **settings, **overrides}.items() if key in accepted}
+
+
+def _recorded_arguments(layer):
+    """The arguments `layer`'s constructor was called with, where Keras 3 recorded them (`_auto_config`: every
+    one a str, number, bool or None), for those its get_config leaves out: keras-hub's MiT encoder block gives
+    no `sr_ratio`, and a copy without it has no sequence-reducing Conv2D, nor its weights."""
+    recorded = getattr(layer, "_auto_config", None)
+    return dict(recorded.config) if recorded is not None else {}
 
 
 def copy(layer, **overrides):

@@ -1070,3 +1070,45 @@ def test_a_composite_reading_a_sublayers_private_weight_or_method_through_its_st
     assert inner._halved.__self__ is inner.layer and inner._tracker is not inner.layer._tracker
     with pytest.raises(AttributeError):
         stand_in._no_such_attribute  # noqa: B018
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _ConfiguredBadly(keras.layers.Layer):
+    """A get_config that leaves out an argument deciding its sublayers (keras-hub's MiT encoder block: its
+    `sr_ratio`) and gives a weight for another (keras-hub's D-FINE decoder: its `upsampling_factor`, made a
+    weight of that name in build())."""
+
+    def __init__(self, units, reduce=False, factor=1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.factor = units, factor
+        self.dense = keras.layers.Dense(units, name="dense")
+        self.reduction = keras.layers.Dense(units, name="reduction") if reduce else None
+
+    def build(self, input_shape):
+        self.dense.build(input_shape)
+        if self.reduction is not None:
+            self.reduction.build(input_shape[:-1] + (self.units,))
+        self.factor = self.add_weight(name="factor", shape=(), trainable=False,
+                                      initializer=keras.initializers.Constant(self.factor))
+
+    def call(self, x):
+        x = self.dense(x)
+        return (x if self.reduction is None else self.reduction(x)) * self.factor
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units, "factor": self.factor}
+
+
+def test_a_layer_whose_config_leaves_out_or_mistakes_an_argument_is_copied_as_it_was_made(tmp_path, rng):
+    """The copy takes the arguments Keras recorded at construction where get_config leaves them out, or gives
+    a weight for one: the same sublayers and weights, in the QAT model and in its saved file."""
+    keras.utils.set_random_seed(14)
+    inputs = keras.Input((5, 8), name="tokens")
+    block = _ConfiguredBadly(6, reduce=True, factor=0.5, name="block")
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(keras.layers.Flatten()(block(inputs))))
+    x = rng.normal(size=(64, 5, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    copy = qat.get_layer("quant_block").layer
+    assert copy.reduction is not None and float(copy.factor.numpy()) == 0.5
+    float_weights = [weight.path for weight in copy.weights if "/quant_" not in weight.path]  # not the ranges
+    assert float_weights == [weight.path for weight in block.weights] and len(float_weights) == 5
