@@ -1112,3 +1112,32 @@ def test_a_layer_whose_config_leaves_out_or_mistakes_an_argument_is_copied_as_it
     assert copy.reduction is not None and float(copy.factor.numpy()) == 0.5
     float_weights = [weight.path for weight in copy.weights if "/quant_" not in weight.path]  # not the ranges
     assert float_weights == [weight.path for weight in block.weights] and len(float_weights) == 5
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _FrequencyScaled(keras.layers.Layer):
+    """Divides by powers computed from constants alone, 10000 ** (i / 8) from 1 up, as keras-hub's YaRN rotary
+    embedding (GPT-OSS: `1 / base ** (i / d)`) and SAM3's sine positions (`x / temperature ** (2i / d)`)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(8, name="dense")
+
+    def call(self, x):
+        powers = keras.ops.power(10000.0, keras.ops.arange(0, 8, dtype="float32") / 8.0)
+        hidden = self.dense(x)
+        return keras.ops.divide(hidden, powers) + hidden * (1.0 / powers)
+
+
+def test_what_a_composite_computes_from_constants_alone_is_left_to_the_converter_to_fold(tmp_path, rng):
+    """A range on such a power (up to 3162) rounded its 1 to 0, and the division by it made the model NaN: the
+    converter folds constants, so no range is made for them, as results or as inputs. Within 10 output steps."""
+    keras.utils.set_random_seed(15)
+    inputs = keras.Input((5, 8), name="tokens")
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(_FrequencyScaled(name="scaled")(inputs)))
+    x = rng.normal(size=(64, 5, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    assert np.all(np.isfinite(qat(x).numpy()))
+    places = qat.get_layer("quant_scaled").operation_ranges
+    assert not any(place.startswith("power@") for place in places), places  # the power, a constant
+    assert any(place.startswith("divide@") and not place.endswith("/input_1") for place in places), places
