@@ -1141,3 +1141,29 @@ def test_what_a_composite_computes_from_constants_alone_is_left_to_the_converter
     places = qat.get_layer("quant_scaled").operation_ranges
     assert not any(place.startswith("power@") for place in places), places  # the power, a constant
     assert any(place.startswith("divide@") and not place.endswith("/input_1") for place in places), places
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _TwoStreams(keras.layers.Layer):
+    """Gives its second stream as None where it was given none, and two output shapes (keras-hub's XLNet encoder:
+    the query stream)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(8, name="dense")
+
+    def call(self, x, query=None):
+        return self.dense(x), (None if query is None else self.dense(query))
+
+    def compute_output_shape(self, x_shape, query_shape=None):
+        return [tuple(x_shape[:-1]) + (8,)] * 2
+
+
+def test_an_output_a_composite_gives_as_none_stands_in_the_graph_as_an_empty_tensor(tmp_path, rng):
+    keras.utils.set_random_seed(16)
+    inputs = keras.Input((5, 8), name="tokens")
+    content, _ = _TwoStreams(name="streams")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(content))
+    x = rng.normal(size=(64, 5, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    assert tuple(qat.get_layer("quant_streams").output[1].shape) == (0,)

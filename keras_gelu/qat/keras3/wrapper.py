@@ -97,7 +97,13 @@ class QuantizeWrapper(keras.layers.Wrapper):
         if getattr(self.rule, "traces_call", False):
             # A symbolic run of call(), with the very arguments of this call: a composite layer's stand-in
             # sublayers make their ranges at their first call, when the QAT model is built and when it loads.
-            return keras.Operation.compute_output_spec(self, *args, **kwargs)
+            spec = keras.Operation.compute_output_spec(self, *args, **kwargs)
+            # An output the layer gives as None (keras-hub's XLNet encoder: the query stream it was not given; its
+            # own compute_output_shape gives a shape there) stands as an empty tensor, which nothing reads: Keras
+            # takes only tensors for a node's outputs, and a functional model's run passes the None on as it is
+            return keras.tree.map_structure(
+                lambda output: keras.KerasTensor((0,), self.compute_dtype) if output is None else output, spec) \
+                if keras.tree.is_nested(spec) else spec
         return super().compute_output_spec(*args, **kwargs)
 
     def compute_output_shape(self, input_shape):
