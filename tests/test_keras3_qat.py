@@ -1167,3 +1167,47 @@ def test_an_output_a_composite_gives_as_none_stands_in_the_graph_as_an_empty_ten
     x = rng.normal(size=(64, 5, 8)).astype(np.float32)
     qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
     assert tuple(qat.get_layer("quant_streams").output[1].shape) == (0,)
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class Embedder(keras.Model):
+    """A subclassed model whose constructor takes its width alone, not even a name (keras-hub's Flux
+    MLPEmbedder)."""
+
+    def __init__(self, units):
+        super().__init__()
+        self.units = units
+        self.first, self.second = keras.layers.Dense(units, name="first"), keras.layers.Dense(units, name="second")
+
+    def call(self, x):
+        return self.second(self.first(x))
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+class Unrecorded(keras.Model):
+    """A subclassed model without a get_config, whose `units` Keras does not record (keras-hub's Flux blocks)."""
+
+    def __init__(self, units, scale):
+        super().__init__()
+        self.dense = keras.layers.Dense(units * scale, name="dense")
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def test_a_subclassed_model_layer_is_copied_with_what_its_constructor_takes_or_refused_naming_what_is_missing(
+        tmp_path, rng):
+    keras.utils.set_random_seed(17)
+    inputs = keras.Input((5, 8), name="tokens")
+    embedder = Embedder(8)  # named by Keras
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(embedder(inputs)))
+    x = rng.normal(size=(64, 5, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    assert qat.get_layer(f"quant_{embedder.name}").layer.name == embedder.name  # as keep_float names it
+    block = Unrecorded(4, 2)
+    unrecorded = keras.Model(inputs, block(inputs))
+    with pytest.raises(ValueError, match=rf"{block.name} \(Unrecorded\) cannot be copied or saved from a config: "
+                                         r".*constructor's units, scale are neither recorded"):
+        keras_gelu.qat.quantize_model(unrecorded)
