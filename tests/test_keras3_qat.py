@@ -1211,3 +1211,51 @@ def test_a_subclassed_model_layer_is_copied_with_what_its_constructor_takes_or_r
     with pytest.raises(ValueError, match=rf"{block.name} \(Unrecorded\) cannot be copied or saved from a config: "
                                          r".*constructor's units, scale are neither recorded"):
         keras_gelu.qat.quantize_model(unrecorded)
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+def _gelu_by_another_name(x):
+    """A GELU no name says is one: found by its values."""
+    return keras.activations.gelu(x, approximate=True)
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _CrossAttention(keras.layers.MultiHeadAttention):
+    """Keras's attention under a class of its own (keras-hub's CachedMultiHeadAttention): a composite."""
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _LazyDecoder(keras.layers.Layer):
+    """Makes its sublayers in build() and leaves them to build at their first call, its cross-attention from the
+    memory's shape too (keras-hub's EdRec decoder)."""
+
+    def build(self, input_shape):
+        self.attention = _CrossAttention(2, 4, name="attention")
+        self.mlp = keras.layers.Dense(8, activation=_gelu_by_another_name, name="mlp")
+
+    def call(self, x, memory=None):
+        return self.mlp(x + self.attention(x, memory))
+
+
+def test_a_composite_building_its_sublayers_at_their_first_call_loads_in_a_fresh_process(tmp_path, rng):
+    """Loading, the composite is built by a call with every argument before its stand-ins (its build from the
+    first shape alone left the cross-attention without its value's), and the GELU found by its values is probed
+    eagerly while Keras traces the model (a graph tensor has no values to compare)."""
+    import subprocess
+    import sys
+
+    keras.utils.set_random_seed(18)
+    tokens, memory = keras.Input((5, 8), name="tokens"), keras.Input((3, 6), name="memory")
+    model = keras.Model([tokens, memory], keras.layers.Dense(3, name="head")(
+        _LazyDecoder(name="decoder")(tokens, memory=memory)))
+    x = [rng.normal(size=(64, 5, 8)).astype(np.float32), rng.normal(size=(64, 3, 6)).astype(np.float32)]
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    np.savez(tmp_path / "data.npz", tokens=x[0], memory=x[1], expected=qat(x).numpy())
+    check = ("import sys, numpy as np, keras; "
+             f"sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r}); "
+             "import test_keras3_qat; "  # the layers and the activation of this test, registered
+             f"data = np.load({str(tmp_path / 'data.npz')!r}); "
+             f"model = keras.models.load_model({str(tmp_path / 'qat.keras')!r}); "
+             "np.testing.assert_array_equal(model([data['tokens'], data['memory']]).numpy(), data['expected'])")
+    subprocess.run([sys.executable, "-c", check], check=True, env={**__import__("os").environ,
+                                                                    "TF_USE_LEGACY_KERAS": "0"})

@@ -226,6 +226,7 @@ class CompositeRule(QuantizeRule):
     own computation as it is; its output on a range unless a sublayer's range gives it."""
 
     traces_call = True  # the wrapper's output spec comes from a symbolic call(), which makes the stand-ins' ranges
+    builds_by_calling = True  # an unbuilt composite (a QAT model loading) is built by a call: see build_by_calling
 
     def __init__(self, mode="builtin", exact_as=None):
         self.mode, self.exact_as = mode, exact_as
@@ -261,6 +262,13 @@ class CompositeRule(QuantizeRule):
         if isinstance(inputs, dict) and list(inputs) == [self._POSITIONAL]:
             return (inputs[self._POSITIONAL][0],)
         return (inputs,)
+
+    def build_by_calling(self, layer, inputs, **kwargs):
+        """Build `layer` by calling it as it is, float, on the wrapper's call's arguments (its result unused)."""
+        positional = inputs[self._POSITIONAL] if isinstance(inputs, dict) and list(inputs) == [self._POSITIONAL] \
+            else [inputs]
+        with operations.suspended():
+            layer(*positional, **kwargs)
 
     def call(self, wrapper, layer, inputs, training, **kwargs):
         positional = inputs[self._POSITIONAL] if isinstance(inputs, dict) and list(inputs) == [self._POSITIONAL] \

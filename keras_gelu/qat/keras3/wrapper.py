@@ -73,6 +73,12 @@ class QuantizeWrapper(keras.layers.Wrapper):
         self._add_range(name, ranges_module.WeightRange(name, symmetric=False), weight)
 
     def __call__(self, inputs, *args, **kwargs):
+        if not self.built and not self.layer.built and getattr(self.rule, "builds_by_calling", False):
+            # built as Keras builds it, by a call (symbolic, as a QAT model loads) with every argument, before the
+            # rule's build: keras-hub's EdRec decoder makes its sublayers in build() and leaves them to build at
+            # their first call, its cross-attention from the encoder's shape too, which `inputs` does not hold
+            with refusals.quantizing(self.layer):
+                self.rule.build_by_calling(self.layer, inputs, *args, **kwargs)
         # Keras takes `**kwargs` for one nested argument, and refuses one mixing tensors and other values (keras-hub's
         # ViTDet attention, `query_size=(8, 8)` beside its queries; PARSeq's decoder, `update_content=False`): the
         # keyword arguments holding tensors are handed over apart, as `keyword_tensors`, and call() merges them back.
