@@ -63,9 +63,11 @@ def config(layer, **overrides):
     accepted = _constructor_arguments(type(layer))
     try:
         settings = type(layer).get_config(layer)  # the class's (swap_activations sets an instance's to this)
-    except (AttributeError, NotImplementedError) as error:  # reads an attribute never set; Keras's default refuses
+    except (AttributeError, NotImplementedError, TypeError) as error:  # reads an attribute never set; Keras's
+        # default refuses; Keras cannot serialize a layer class it holds (keras-hub's Swin patch embedding's
+        # `norm_layer=LayerNormalization`, which Keras then calls get_config on, unbound)
         settings = {**_base_config(layer), **_recorded_arguments(layer),
-                    **{name: getattr(layer, name) for name in accepted if name in vars(layer)}}
+                    **{name: _class_serialized(getattr(layer, name)) for name in accepted if name in vars(layer)}}
         _check_required_arguments(layer, settings, error)
     if _is_graph(layer) or _reads_its_own_config(type(layer)):
         return {**settings, **overrides}  # a model's config is its graph; a class with its own from_config reads
@@ -77,6 +79,14 @@ def config(layer, **overrides):
     settings = {key: (recorded[key] if key in recorded else keras.ops.convert_to_numpy(value).tolist())
                 if isinstance(value, keras.Variable) else value for key, value in settings.items()}
     return {key: value for key, value in {**recorded, **settings, **overrides}.items() if key in accepted}
+
+
+def _class_serialized(value):
+    """A layer class as Keras serializes a function, by module and name, which keras.saving.deserialize_keras_object
+    reads back as the class itself; any other value as it is."""
+    if not (isinstance(value, type) and issubclass(value, keras.layers.Layer)):
+        return value
+    return {"module": value.__module__, "class_name": "function", "config": value.__name__, "registered_name": None}
 
 
 def _check_required_arguments(layer, settings, error):

@@ -1259,3 +1259,35 @@ def test_a_composite_building_its_sublayers_at_their_first_call_loads_in_a_fresh
              "np.testing.assert_array_equal(model([data['tokens'], data['memory']]).numpy(), data['expected'])")
     subprocess.run([sys.executable, "-c", check], check=True, env={**__import__("os").environ,
                                                                     "TF_USE_LEGACY_KERAS": "0"})
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _NormalizedBy(keras.layers.Layer):
+    """Takes a layer class, whose get_config Keras calls unbound while serializing it (a TypeError), as keras-hub's
+    Swin patch embedding takes `norm_layer=LayerNormalization`; its from_config deserializes what it saved."""
+
+    def __init__(self, norm_layer=None, **kwargs):
+        super().__init__(**kwargs)
+        self.norm_layer = norm_layer
+        self.dense = keras.layers.Dense(8, name="dense")
+        self.norm = norm_layer(epsilon=1e-5, name="norm")
+
+    def call(self, x):
+        return self.norm(self.dense(x))
+
+    def get_config(self):
+        return {**super().get_config(), "norm_layer": keras.saving.serialize_keras_object(self.norm_layer)}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**{**config, "norm_layer": keras.saving.deserialize_keras_object(config["norm_layer"])})
+
+
+def test_a_layer_holding_a_layer_class_is_copied_and_saved_with_the_class_by_name(tmp_path, rng):
+    keras.utils.set_random_seed(19)
+    inputs = keras.Input((5, 8), name="tokens")
+    block = _NormalizedBy(keras.layers.LayerNormalization, name="block")
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(block(inputs)))
+    x = rng.normal(size=(64, 5, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    assert qat.get_layer("quant_block").layer.norm_layer is keras.layers.LayerNormalization
