@@ -7,6 +7,7 @@ import time, so that a model mixing `tf.keras` layers with ours never mixes two
 Keras implementations. Every other module imports `keras` from here.
 """
 
+import contextlib
 import os
 
 LEGACY_KERAS_VALUES = ("true", "True", "1")
@@ -59,6 +60,25 @@ def flatten(structure):
     return keras.tree.flatten(structure)
 
 
+@contextlib.contextmanager
+def outside_any_trace():
+    """Within the block, the backend computes eagerly even inside a traced call (a TensorFlow graph, a JAX
+    trace), so that values can be read: a QAT model loading splits its composites' activations out, and probes
+    what they compute, while Keras traces it. PyTorch computes eagerly anyway, as tf-keras's callers do here."""
+    if USE_LEGACY_KERAS or BACKEND == "torch":
+        yield
+    elif BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        with tf.init_scope():
+            yield
+    else:
+        import jax
+
+        with jax.ensure_compile_time_eval():
+            yield
+
+
 def register_serializable(obj):
     """Register a class or function with Keras under the "keras_gelu" package.
 
@@ -73,4 +93,5 @@ def register_serializable(obj):
     return registered
 
 
-__all__ = ["BACKEND", "KERAS_FLAVOUR", "USE_LEGACY_KERAS", "flatten", "keras", "register_serializable"]
+__all__ = ["BACKEND", "KERAS_FLAVOUR", "USE_LEGACY_KERAS", "flatten", "keras", "outside_any_trace",
+           "register_serializable"]

@@ -46,6 +46,7 @@ from keras_gelu import layer_configs
 from keras_gelu.flavour import KERAS_FLAVOUR
 from keras_gelu.flavour import flatten
 from keras_gelu.flavour import keras
+from keras_gelu.flavour import outside_any_trace
 from keras_gelu.inner_activations import InnerActivations
 from keras_gelu.inner_activations import sublayers_by_path
 from keras_gelu.inner_activations import value_at
@@ -199,7 +200,8 @@ def _gelu_by_values(function):
     if not callable(function) or isinstance(function, type):
         return None
     try:
-        values = _as_numpy(function(_PROBE))
+        with outside_any_trace():  # a value read, not a graph tensor (and no None cached for a GELU)
+            values = _as_numpy(function(_PROBE))
     except Exception:  # noqa: BLE001 - a function that will not run on the probe is no GELU found here
         return None
     if values.shape != _PROBE.shape:
@@ -213,8 +215,10 @@ def _gelu_by_values(function):
 @functools.lru_cache(maxsize=None)
 def _gelu_forms_on_the_probe():
     """{form: our GELU of that form on _PROBE}, computed once rather than for every function probed."""
-    return {form: _as_numpy(function(_PROBE)) for form, function in (
-        ("exact", activations.gelu_exact), ("tanh", activations.gelu_tanh), ("sigmoid", activations.gelu_sigmoid))}
+    with outside_any_trace():
+        return {form: _as_numpy(function(_PROBE)) for form, function in (
+            ("exact", activations.gelu_exact), ("tanh", activations.gelu_tanh),
+            ("sigmoid", activations.gelu_sigmoid))}
 
 
 def describe(activation):

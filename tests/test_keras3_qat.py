@@ -549,14 +549,18 @@ def test_multi_head_attention_trains_saves_and_converts_to_integer_within_qat_in
     assert np.max(np.abs(outputs[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
 
-@pytest.mark.parametrize("masking", ["padding", "causal"])
+@pytest.mark.parametrize("masking", ["padding", "padding with a heads axis", "causal"])
 def test_masked_attention_converts_to_a_select_and_stays_within_qat_int8_steps(masking, rng):
+    """A mask of (batch, query, value) steps, or of (batch, 1, query, value) (keras-hub's SAM3 text encoder),
+    which Keras's attention broadcasts over the heads as it is."""
     import tflite_helpers
 
     keras.utils.set_random_seed(2)
     steps = 8
+    heads_axis = (1,) if masking == "padding with a heads axis" else ()
+    masking = masking.replace(" with a heads axis", "")
     ids = keras.Input((steps,), dtype="int32", name="ids")
-    padding = keras.Input((steps, steps), dtype="bool", name="padding")
+    padding = keras.Input(heads_axis + (steps, steps), dtype="bool", name="padding")
     hidden = keras.layers.Embedding(30, 16)(ids)
     attended = keras.layers.MultiHeadAttention(2, 8)(hidden, hidden, attention_mask=padding if masking == "padding"
                                                      else None, use_causal_mask=masking == "causal")
@@ -564,7 +568,8 @@ def test_masked_attention_converts_to_a_select_and_stays_within_qat_int8_steps(m
     model = keras.Model([ids, padding] if masking == "padding" else ids, outputs)
     lengths = rng.integers(2, steps + 1, size=64)
     x = [rng.integers(0, 30, size=(64, steps)).astype(np.int32),
-         np.repeat((np.arange(steps) < lengths[:, None])[:, None, :], steps, axis=1)]
+         np.repeat((np.arange(steps) < lengths[:, None])[:, None, :], steps, axis=1).reshape(
+             (64,) + heads_axis + (steps, steps))]
     x = x if masking == "padding" else x[0]
     # Keras masks with -1e9; the rule with a SELECT 16 below the scores' range (e^-16 of a weight): the same
     # attention up to int8 rounding, checked against the float model inside
@@ -1008,3 +1013,364 @@ def test_a_lookup_of_constant_positions_is_folded_and_a_lookup_of_the_inputs_ids
     assert report.ops.get("GATHER") == 1 and report.float_ops == {}, report.op_types  # the tokens' lookup only
     (scale,) = operators.output_scales(tflite_model)
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
+
+
+def _trained_saved_and_loaded(model, x, tmp_path, rng):
+    """`_quantized_and_trained` (within 10 output steps of the float model), then saved as .keras and loaded: the
+    loaded model computes what the trained one does."""
+    qat = _quantized_and_trained(model, x, rng)
+    qat.save(str(tmp_path / "qat.keras"))
+    np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "qat.keras"))(x).numpy(), qat(x).numpy())
+    return qat
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _RMSNormalization(keras.layers.Layer):
+    """keras.ops alone, as keras-hub's Gemma normalization (a composite with no sublayers)."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="scale")
+
+    def call(self, x):
+        x = keras.ops.cast(x, "float32")
+        variance = keras.ops.mean(keras.ops.square(x), axis=-1, keepdims=True)
+        return x * keras.ops.reciprocal(keras.ops.sqrt(variance + 1e-6)) * self.scale
+
+    def compute_output_shape(self, input_shape):  # the float model never traces call(), as Gemma's blocks
+        return input_shape
+
+
+def test_a_product_with_a_constant_is_dense_for_the_composite_reading_it(tmp_path, rng):
+    """Keras's Multiply spec takes a constant (no `sparse` attribute) for sparse and marks `x * c` sparse, as in
+    keras-hub's Gemma embeddings (`x * sqrt(hidden_dim)`): the QuantizeOperation's output is dense, so the
+    composite after it is traced on a dense tensor, which its fake-quant ops take."""
+    keras.utils.set_random_seed(11)
+    inputs = keras.Input((6, 8), name="tokens")
+    scaled = keras.layers.Dense(8, name="embed")(inputs) * keras.ops.cast(keras.ops.sqrt(8.0), "float32")
+    assert scaled.sparse  # Keras's own spec, the cause
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(_RMSNormalization(name="norm")(scaled)))
+    x = rng.normal(size=(64, 6, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    assert not qat.get_layer("quant_norm").input.sparse
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _Shifted(keras.layers.Layer):
+    """A composite called with a tensor and a Python value by keyword, as keras-hub's ViTDet attention
+    (`queries=q, query_size=(8, 8)`) and PARSeq's decoder (`memory=m, update_content=False`)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(8, name="dense")
+
+    def call(self, x, shift=None, weight=1.0):
+        return self.dense(x) + weight * shift
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _CallsByKeyword(keras.layers.Layer):
+    """Calls its sublayers by keywords alone (keras-hub's PaliGemma attention: `query_proj(inputs=x)`), and
+    `_Shifted` with a tensor and a Python value."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.project = keras.layers.Dense(8, name="project")
+        self.shifted = _Shifted(name="shifted")
+
+    def call(self, x):
+        return self.shifted(x, shift=self.project(inputs=x), weight=0.5)
+
+
+def test_sublayers_called_by_keywords_and_with_python_values_beside_tensors_are_quantized(tmp_path, rng):
+    """A wrapper hands keyword tensors apart from other keyword values (Keras refuses one `**kwargs` mixing
+    them), a sublayer called by keywords alone takes its first as its input; at the model's top level too."""
+    keras.utils.set_random_seed(12)
+    inputs = keras.Input((6, 8), name="tokens")
+    hidden = _CallsByKeyword(name="block")(inputs)
+    shifted = _Shifted(name="top")(hidden, shift=inputs, weight=0.25)
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(shifted))
+    x = rng.normal(size=(64, 6, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    block = qat.get_layer("quant_block").layer
+    assert type(block.project).__name__ == "QuantizeSublayer" and type(block.shifted).__name__ == "QuantizeSublayer"
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _ClassToken(keras.layers.Layer):
+    """A token prepended from an Embedding's table read as a weight, as keras-hub's SAM3 geometry encoder reads
+    `self.cls_embed._embeddings`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.token = keras.layers.Embedding(1, 8, name="token")
+
+    def build(self, input_shape):
+        self.token.build()
+
+    def call(self, x):
+        token = keras.ops.tile(keras.ops.reshape(self.token._embeddings, (1, 1, 8)), (keras.ops.shape(x)[0], 1, 1))
+        return keras.ops.concatenate([token, x], axis=1)
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _WithAHelper(keras.layers.Layer):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(8, name="dense")
+
+    def _halved(self, x):
+        return x * 0.5
+
+    def call(self, x):
+        return self.dense(x)
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _CallsAPrivateMethod(keras.layers.Layer):
+    """Calls a sublayer's private method, as keras-hub's Gemma 4 decoder `self.attention._mask_sliding_window`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = _WithAHelper(name="inner")
+
+    def call(self, x):
+        return self.inner._halved(self.inner(x))
+
+
+def test_a_composite_reading_a_sublayers_private_weight_or_method_through_its_stand_in_is_quantized(tmp_path, rng):
+    """The stand-in answers for its layer's private weights and for what the layer's class defines, not for the
+    names of Keras's base Layer (which Keras probes on the wrapper, a layer itself) nor for what nothing has."""
+    keras.utils.set_random_seed(13)
+    inputs = keras.Input((5, 8), name="tokens")
+    tokens = _ClassToken(name="class_token")(keras.layers.Dense(8, name="embed")(inputs))
+    tokens = _CallsAPrivateMethod(name="block")(tokens)
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(keras.layers.Flatten()(tokens)))
+    x = rng.normal(size=(64, 5, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    stand_in = qat.get_layer("quant_class_token").layer.token
+    assert stand_in._embeddings is stand_in.layer._embeddings
+    inner = qat.get_layer("quant_block").layer.inner
+    assert inner._halved.__self__ is inner.layer and inner._tracker is not inner.layer._tracker
+    with pytest.raises(AttributeError):
+        stand_in._no_such_attribute  # noqa: B018
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _ConfiguredBadly(keras.layers.Layer):
+    """A get_config that leaves out an argument deciding its sublayers (keras-hub's MiT encoder block: its
+    `sr_ratio`) and gives a weight for another (keras-hub's D-FINE decoder: its `upsampling_factor`, made a
+    weight of that name in build())."""
+
+    def __init__(self, units, reduce=False, factor=1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.factor = units, factor
+        self.dense = keras.layers.Dense(units, name="dense")
+        self.reduction = keras.layers.Dense(units, name="reduction") if reduce else None
+
+    def build(self, input_shape):
+        self.dense.build(input_shape)
+        if self.reduction is not None:
+            self.reduction.build(input_shape[:-1] + (self.units,))
+        self.factor = self.add_weight(name="factor", shape=(), trainable=False,
+                                      initializer=keras.initializers.Constant(self.factor))
+
+    def call(self, x):
+        x = self.dense(x)
+        return (x if self.reduction is None else self.reduction(x)) * self.factor
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units, "factor": self.factor}
+
+
+def test_a_layer_whose_config_leaves_out_or_mistakes_an_argument_is_copied_as_it_was_made(tmp_path, rng):
+    """The copy takes the arguments Keras recorded at construction where get_config leaves them out, or gives
+    a weight for one: the same sublayers and weights, in the QAT model and in its saved file."""
+    keras.utils.set_random_seed(14)
+    inputs = keras.Input((5, 8), name="tokens")
+    block = _ConfiguredBadly(6, reduce=True, factor=0.5, name="block")
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(keras.layers.Flatten()(block(inputs))))
+    x = rng.normal(size=(64, 5, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    copy = qat.get_layer("quant_block").layer
+    assert copy.reduction is not None and float(copy.factor.numpy()) == 0.5
+    float_weights = [weight.path for weight in copy.weights if "/quant_" not in weight.path]  # not the ranges
+    assert float_weights == [weight.path for weight in block.weights] and len(float_weights) == 5
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _FrequencyScaled(keras.layers.Layer):
+    """Divides by powers computed from constants alone, 10000 ** (i / 8) from 1 up, as keras-hub's YaRN rotary
+    embedding (GPT-OSS: `1 / base ** (i / d)`) and SAM3's sine positions (`x / temperature ** (2i / d)`)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(8, name="dense")
+
+    def call(self, x):
+        powers = keras.ops.power(10000.0, keras.ops.arange(0, 8, dtype="float32") / 8.0)
+        hidden = self.dense(x)
+        return keras.ops.divide(hidden, powers) + hidden * (1.0 / powers)
+
+
+def test_what_a_composite_computes_from_constants_alone_is_left_to_the_converter_to_fold(tmp_path, rng):
+    """A range on such a power (up to 3162) rounded its 1 to 0, and the division by it made the model NaN: the
+    converter folds constants, so no range is made for them, as results or as inputs. Within 10 output steps."""
+    keras.utils.set_random_seed(15)
+    inputs = keras.Input((5, 8), name="tokens")
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(_FrequencyScaled(name="scaled")(inputs)))
+    x = rng.normal(size=(64, 5, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    assert np.all(np.isfinite(qat(x).numpy()))
+    places = qat.get_layer("quant_scaled").operation_ranges
+    assert not any(place.startswith("power@") for place in places), places  # the power, a constant
+    assert any(place.startswith("divide@") and not place.endswith("/input_1") for place in places), places
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _TwoStreams(keras.layers.Layer):
+    """Gives its second stream as None where it was given none, and two output shapes (keras-hub's XLNet encoder:
+    the query stream)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(8, name="dense")
+
+    def call(self, x, query=None):
+        return self.dense(x), (None if query is None else self.dense(query))
+
+    def compute_output_shape(self, x_shape, query_shape=None):
+        return [tuple(x_shape[:-1]) + (8,)] * 2
+
+
+def test_an_output_a_composite_gives_as_none_stands_in_the_graph_as_an_empty_tensor(tmp_path, rng):
+    keras.utils.set_random_seed(16)
+    inputs = keras.Input((5, 8), name="tokens")
+    content, _ = _TwoStreams(name="streams")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(content))
+    x = rng.normal(size=(64, 5, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    assert tuple(qat.get_layer("quant_streams").output[1].shape) == (0,)
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class Embedder(keras.Model):
+    """A subclassed model whose constructor takes its width alone, not even a name (keras-hub's Flux
+    MLPEmbedder)."""
+
+    def __init__(self, units):
+        super().__init__()
+        self.units = units
+        self.first, self.second = keras.layers.Dense(units, name="first"), keras.layers.Dense(units, name="second")
+
+    def call(self, x):
+        return self.second(self.first(x))
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+class Unrecorded(keras.Model):
+    """A subclassed model without a get_config, whose `units` Keras does not record (keras-hub's Flux blocks)."""
+
+    def __init__(self, units, scale):
+        super().__init__()
+        self.dense = keras.layers.Dense(units * scale, name="dense")
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def test_a_subclassed_model_layer_is_copied_with_what_its_constructor_takes_or_refused_naming_what_is_missing(
+        tmp_path, rng):
+    keras.utils.set_random_seed(17)
+    inputs = keras.Input((5, 8), name="tokens")
+    embedder = Embedder(8)  # named by Keras
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(embedder(inputs)))
+    x = rng.normal(size=(64, 5, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    assert qat.get_layer(f"quant_{embedder.name}").layer.name == embedder.name  # as keep_float names it
+    block = Unrecorded(4, 2)
+    unrecorded = keras.Model(inputs, block(inputs))
+    with pytest.raises(ValueError, match=rf"{block.name} \(Unrecorded\) cannot be copied or saved from a config: "
+                                         r".*constructor's units, scale are neither recorded"):
+        keras_gelu.qat.quantize_model(unrecorded)
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+def _gelu_by_another_name(x):
+    """A GELU no name says is one: found by its values."""
+    return keras.activations.gelu(x, approximate=True)
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _CrossAttention(keras.layers.MultiHeadAttention):
+    """Keras's attention under a class of its own (keras-hub's CachedMultiHeadAttention): a composite."""
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _LazyDecoder(keras.layers.Layer):
+    """Makes its sublayers in build() and leaves them to build at their first call, its cross-attention from the
+    memory's shape too (keras-hub's EdRec decoder)."""
+
+    def build(self, input_shape):
+        self.attention = _CrossAttention(2, 4, name="attention")
+        self.mlp = keras.layers.Dense(8, activation=_gelu_by_another_name, name="mlp")
+
+    def call(self, x, memory=None):
+        return self.mlp(x + self.attention(x, memory))
+
+
+def test_a_composite_building_its_sublayers_at_their_first_call_loads_in_a_fresh_process(tmp_path, rng):
+    """Loading, the composite is built by a call with every argument before its stand-ins (its build from the
+    first shape alone left the cross-attention without its value's), and the GELU found by its values is probed
+    eagerly while Keras traces the model (a graph tensor has no values to compare)."""
+    import subprocess
+    import sys
+
+    keras.utils.set_random_seed(18)
+    tokens, memory = keras.Input((5, 8), name="tokens"), keras.Input((3, 6), name="memory")
+    model = keras.Model([tokens, memory], keras.layers.Dense(3, name="head")(
+        _LazyDecoder(name="decoder")(tokens, memory=memory)))
+    x = [rng.normal(size=(64, 5, 8)).astype(np.float32), rng.normal(size=(64, 3, 6)).astype(np.float32)]
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    np.savez(tmp_path / "data.npz", tokens=x[0], memory=x[1], expected=qat(x).numpy())
+    check = ("import sys, numpy as np, keras; "
+             f"sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r}); "
+             "import test_keras3_qat; "  # the layers and the activation of this test, registered
+             f"data = np.load({str(tmp_path / 'data.npz')!r}); "
+             f"model = keras.models.load_model({str(tmp_path / 'qat.keras')!r}); "
+             "np.testing.assert_array_equal(model([data['tokens'], data['memory']]).numpy(), data['expected'])")
+    subprocess.run([sys.executable, "-c", check], check=True, env={**__import__("os").environ,
+                                                                    "TF_USE_LEGACY_KERAS": "0"})
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _NormalizedBy(keras.layers.Layer):
+    """Takes a layer class, whose get_config Keras calls unbound while serializing it (a TypeError), as keras-hub's
+    Swin patch embedding takes `norm_layer=LayerNormalization`; its from_config deserializes what it saved."""
+
+    def __init__(self, norm_layer=None, **kwargs):
+        super().__init__(**kwargs)
+        self.norm_layer = norm_layer
+        self.dense = keras.layers.Dense(8, name="dense")
+        self.norm = norm_layer(epsilon=1e-5, name="norm")
+
+    def call(self, x):
+        return self.norm(self.dense(x))
+
+    def get_config(self):
+        return {**super().get_config(), "norm_layer": keras.saving.serialize_keras_object(self.norm_layer)}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**{**config, "norm_layer": keras.saving.deserialize_keras_object(config["norm_layer"])})
+
+
+def test_a_layer_holding_a_layer_class_is_copied_and_saved_with_the_class_by_name(tmp_path, rng):
+    keras.utils.set_random_seed(19)
+    inputs = keras.Input((5, 8), name="tokens")
+    block = _NormalizedBy(keras.layers.LayerNormalization, name="block")
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(block(inputs)))
+    x = rng.normal(size=(64, 5, 8)).astype(np.float32)
+    qat = _trained_saved_and_loaded(model, x, tmp_path, rng)
+    assert qat.get_layer("quant_block").layer.norm_layer is keras.layers.LayerNormalization

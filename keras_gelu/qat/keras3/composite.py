@@ -27,7 +27,6 @@ out.
 """
 
 import contextlib
-import inspect
 
 from keras_gelu.flavour import keras
 from keras_gelu.inner_activations import set_slot
@@ -42,6 +41,7 @@ from keras_gelu.qat.keras3.rules import QuantizeRule
 from keras_gelu.qat.keras3.rules import rule_for
 from keras_gelu.qat.keras3.wrapper import QuantizeWrapper
 from keras_gelu.qat.keras3.wrapper import is_float
+from keras_gelu.qat.keras3.wrapper import is_tensor
 
 # The tensors on an int8 grid in the composite calls under way (innermost last): the composite's inputs, and
 # those a sublayer's or an operation's range produced. {id: tensor}: kept alive, so that an id is not reused.
@@ -132,6 +132,17 @@ def composite_rule(layer, mode, exact_as):
     return None
 
 
+# What Keras's base Layer (and its bases) define: the machinery Keras probes, the wrapper's own.
+_KERAS_LAYER_NAMES = frozenset(name for cls in keras.layers.Layer.__mro__ for name in vars(cls))
+
+
+def _defined_by_the_layer(layer, name):
+    """Whether private `name` is one of `layer`'s weights, or defined by its class and not Keras's base Layer."""
+    if isinstance(layer.__dict__.get(name), keras.Variable):
+        return True
+    return name not in _KERAS_LAYER_NAMES and any(name in vars(cls) for cls in type(layer).__mro__)
+
+
 @register_serializable
 class QuantizeSublayer(QuantizeWrapper):
     """A composite layer's sublayer with its rule, called as the sublayer is; each of its float inputs that
@@ -144,10 +155,12 @@ class QuantizeSublayer(QuantizeWrapper):
 
     def __getattr__(self, name):
         # The composite's own code reads its sublayers' attributes (keras-hub's Moonshine decoder, its attention's
-        # use_causal_mask): the stand-in answers for the layer it holds; not for private ones, which Keras probes
-        # on the wrapper itself
+        # use_causal_mask): the stand-in answers for the layer it holds. Private ones only where the layer's class
+        # defines them (Gemma 4's decoder calls `self.attention._mask_sliding_window`) or they are its weights,
+        # which the composite reads as they are (SAM3's geometry encoder: `self.cls_embed._embeddings`, a constant
+        # to the converter as in the float model): Keras probes its own on the wrapper, which has them as a layer
         layer = self.__dict__.get("layer")
-        if layer is None or name.startswith("_"):
+        if layer is None or (name.startswith("_") and not _defined_by_the_layer(layer, name)):
             raise AttributeError(name)
         return getattr(layer, name)
 
@@ -160,7 +173,7 @@ class QuantizeSublayer(QuantizeWrapper):
         if self.input_ranges is None:  # first call: symbolic, when the QAT model is built or loaded
             self.input_ranges = {}
             for path, value in paths_and_values:
-                if _is_tensor(value) and is_float(value) and not _is_on_grid(value):
+                if is_tensor(value) and is_float(value) and not _is_on_grid(value):
                     key = _argument_key(path)
                     self.input_ranges[key] = ranges_module.ActivationRange(f"input_{len(self.input_ranges)}")
                     self.input_ranges[key].build(self)
@@ -196,10 +209,6 @@ def _argument_key(path):
     return "/".join(str(step) for step in path)
 
 
-def _is_tensor(value):
-    return isinstance(value, keras.KerasTensor) or keras.ops.is_tensor(value)
-
-
 @register_serializable
 class KeepRule(QuantizeRule):
     """A sublayer whose outputs are values of its input's grid (Dropout, Reshape...): called as it is."""
@@ -217,6 +226,7 @@ class CompositeRule(QuantizeRule):
     own computation as it is; its output on a range unless a sublayer's range gives it."""
 
     traces_call = True  # the wrapper's output spec comes from a symbolic call(), which makes the stand-ins' ranges
+    builds_by_calling = True  # an unbuilt composite (a QAT model loading) is built by a call: see build_by_calling
 
     def __init__(self, mode="builtin", exact_as=None):
         self.mode, self.exact_as = mode, exact_as
@@ -245,17 +255,20 @@ class CompositeRule(QuantizeRule):
     _POSITIONAL = "positional"
 
     def call_arguments(self, layer, args, kwargs):
-        if not args:  # called by keywords alone (keras-hub's BART decoder): its call's first one, as Keras builds
-            first = next(iter(inspect.signature(layer.call).parameters))
-            if first in kwargs:
-                kwargs = dict(kwargs)
-                args = (kwargs.pop(first),)
+        args, kwargs = self.first_argument_positional(layer, args, kwargs)
         return (args[0] if len(args) == 1 else {self._POSITIONAL: list(args)}), kwargs
 
     def layer_arguments(self, inputs):
         if isinstance(inputs, dict) and list(inputs) == [self._POSITIONAL]:
             return (inputs[self._POSITIONAL][0],)
         return (inputs,)
+
+    def build_by_calling(self, layer, inputs, **kwargs):
+        """Build `layer` by calling it as it is, float, on the wrapper's call's arguments (its result unused)."""
+        positional = inputs[self._POSITIONAL] if isinstance(inputs, dict) and list(inputs) == [self._POSITIONAL] \
+            else [inputs]
+        with operations.suspended():
+            layer(*positional, **kwargs)
 
     def call(self, wrapper, layer, inputs, training, **kwargs):
         positional = inputs[self._POSITIONAL] if isinstance(inputs, dict) and list(inputs) == [self._POSITIONAL] \
@@ -264,7 +277,7 @@ class CompositeRule(QuantizeRule):
             with operations.intercepting(wrapper, training, on_grid):
                 outputs = layer(*positional, training=training, **kwargs)
             outputs = keras.tree.map_structure(
-                lambda output: output if not _is_tensor(output) or _is_on_grid(output) or not is_float(output)
+                lambda output: output if not is_tensor(output) or _is_on_grid(output) or not is_float(output)
                 else wrapper.ranges["output"](output, training), outputs)
         return outputs
 

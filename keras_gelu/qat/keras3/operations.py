@@ -78,9 +78,34 @@ class _Interception:
     def __init__(self, wrapper, training, on_grid):
         self.wrapper, self.training, self.on_grid = wrapper, training, on_grid
         self.passes = {}
+        self.constants = {}  # {graph op name: computed from constants alone}, see constant()
         self.making = wrapper.operation_ranges is None  # the first call makes the ranges
         if self.making:
             wrapper.operation_ranges = {}
+
+    def constant(self, tensor):
+        """Whether `tensor` is computed from constants alone. Known where the first call traces a TensorFlow
+        graph: no placeholder (the call's inputs, and the weights it captured) and no stateful op (random
+        values) among the ops it comes from; elsewhere (eager tensors, JAX, PyTorch) taken as not."""
+        try:
+            root = tensor.op
+            root.inputs  # noqa: B018 - an eager tensor has neither
+        except AttributeError:
+            return False
+        known = self.constants
+        stack = [(root, False)]
+        while stack:  # depth first, each op decided after its inputs
+            operation, inputs_decided = stack.pop()
+            if operation.name in known:
+                continue
+            if operation.type.startswith("Placeholder") or operation.op_def.is_stateful:
+                known[operation.name] = False
+            elif inputs_decided:
+                known[operation.name] = all(known[source.op.name] for source in operation.inputs)
+            else:
+                stack.append((operation, True))
+                stack.extend((source.op, False) for source in operation.inputs if source.op.name not in known)
+        return known[root.name]
 
     def range_for(self, key):
         names = self.wrapper.operation_ranges
@@ -150,6 +175,13 @@ def _intercepted(name, function):
         tensors = [value for value in flat if _is_tensor(value) and is_float(value)]
         if not tensors:  # a constant made (ones, arange) or integer arithmetic (positions, masks)
             return function(*args, **kwargs)
+        if state.making and all(state.constant(tensor) for tensor in tensors):
+            # computed from constants alone, which the converter folds: the int8 model holds its result as a
+            # constant, on a grid of its own, and computes nothing here; rounded at each step instead, YaRN's
+            # inverse frequencies (1 / base ** (i / d)) divided by a power rounded to 0 on its range, and the
+            # whole model went NaN (keras-hub's GPT-OSS). No range is made for this place, nor for its inputs
+            with suspended():
+                return function(*args, **kwargs)
         if moving:
             with suspended():
                 outputs = function(*args, **kwargs)
@@ -157,11 +189,13 @@ def _intercepted(name, function):
                 for output in keras.tree.flatten(outputs):
                     state.on_grid[id(output)] = output
             return outputs
-        # a float input on no grid, ranged where this operation reads it
-        number = iter(range(len(flat)))
-        values = [state.ranged(f"{key}/input_{next(number)}", value)
-                  if _is_tensor(value) and is_float(value) and id(value) not in state.on_grid else value
-                  for value in flat]
+        # a float input on no grid, ranged where this operation reads it; not a constant (SAM3's sine positions
+        # divide by temperature ** (2i / d), whose 1 a range up to 10000 rounded to 0): the converter holds it
+        # as it is, and no range made for it now is found later (the key names its argument's position)
+        values = [state.ranged(f"{key}/input_{position}", value)
+                  if _is_tensor(value) and is_float(value) and id(value) not in state.on_grid
+                  and not (state.making and state.constant(value)) else value
+                  for position, value in enumerate(flat)]
         args, kwargs = keras.tree.pack_sequence_as((args, kwargs), values)
         with suspended():
             if name in _SINGULAR_AT_ZERO:

@@ -29,6 +29,7 @@ another, equal form (see `_einsum_dense`, `_spread_taps`).
 Add a rule for a layer of yours with `register_rule(YourLayer, YourRule())`.
 """
 
+import inspect
 import math
 
 import numpy as np
@@ -78,10 +79,24 @@ class QuantizeRule:
 
     def call_arguments(self, layer, args, kwargs):
         """A functional call `layer(*args, **kwargs)` as (inputs, kwargs): what the wrapper is called with."""
+        args, kwargs = self.first_argument_positional(layer, args, kwargs)
         if len(args) != 1:
             raise refusal(layer, f"{type(self).__name__} covers layers called on one input (a tensor or a list); "
                                  f"{layer.name} is called on {len(args)}. Received: args of {len(args)} tensors")
         return args[0], kwargs
+
+    @staticmethod
+    def first_argument_positional(layer, args, kwargs):
+        """(args, kwargs) of a call by keywords alone (keras-hub's BART decoder; PaliGemma's attention calls its
+        Dense layers as `query_proj(inputs=x)`) with its call's first parameter made positional, as Keras builds
+        the layer from it; any other call as it is."""
+        if args:
+            return args, kwargs
+        first = next(iter(inspect.signature(layer.call).parameters))
+        if first not in kwargs:
+            return args, kwargs
+        kwargs = dict(kwargs)
+        return (kwargs.pop(first),), kwargs
 
     def layer_arguments(self, inputs):
         """The wrapper's `inputs` (or their shapes) as the positional arguments of the layer's `build`."""
@@ -727,13 +742,18 @@ class MultiHeadAttentionRule(QuantizeRule):
 
     @staticmethod
     def _kept(layer, query, value, attention_mask, use_causal_mask):
-        """Which scores count, (batch, 1 for the heads, query steps, value steps), as Keras combines them; None
-        for all."""
+        """Which scores count, (batch, heads or 1, query steps, value steps), as Keras combines them; None for
+        all. A mask is given the heads' axis only where it has none (keras-hub's SAM3 text encoder hands one of
+        (batch, 1, query steps, value steps)), as Keras's own expands it up to the scores' rank."""
         keep = None if attention_mask is None else keras.ops.cast(attention_mask, "bool")
         if use_causal_mask:
             causal = layer._compute_causal_mask(query, value)
             keep = causal if keep is None else keras.ops.logical_and(keep, causal)
-        return None if keep is None else keras.ops.expand_dims(keep, -3)
+        if keep is None:
+            return None
+        for _ in range(len(query.shape) + 1 - len(keep.shape)):  # the scores: the query's axes and the heads'
+            keep = keras.ops.expand_dims(keep, -3)
+        return keep
 
     @staticmethod
     def _scale(layer, name):

@@ -6,6 +6,14 @@ from keras_gelu.qat.keras3 import ranges as ranges_module
 from keras_gelu.qat.keras3 import refusals
 
 
+# The keyword arguments Keras itself reads in a layer call.
+_CALL_CONTEXT = ("training", "mask")
+
+
+def is_tensor(value):
+    return isinstance(value, keras.KerasTensor) or keras.ops.is_tensor(value)
+
+
 def _all_none(value):
     return all(item is None for item in keras.tree.flatten(value)) if value is not None else True
 
@@ -64,7 +72,28 @@ class QuantizeWrapper(keras.layers.Wrapper):
     def add_constant_range(self, name, weight):
         self._add_range(name, ranges_module.WeightRange(name, symmetric=False), weight)
 
-    def call(self, inputs, training=False, **kwargs):
+    def __call__(self, inputs, *args, **kwargs):
+        if not self.built and not self.layer.built and getattr(self.rule, "builds_by_calling", False):
+            # built as Keras builds it, by a call (symbolic, as a QAT model loads) with every argument, before the
+            # rule's build: keras-hub's EdRec decoder makes its sublayers in build() and leaves them to build at
+            # their first call, its cross-attention from the encoder's shape too, which `inputs` does not hold
+            with refusals.quantizing(self.layer):
+                self.rule.build_by_calling(self.layer, inputs, *args, **kwargs)
+        # Keras takes `**kwargs` for one nested argument, and refuses one mixing tensors and other values (keras-hub's
+        # ViTDet attention, `query_size=(8, 8)` beside its queries; PARSeq's decoder, `update_content=False`): the
+        # keyword arguments holding tensors are handed over apart, as `keyword_tensors`, and call() merges them back.
+        # A functional model runs its node again with the arguments as they were handed over.
+        kwargs = dict(kwargs)
+        kwargs.update(kwargs.pop("keyword_tensors", None) or {})
+        tensors = {key: value for key, value in kwargs.items()
+                   if key not in _CALL_CONTEXT and any(is_tensor(item) for item in keras.tree.flatten(value))}
+        if tensors:
+            kwargs = {key: value for key, value in kwargs.items() if key not in tensors}
+            kwargs["keyword_tensors"] = tensors
+        return super().__call__(inputs, *args, **kwargs)
+
+    def call(self, inputs, training=False, keyword_tensors=None, **kwargs):
+        kwargs.update(keyword_tensors or {})
         # Keras 3 passes the call's other arguments (a mask of None per input, an attention mask) as given.
         kwargs = {key: value for key, value in kwargs.items() if not (key == "mask" and _all_none(value))}
         with refusals.quantizing(self.layer):
@@ -74,7 +103,13 @@ class QuantizeWrapper(keras.layers.Wrapper):
         if getattr(self.rule, "traces_call", False):
             # A symbolic run of call(), with the very arguments of this call: a composite layer's stand-in
             # sublayers make their ranges at their first call, when the QAT model is built and when it loads.
-            return keras.Operation.compute_output_spec(self, *args, **kwargs)
+            spec = keras.Operation.compute_output_spec(self, *args, **kwargs)
+            # An output the layer gives as None (keras-hub's XLNet encoder: the query stream it was not given; its
+            # own compute_output_shape gives a shape there) stands as an empty tensor, which nothing reads: Keras
+            # takes only tensors for a node's outputs, and a functional model's run passes the None on as it is
+            return keras.tree.map_structure(
+                lambda output: keras.KerasTensor((0,), self.compute_dtype) if output is None else output, spec) \
+                if keras.tree.is_nested(spec) else spec
         return super().compute_output_spec(*args, **kwargs)
 
     def compute_output_shape(self, input_shape):
@@ -144,16 +179,28 @@ class QuantizeOperation(keras.layers.Layer):
             lambda output: self.output_range(output, bool(training)) if is_float(output) else output, outputs)
 
     def compute_output_spec(self, tensors, training=False):
-        return self.operation.compute_output_spec(*self._arguments(tensors))
+        spec = self.operation.compute_output_spec(*self._arguments(tensors))
+        if any(getattr(tensor, "sparse", False) for tensor in keras.tree.flatten(tensors)):
+            return spec
+        # Keras's elementwise specs take an argument without a `sparse` attribute for a sparse one (Multiply: a
+        # constant, Gemma's `x * sqrt(hidden_dim)`), and so mark a dense tensor's product sparse; a layer reading
+        # it is then traced on a SparseTensor, which no fake-quant op takes. Dense tensors give a dense result.
+        return keras.tree.map_structure(
+            lambda output: keras.KerasTensor(output.shape, output.dtype, name=output.name)
+            if getattr(output, "sparse", False) else output, spec)
 
     def get_config(self):
         return {**super().get_config(), "operation": keras.saving.serialize_keras_object(self.operation),
-                "constants": self.constants}
+                "constants": [[position, keras.saving.serialize_keras_object(value)]
+                              for position, value in self.constants]}
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
         config["operation"] = keras.saving.deserialize_keras_object(config["operation"])
+        # a tensor constant (Gemma's `ops.sqrt(hidden_dim)`) is saved as Keras saves a tensor, and read back one
+        config["constants"] = [[position, keras.saving.deserialize_keras_object(value)]
+                               for position, value in config.get("constants", ())]
         return cls(**config)
 
 
