@@ -50,65 +50,83 @@ WITHOUT_GELU = {
     "XceptionBackbone",
 }
 
-# {family: {stage: the one-line refusal it meets now}} for every family with a GELU (all 54: the widest sweep of
-# 2026-12-03, and each family since where a mechanism moved it, issue 38); stages "builtin", "int8"
+# {family: {stage: the one-line refusal it meets now}} for every family with a GELU, as the sweep of 2026-12-04
+# recorded them (all 54, benchmarks/sweep_families.py's stages with this test's bar); stages "builtin", "int8"
 # (post-training, calibrated on the family's inputs), "qat" (quantize_model without calibration data and a
-# training step) and "qat int8". What is left: exceptions inside a wrapped layer (decoder blocks whose call
-# reads what a stand-in does not give), int8 parity beyond the default 10 output steps (DeiT's and BLIP-2's
-# untrained class tokens, rows of almost one value that each LayerNormalization divides by their spread: one
-# step of rounding moves their outputs by tens), QAT files another process cannot load, and single cases.
+# training step) and "qat int8" (integer throughout, cosine 0.99 or more). What is left, most first: ops left
+# float in the int8 model (18: mostly what the dynamic sequence length computes while the model runs), the
+# TFLite converter's same-scale refusals on a QAT graph (7), int8 parity beyond the default 10 output steps
+# (4: DeiT's and BLIP-2's untrained class tokens, rows of almost one value that each LayerNormalization divides
+# by their spread, where one step of rounding moves the outputs by tens), and single cases.
 _IN_THE_WRAPPER = r"Exception encountered when calling QuantizeWrapper\.call\(\)"
 _NO_EXPORT = r"cannot export the Keras model for conversion"
-_WEIGHT_COUNT = r"You called `set_weights\(weights\)` on layer"
-_BATCH_NORM_WRITE = r"internal error: ValueError: Input 0 of node .*AssignVariableOp"
-_CANNOT_LOAD = r"cannot load the Keras model"
-_PARITY = r"the \.tflite differs from the rewritten graph on output\(s\) output_0 \(\d+ int8 steps"
+_NO_RULE = r"quantize_model has no rule for layer"
+_WRITES_A_VARIABLE = r"the model writes a variable while it runs"
+_PARITY = r"the \.tflite differs from the rewritten graph on output\(s\) .*\(\d+ int8 steps"
 _CONVERTER_FAILED = r"the TFLite converter failed"
 # LiteRT's SQUARED_DIFFERENCE aborts preparing an output scale far below its input's (SAM's mask downscaler
 # normalizes one channel: x - mean is 0, and calibration gives it a scale of 1e-8)
 _DIED = r"the conversion process died of SIGABRT"
 _FFT = r"TFLite has no builtin op for TensorFlow op\(s\) Complex, FFT2D"
+# integer, but not throughout: what the sequence length computes while the model runs (positions, masks, rotary
+# tables from RANGE, CAST, COS, SIN) and normalizations and attention the converter left float
+_STILL_FLOAT = r"still float: "
 NOT_YET = {
     "BLIP2Backbone": {"qat int8": _PARITY},
-    "DFineBackbone": {"builtin": _NO_EXPORT, "int8": _NO_EXPORT, "qat": _WEIGHT_COUNT},
-    "DINOV3Backbone": {"qat": r"you cannot mix tensors and non-tensors"},
+    "BartBackbone": {"qat int8": _STILL_FLOAT},
+    "BloomBackbone": {"qat int8": _STILL_FLOAT},
+    "DFineBackbone": {"builtin": _NO_EXPORT, "int8": _NO_EXPORT, "qat": _NO_RULE},
+    "DINOV3Backbone": {"qat int8": _CONVERTER_FAILED},
+    "DebertaV3Backbone": {"qat int8": _STILL_FLOAT},
     "DeiTBackbone": {"qat int8": _PARITY},
     "DepthAnythingBackbone": {"qat int8": _CONVERTER_FAILED},
-    "EdRecBackbone": {"qat int8": _CANNOT_LOAD},
+    "ESM2Backbone": {"qat int8": _STILL_FLOAT},
+    "ESMBackbone": {"qat int8": _STILL_FLOAT},
+    "EdRecBackbone": {"qat int8": _STILL_FLOAT},
     "FNetBackbone": {"qat int8": _FFT},
-    "FluxBackbone": {"qat": r"Unable to revive model from config"},
-    "Gemma3Backbone": {"qat": _IN_THE_WRAPPER},
+    "FalconBackbone": {"qat int8": _STILL_FLOAT},
+    "FluxBackbone": {"qat": r"Layer double_stream_block \(DoubleStreamBlock\) cannot be copied or saved from a config"},
+    "GPT2Backbone": {"qat int8": _STILL_FLOAT},
+    "GPTNeoXBackbone": {"qat int8": _STILL_FLOAT},
+    "Gemma3Backbone": {"qat int8": _CONVERTER_FAILED},
     "Gemma3nBackbone": {"builtin": r"missing input\(s\) padding_mask, token_ids",
                         "int8": r"missing input\(s\) padding_mask, token_ids",
                         "qat": r"`keras\.layers\.deserialize` was passed a `config` object that is not"},
-    "Gemma4Backbone": {"qat": _IN_THE_WRAPPER},
-    "GemmaBackbone": {"qat": _IN_THE_WRAPPER},
-    "GptOssBackbone": {"qat": r"QAT stopped at epoch 1, batch 1: the loss is nan"},
-    "MiTBackbone": {"qat": _WEIGHT_COUNT},
-    "PARSeqBackbone": {"qat": _IN_THE_WRAPPER},
-    "PaliGemmaBackbone": {"qat": _IN_THE_WRAPPER},
-    "SAM3PromptableConceptBackbone": {"qat": _IN_THE_WRAPPER},
-    "SAMBackbone": {"int8": _DIED, "qat": _IN_THE_WRAPPER},
-    "SegFormerBackbone": {"builtin": _BATCH_NORM_WRITE, "int8": _BATCH_NORM_WRITE, "qat": _WEIGHT_COUNT},
-    "StableDiffusion3Backbone": {"builtin": _NO_EXPORT, "int8": _NO_EXPORT,
-                                 "qat": r"Error when deserializing class 'DiagonalGaussianDistributionSampler'"},
-    "SwinTransformerBackbone": {"qat": r"LayerNormalization\.get_config\(\) missing 1 required positional argument"},
-    "T5Gemma2Backbone": {"qat": _IN_THE_WRAPPER},
-    "T5GemmaBackbone": {"qat": _IN_THE_WRAPPER},
-    "ViTDetBackbone": {"qat": _IN_THE_WRAPPER},
-    "XLNetBackbone": {"qat": r"All operation outputs must be tensors"},
+    "Gemma4Backbone": {"qat int8": _CONVERTER_FAILED},
+    "GemmaBackbone": {"qat int8": _CONVERTER_FAILED},
+    "GptOssBackbone": {"qat int8": _STILL_FLOAT},
+    "MetaCLIP2Backbone": {"qat int8": _PARITY},
+    "MiTBackbone": {"qat int8": _STILL_FLOAT},
+    "MobileNetV5Backbone": {"qat int8": _STILL_FLOAT},
+    "MoonshineBackbone": {"qat int8": _STILL_FLOAT},
+    "PARSeqBackbone": {"qat int8": _STILL_FLOAT},
+    "PaliGemmaBackbone": {"qat int8": _CONVERTER_FAILED},
+    "SAM3PromptableConceptBackbone": {"qat int8": _CONVERTER_FAILED},
+    "SAMBackbone": {"int8": _DIED, "qat": r"Data cardinality is ambiguous"},
+    "SegFormerBackbone": {"builtin": _WRITES_A_VARIABLE, "int8": _WRITES_A_VARIABLE, "qat int8": _WRITES_A_VARIABLE},
+    "StableDiffusion3Backbone": {"builtin": _NO_EXPORT, "int8": _NO_EXPORT, "qat": _IN_THE_WRAPPER},
+    "SwinTransformerBackbone": {"qat int8": _STILL_FLOAT},
+    "T5Gemma2Backbone": {"qat int8": _STILL_FLOAT},
+    "T5GemmaBackbone": {"qat int8": _STILL_FLOAT},
+    "ViTDetBackbone": {"qat int8": _PARITY},
+    "WhisperBackbone": {"qat int8": _STILL_FLOAT},
+    "XLNetBackbone": {"qat int8": _CONVERTER_FAILED},
 }
-# Families with every stage passing (29 of the 54).
-PASSING = {"AlbertBackbone", "BartBackbone", "BertBackbone", "BloomBackbone", "CLIPBackbone", "CLIPTextEncoder",
-           "CLIPVisionEncoder", "DINOV2Backbone", "DebertaV3Backbone", "DistilBertBackbone", "ESM2Backbone",
-           "ESMBackbone", "ElectraBackbone", "FalconBackbone", "GPT2Backbone", "GPTNeoXBackbone",
-           "MetaCLIP2Backbone", "MetaCLIP2TextEncoder", "MetaCLIP2VisionEncoder", "MobileNetV5Backbone",
-           "MoonshineBackbone", "RobertaBackbone", "SigLIPBackbone", "SigLIPTextEncoder", "SigLIPVisionEncoder",
-           "ViTBackbone", "VideoPrismBackbone", "WhisperBackbone", "XLMRobertaBackbone"}
+# Families with every stage passing (17 of the 54; the sweep of 2026-12-04, integer throughout).
+PASSING = {"AlbertBackbone", "BertBackbone", "CLIPBackbone", "CLIPTextEncoder", "CLIPVisionEncoder",
+           "DINOV2Backbone", "DistilBertBackbone", "ElectraBackbone", "MetaCLIP2TextEncoder",
+           "MetaCLIP2VisionEncoder", "RobertaBackbone", "SigLIPBackbone", "SigLIPTextEncoder", "SigLIPVisionEncoder",
+           "ViTBackbone", "VideoPrismBackbone", "XLMRobertaBackbone"}
 # Families with a GELU whose outcomes the sweep has yet to record: none since that sweep.
 NOT_RECORDED = set()
 
 STAGES = ("builtin", "int8", "qat", "qat int8")
+
+
+# Families whose stages take minutes, where the others take seconds (the sweep of 2026-12-04: SAM 3, 191 s; the
+# rest 12-76 s): `KG_FAMILIES=all`, names and the widest sweep take them, the daily share does not, so that
+# `make test` stays within its budget on the day that would draw them.
+SLOW = {"SAM3PromptableConceptBackbone"}
 
 
 def _families_today():
@@ -118,7 +136,7 @@ def _families_today():
         return families
     if not count.isdigit():  # names, comma-separated
         return sorted(count.split(","))
-    return todays_share(families, int(count))
+    return todays_share([family for family in families if family not in SLOW], int(count))
 
 
 def test_every_backbone_keras_hub_exports_has_a_tiny_config_or_a_reason():
