@@ -60,6 +60,15 @@ def flatten(structure):
     return keras.tree.flatten(structure)
 
 
+def is_variable(value):
+    """Whether `value` is a variable of the Keras in use (tf-keras's are TensorFlow's, and it exports no class)."""
+    if USE_LEGACY_KERAS:
+        import tensorflow as tf
+
+        return isinstance(value, tf.Variable)
+    return isinstance(value, keras.Variable)
+
+
 @contextlib.contextmanager
 def outside_any_trace():
     """Within the block, the backend computes eagerly even inside a traced call (a TensorFlow graph, a JAX

@@ -16,6 +16,7 @@ constructor's arguments as the layer holds them, under the same names.
 
 import inspect
 
+from keras_gelu import flavour
 from keras_gelu.flavour import keras
 
 # What keras.layers.Layer's constructor takes besides its named parameters.
@@ -77,7 +78,7 @@ def config(layer, **overrides):
     # weight of that name in build(), and its get_config then gives that weight, which a copy would track as
     # its own (one weight too many). The argument as recorded, or else the weight's value, as the constructor's.
     settings = {key: (recorded[key] if key in recorded else keras.ops.convert_to_numpy(value).tolist())
-                if isinstance(value, keras.Variable) else value for key, value in settings.items()}
+                if flavour.is_variable(value) else value for key, value in settings.items()}
     return {key: value for key, value in {**recorded, **settings, **overrides}.items() if key in accepted}
 
 
