@@ -330,7 +330,8 @@ def _masked_scores(wrapper, scores, keep, training):
 
 @register_serializable
 class SoftmaxRule(QuantizeRule):
-    """SOFTMAX: its int8 output is on TFLite's fixed grid of k/256, as LOGISTIC's; no range to learn.
+    """SOFTMAX: its int8 output is on TFLite's fixed grid of k/256, as LOGISTIC's; without a mask, no range to
+    learn.
 
     Called with a mask (as attention layers of their own call it), the masked-off inputs are set below the
     inputs' range as MultiHeadAttentionRule sets them (`_masked_scores`), and their outputs to 0 after it, as
