@@ -88,6 +88,24 @@ def outside_any_trace():
             yield
 
 
+def tensor_classes():
+    """The classes whose Python operators (`x * y`) a layer's call runs on the backend's own tensors, each the
+    class to set an operator on: TensorFlow's tensors (graph and eager), JAX's arrays and tracers (a trace, a
+    jit, Keras's shape inference), PyTorch's tensors (whose base class, in C, takes no attribute)."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return (tf.Tensor,)
+    if BACKEND == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        return (type(jnp.zeros(())), jax.core.Tracer)
+    import torch
+
+    return (torch.Tensor,)
+
+
 def register_serializable(obj):
     """Register a class or function with Keras under the "keras_gelu" package.
 
@@ -103,4 +121,4 @@ def register_serializable(obj):
 
 
 __all__ = ["BACKEND", "KERAS_FLAVOUR", "USE_LEGACY_KERAS", "flatten", "keras", "outside_any_trace",
-           "register_serializable"]
+           "register_serializable", "tensor_classes"]

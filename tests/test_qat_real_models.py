@@ -200,7 +200,9 @@ def test_a_custom_composite_layer_is_quantized_through_and_its_own_arithmetic_ge
     qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
     block = qat.get_layer("quant_residual").layer
     assert isinstance(block.inner, composite.QuantizeSublayer) and block.inner.activation is not None
-    assert list(block.norm.input_ranges) == ["0/0"]  # its input is the block's own x + ..., on a range of its own
+    # its input is the block's own x + ..., a Python operator on the backend's tensors, on the range of that add
+    assert not block.norm.input_ranges
+    assert [key.split("@")[0] for key in qat.get_layer("quant_residual").operation_ranges] == ["add"]
     qat.compile(keras.optimizers.Adam(1e-2), "mse")
     qat.fit(x, rng.normal(size=(64, 3)).astype(np.float32), epochs=1, verbose=0)
     qat.save(str(tmp_path / "qat.keras"))
@@ -210,6 +212,45 @@ def test_a_custom_composite_layer_is_quantized_through_and_its_own_arithmetic_ge
     assert report.float_ops == {}, report.op_types
     (scale,) = operators.output_scales(tflite_model)
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
+
+
+def test_a_composites_operators_selections_and_concatenations_convert_integer_throughout(rng):
+    """keras-hub's layers compute with Python operators on the backend's tensors (an RMS normalization, a rotary
+    embedding's products), select between a tensor and zeros_like of it (Gemma's attention), and concatenate a
+    computed part with a slice (GPT-NeoX's rotated query): each ranged where TFLite computes, the selection and
+    the concatenation on one scale, as TFLite holds them."""
+    import tflite_helpers
+
+    @keras.saving.register_keras_serializable(package="test_qat_real_models")
+    class Block(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.projection = keras.layers.Dense(8)
+
+        def build(self, input_shape):
+            self.projection.build(input_shape)
+            self.scale = self.add_weight(name="scale", shape=(8,),
+                                         initializer=keras.initializers.RandomUniform(0.5, 1.5))
+
+        def call(self, x):
+            h = self.projection(x)
+            h = h * keras.ops.rsqrt(keras.ops.mean(keras.ops.square(h), axis=-1, keepdims=True) + 1e-6) * self.scale
+            rotated = keras.ops.concatenate([h[..., :4] * 0.5 - h[..., 4:] * 0.25, h[..., 4:]], axis=-1)
+            return keras.ops.where(x[..., :1] > 0.5, keras.ops.zeros_like(rotated), rotated)
+
+    keras.utils.set_random_seed(23)
+    inputs = keras.Input((6, 8), name="tokens")
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(Block(name="block")(inputs)))
+    x = rng.normal(size=(64, 6, 8)).astype(np.float32)
+    qat = keras_gelu.qat.quantize_model(model)
+    qat.compile(keras.optimizers.Adam(1e-3), "mse")
+    qat.fit(x, rng.normal(size=(64, 6, 3)).astype(np.float32), batch_size=16, epochs=1, verbose=0)
+    tflite_model, report = converters.convert(qat, int8=True)
+    assert report.float_ops == {}, report.op_types
+    assert {"CONCATENATION", "SELECT_V2", "RSQRT"} <= set(report.op_types)
+    # A row's int8 RSQRT a step off QAT's float one moves the whole row, and the head sums it: the cosine is the bar
+    values, qat_values = tflite_helpers.run(tflite_model, x)[0].ravel(), qat(x).numpy().ravel()
+    assert values @ qat_values / (np.linalg.norm(values) * np.linalg.norm(qat_values)) >= INT8_COSINE
 
 
 def test_a_composite_keeps_the_activation_layer_it_takes_as_an_argument_through_save_and_load(tmp_path, rng):

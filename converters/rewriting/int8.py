@@ -138,6 +138,43 @@ def negations_as_multiplications(graph_def):
     return rewritten
 
 
+def squares_as_multiplications(graph_def):
+    """Rewrite Square(x) as Mul(x, x): TFLite's SQUARE has a float kernel only, and its int8 model computed an
+    RMS normalization's square in float between a DEQUANTIZE and a QUANTIZE (keras-hub's MobileNetV5, Gemma).
+    The square of a difference stays: TFLite fuses Square(Sub(x, y)) into an int8 SQUARED_DIFFERENCE (a
+    LayerNormalization's variance). Returns how many were rewritten."""
+    nodes = graph.nodes_by_name(graph_def)
+    rewritten = 0
+    for node in graph_def.node:
+        if node.op != "Square":
+            continue
+        operand = graph.data_inputs(node)[0]
+        if getattr(graph.producer(operand, nodes), "op", None) == "Sub":
+            continue
+        node.op = "Mul"
+        node.input.insert(1, operand)
+        rewritten += 1
+    return rewritten
+
+
+def zeros_like_as_multiplications(graph_def):
+    """Rewrite a float ZerosLike(x) as Mul(x, 0): TFLite's ZEROS_LIKE has no int8 kernel, and Gemma's attention
+    selected between its output and zeros_like of it in float. x is finite in an int8 model, so the product is
+    exactly 0. Returns how many were rewritten."""
+    rewritten = 0
+    for node in list(graph_def.node):
+        dtype = tf.as_dtype(node.attr["T"].type) if "T" in node.attr else None
+        if node.op != "ZerosLike" or dtype not in (tf.float32, tf.float16, tf.bfloat16):
+            continue
+        zero = graph_def.node.add(name=node.name + "/zero", op="Const")
+        zero.attr["dtype"].type = dtype.as_datatype_enum
+        zero.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(0, dtype=dtype, shape=[]))
+        node.op = "Mul"
+        node.input.insert(1, zero.name)
+        rewritten += 1
+    return rewritten
+
+
 def biases_before_reshapes(graph_def):
     """Rewrite BiasAdd(Reshape(MatMul(x, w)), b) as Reshape(BiasAdd(MatMul(x, w), b)).
 
@@ -368,8 +405,8 @@ def constant_lookups_folded(graph_def):
 # Run, in this order, on the main graph and every control-flow function before
 # GELUs are rewritten (the GELU op's fusion needs the Neg that the rewrite adds
 # itself, so negations are turned into multiplications first).
-GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, biases_before_reshapes,
-                constant_lookups_folded)
+GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, squares_as_multiplications,
+                zeros_like_as_multiplications, biases_before_reshapes, constant_lookups_folded)
 # And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.
 AFTER_REWRITE_PASSES = (fake_quants_read_by_every_reader, fake_quants_on_one_grid_merged,
                         fake_quants_after_value_moving_ops)

@@ -182,6 +182,9 @@ def to_tflite(graph_def, source, mode, float16_weights, int8=None):
 _NO_KERNEL = re.compile(r"'tf\.(\w+)' op is neither a custom op nor a flex op")
 
 
+_FUSED_LOCATION = re.compile(r'<unknown>:0: error: loc\(fused\[(?:"[^"]*", )*"([^"]*)"\]\):')
+
+
 def _converter_failure(failure, mode):
     """The TFLite converter's error as one line: the ops it has no builtin for, by name, or its first error."""
     text = str(failure)
@@ -197,7 +200,9 @@ def _converter_failure(failure, mode):
     lines = [line.strip() for line in text.splitlines()]
     summary = next((line for line in lines if line.startswith(("Custom ops:", "Flex ops:"))), None)
     summary = summary or next((line for line in lines if "error:" in line), lines[0] if lines else "")
-    return f"the TFLite converter failed: {summary[:300]}"
+    # the op's location by the end of its name, so that what follows (a same-scale refusal's two scales) shows
+    summary = _FUSED_LOCATION.sub(lambda match: "/".join(match[1].split("/")[-3:]) + ":", summary)
+    return f"the TFLite converter failed: {summary[:400]}"
 
 
 def _summarise(findings):

@@ -11,13 +11,19 @@ library calls through) is intercepted:
 * an operation that computes (add, matmul, mean, rsqrt, ...) on a float
   tensor has its float result fake-quantized on a moving-average range of
   its own;
-* one that only moves values (reshape, transpose, a slice, a concatenation
-  of one grid, a cast) keeps its input's grid and takes no range: RESHAPE,
-  TRANSPOSE and CONCATENATION hold the same scale on both sides by
-  construction, as TFLite requires;
-* a float input that is on no grid (a Python operator's result, `x + y` on
-  the backend's tensors, which no interception sees) is put on a range where
-  an operation reads it, as a sublayer's input is.
+* one that only moves values (reshape, transpose, a slice, a cast) keeps its
+  input's grid and takes no range: RESHAPE, TRANSPOSE and STRIDED_SLICE hold
+  the same scale on both sides by construction, as TFLite requires;
+* one whose result TFLite holds on its operands' scale (concatenate, stack,
+  where, maximum, minimum) has its result on a range of its own, and its
+  float operands on no grid put there too;
+* a float input that is on no grid (a weight, or a value computed where no
+  interception runs) is put on a range where an operation reads it, as a
+  sublayer's input is.
+
+The Python operators of the backend's own tensors (`x * y`, `q @ k`,
+`x[..., :d]` on TensorFlow, JAX or PyTorch tensors, as keras-hub's layers
+write them) are intercepted alike, as the keras.ops function each computes.
 
 Ranges are made at the layer's first call (symbolic, when the QAT model is
 built or loaded), one per place in the code that calls an operation and per
@@ -26,9 +32,9 @@ A place first reached later (a branch the first call did not take) is left
 unranged. Sublayers (their own rules) and the ranges' own computation run
 with the interception suspended; other threads are never affected.
 
-What no interception sees stays float in the int8 model where its result is
-read only by other unseen arithmetic (`(x * a) * b` with Python operators);
-the converter's report names those ops.
+What no interception sees (a backend function called directly, `tf.math.*`)
+stays float in the int8 model where its result is read only by other unseen
+arithmetic; the converter's report names those ops.
 """
 
 import contextlib
@@ -36,6 +42,7 @@ import sys
 import threading
 
 from keras_gelu.flavour import keras
+from keras_gelu.flavour import tensor_classes
 from keras_gelu.qat.keras3.wrapper import is_float
 
 # The modules whose functions libraries call: `from keras import ops` (keras-hub, user code) and `from keras.src
@@ -47,22 +54,43 @@ _NOT_INTERCEPTED = frozenset({
     "associative_scan", "cond", "convert_to_numpy", "custom_gradient", "dtype", "fori_loop", "is_tensor", "jvp",
     "map", "ndim", "scan", "shape", "size", "switch", "vectorize", "vectorized_map", "while_loop"})
 
+# Functions whose values are constants, whatever the values of the tensor they take the shape of: on no grid,
+# as a constant is (Gemma's zeros_like(x) had a range of its own, [0, 0], beside x's in a SELECT_V2).
+_SHAPE_ONLY = frozenset({"empty_like", "full_like", "ones_like", "zeros_like"})
+
 # Functions whose outputs are values of their first tensor input's grid: moved, copied or dropped.
 VALUE_MOVING = frozenset({
-    "amax", "amin", "array_split", "broadcast_to", "cast", "concatenate", "convert_to_tensor", "copy",
-    "depth_to_space", "diagonal", "dsplit", "dstack", "expand_dims", "flip", "fliplr", "flipud", "get_item",
-    "hsplit", "hstack", "identity", "max", "max_pool", "min", "moveaxis", "pad", "ravel", "rearrange", "repeat",
-    "reshape", "roll", "rot90", "slice", "space_to_depth", "split", "squeeze", "stack", "stop_gradient",
-    "swapaxes", "take", "take_along_axis", "tile", "transpose", "tril", "triu", "unstack", "vsplit", "vstack"})
+    "amax", "amin", "array_split", "broadcast_to", "cast", "convert_to_tensor", "copy", "depth_to_space",
+    "diagonal", "dsplit", "expand_dims", "flip", "fliplr", "flipud", "get_item", "hsplit", "identity", "max",
+    "max_pool", "min", "moveaxis", "pad", "ravel", "rearrange", "repeat", "reshape", "roll", "rot90", "slice",
+    "space_to_depth", "split", "squeeze", "stop_gradient", "swapaxes", "take", "take_along_axis", "tile",
+    "transpose", "tril", "triu", "unstack", "vsplit"})
+
+# Functions whose result TFLite holds on one scale with their operands' (CONCATENATION, PACK, SELECT_V2, MAXIMUM,
+# MINIMUM): the result gets a range, onto which TFLite requantizes the operands on a grid, and those on none are
+# put. As value-moving ops, GPT-NeoX's rotated query concatenated with the rest of it, and XLNet's embeddings,
+# held two grids in one CONCATENATION, which the converter refused.
+ONE_GRID = frozenset({"append", "concatenate", "dstack", "hstack", "maximum", "minimum", "stack", "vstack",
+                      "where"})
 
 # Functions infinite at 0 (and their gradients), where the int8 op saturates: rsqrt(0) = inf in QAT gave
 # NaN ranges and gradients (0 x inf). Their input is taken no lower than _SMALLEST_INPUT.
 _SINGULAR_AT_ZERO = frozenset({"log", "reciprocal", "rsqrt", "sqrt"})
 _SMALLEST_INPUT = 1e-12
 
+# The Python operators of the backend's tensors, as the keras.ops function each computes: keras-hub's rotary
+# embedding (x * cos + rotated * sin), an RMS normalization's x * rsqrt(...) * scale, attention's q @ k are
+# operators on TensorFlow, JAX or PyTorch tensors, which no keras.ops interception sees.
+_OPERATORS = {
+    "__add__": "add", "__radd__": "add", "__sub__": "subtract", "__rsub__": "subtract", "__mul__": "multiply",
+    "__rmul__": "multiply", "__truediv__": "divide", "__rtruediv__": "divide", "__neg__": "negative",
+    "__pow__": "power", "__rpow__": "power", "__matmul__": "matmul", "__rmatmul__": "matmul",
+    "__getitem__": "get_item"}
+
 _local = threading.local()
 _lock = threading.Lock()
-_installed = {"count": 0, "originals": []}  # [(module, name, function)] while any thread intercepts
+# while any thread intercepts: [(module or class, name, function, whether it was its own attribute)]
+_installed = {"count": 0, "originals": []}
 
 
 def _states():
@@ -173,7 +201,7 @@ def _intercepted(name, function):
         key = f"{place}#{count}"
         flat = keras.tree.flatten((args, kwargs))
         tensors = [value for value in flat if _is_tensor(value) and is_float(value)]
-        if not tensors:  # a constant made (ones, arange) or integer arithmetic (positions, masks)
+        if not tensors or name in _SHAPE_ONLY:  # a constant made (ones, arange), integer arithmetic (positions)
             return function(*args, **kwargs)
         if state.making and all(state.constant(tensor) for tensor in tensors):
             # computed from constants alone, which the converter folds: the int8 model holds its result as a
@@ -182,6 +210,8 @@ def _intercepted(name, function):
             # whole model went NaN (keras-hub's GPT-OSS). No range is made for this place, nor for its inputs
             with suspended():
                 return function(*args, **kwargs)
+        if name in ONE_GRID:
+            return _on_one_grid(state, key, name, function, args, kwargs)
         if moving:
             with suspended():
                 outputs = function(*args, **kwargs)
@@ -213,6 +243,28 @@ def _intercepted(name, function):
     return operation
 
 
+def _on_one_grid(state, key, name, function, args, kwargs):
+    """function(*args, **kwargs) on the range made for its result (read in float first), and so are its float
+    operands on no grid (where's condition, which may be float, is none of them). Those on a grid are kept:
+    TFLite requantizes them into the op, but refuses a FakeQuant of a FakeQuant's output there."""
+    with suspended():
+        outputs = function(*args, **kwargs)
+    quantizer = state.range_for(key)
+    if quantizer is None:
+        return outputs
+    condition = (args[0] if args else kwargs.get("condition")) if name == "where" else None
+    with suspended():
+        quantizer.observe(outputs, state.training)
+        flat = [quantizer.quantize(value, state.training)
+                if _is_tensor(value) and is_float(value) and value is not condition and id(value) not in
+                state.on_grid and not (state.making and state.constant(value)) else value
+                for value in keras.tree.flatten((args, kwargs))]
+        args, kwargs = keras.tree.pack_sequence_as((args, kwargs), flat)
+        outputs = quantizer.quantize(function(*args, **kwargs), state.training)
+    state.on_grid[id(outputs)] = outputs
+    return outputs
+
+
 def _install():
     with _lock:
         _installed["count"] += 1
@@ -225,8 +277,15 @@ def _install():
                 if name.startswith("_") or name in _NOT_INTERCEPTED or not callable(function) \
                         or isinstance(function, type) or type(function).__name__ == "module":
                     continue
-                _installed["originals"].append((module, name, function))
+                _installed["originals"].append((module, name, function, True))
                 setattr(module, name, _intercepted(name, function))
+        for tensor_class in tensor_classes():
+            for method, name in _OPERATORS.items():
+                function = getattr(tensor_class, method, None)
+                if function is None:
+                    continue
+                _installed["originals"].append((tensor_class, method, function, method in vars(tensor_class)))
+                setattr(tensor_class, method, _intercepted(name, function))
 
 
 def _uninstall():
@@ -234,6 +293,9 @@ def _uninstall():
         _installed["count"] -= 1
         if _installed["count"]:
             return
-        for module, name, function in _installed["originals"]:
-            setattr(module, name, function)
+        for holder, name, function, own in reversed(_installed["originals"]):
+            if own:
+                setattr(holder, name, function)
+            else:  # inherited (PyTorch's from its C base class): the class's own attribute removed
+                delattr(holder, name)
         _installed["originals"] = []

@@ -92,18 +92,27 @@ class ActivationRange:
         self.low, self.high = _range_variables(layer, self.name, ())
 
     def __call__(self, x, training=False):
-        if training:
-            # widened to hold 0 (and an empty tensor's range is [0, 0], where a bare min would fail)
-            batch_low = keras.ops.min(keras.ops.cast(x, "float32"), initial=0.0)
-            batch_high = keras.ops.max(keras.ops.cast(x, "float32"), initial=0.0)
-            # The first training batch sets the range outright (no batch has, while it is still the initial
-            # [-6, 6]): a moving average from [-6, 6] keeps a real model's range there for thousands of steps,
-            # and its small values (a variance, a normalized row) on a grid of 12/255.
-            unset = keras.ops.logical_and(keras.ops.equal(self.low, -_INITIAL_RANGE),
-                                          keras.ops.equal(self.high, _INITIAL_RANGE))
-            keep = 0.0 if _calibrating[0] else keras.ops.where(unset, 0.0, EMA_DECAY)
-            self.low.assign(keep * self.low + (1.0 - keep) * batch_low)
-            self.high.assign(_widened(self.low, keep * self.high + (1.0 - keep) * batch_high))
+        self.observe(x, training)
+        return self.quantize(x, training)
+
+    def observe(self, x, training=False):
+        """In training, moves the range towards x's (the first batch sets it)."""
+        if not training:
+            return
+        # widened to hold 0 (and an empty tensor's range is [0, 0], where a bare min would fail)
+        batch_low = keras.ops.min(keras.ops.cast(x, "float32"), initial=0.0)
+        batch_high = keras.ops.max(keras.ops.cast(x, "float32"), initial=0.0)
+        # The first training batch sets the range outright (no batch has, while it is still the initial
+        # [-6, 6]): a moving average from [-6, 6] keeps a real model's range there for thousands of steps,
+        # and its small values (a variance, a normalized row) on a grid of 12/255.
+        unset = keras.ops.logical_and(keras.ops.equal(self.low, -_INITIAL_RANGE),
+                                      keras.ops.equal(self.high, _INITIAL_RANGE))
+        keep = 0.0 if _calibrating[0] else keras.ops.where(unset, 0.0, EMA_DECAY)
+        self.low.assign(keep * self.low + (1.0 - keep) * batch_low)
+        self.high.assign(_widened(self.low, keep * self.high + (1.0 - keep) * batch_high))
+
+    def quantize(self, x, training=False):
+        """x fake-quantized on the range as it is."""
         return _fake_quant(x, self.low, self.high, training=training)
 
 

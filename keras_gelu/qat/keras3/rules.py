@@ -349,8 +349,9 @@ class SoftmaxRule(QuantizeRule):
     def call(self, wrapper, layer, inputs, training, mask=None, **kwargs):
         if mask is None:
             return replacements.on_logistic_int8_grid(layer(inputs, **kwargs))
-        # as Keras's Softmax reads a mask: kept where True, or above 0.5
-        keep = mask if keras.backend.standardize_dtype(mask.dtype) == "bool" else keras.ops.greater(mask, 0.5)
+        # as Keras's Softmax reads a mask: kept where True, or nonzero (compared in the mask's own type: an
+        # integer mask compared with 0.5 was a CAST to float, a float island in the int8 model)
+        keep = mask if keras.backend.standardize_dtype(mask.dtype) == "bool" else keras.ops.not_equal(mask, 0)
         # the inputs' range observed, not applied: the inputs are on their producer's grid already, and a second
         # grid before the SELECT_V2 would be a requantization the converter cannot take into its same scale
         wrapper.ranges["scores"](inputs, training)
