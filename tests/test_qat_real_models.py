@@ -214,28 +214,35 @@ def test_a_custom_composite_layer_is_quantized_through_and_its_own_arithmetic_ge
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
 
-def test_a_composites_operators_selections_and_concatenations_convert_integer_throughout(rng):
-    """keras-hub's layers compute with Python operators on the backend's tensors (an RMS normalization, a rotary
-    embedding's products), select between a tensor and zeros_like of it (Gemma's attention), and concatenate a
-    computed part with a slice (GPT-NeoX's rotated query): each ranged where TFLite computes, the selection and
-    the concatenation on one scale, as TFLite holds them."""
+def test_a_composites_operators_selections_and_concatenations_convert_integer_throughout(tmp_path, rng):
+    """keras-hub's layers compute with Python operators on the backend's tensors and its variables (EdRec's RMS
+    normalization by 1 + scale, a rotary embedding's products), select between a tensor and zeros_like of it
+    (Gemma's attention), and concatenate a computed part with a slice (GPT-NeoX's rotated query): each ranged
+    where TFLite computes, the selection and the concatenation on one scale, as TFLite holds them; SQUARE, POW
+    and ZEROS_LIKE, which TFLite computes in float only, as MULs. A model loading calls the layer before its
+    weights are set, and makes the same ranges."""
     import tflite_helpers
+
+    @keras.saving.register_keras_serializable(package="test_qat_real_models")
+    class Normalization(keras.layers.Layer):
+        def build(self, input_shape):
+            self.scale = self.add_weight(name="scale", shape=(input_shape[-1],),
+                                         initializer=keras.initializers.RandomUniform(-0.5, 0.5))
+
+        def call(self, h):
+            h = h * keras.ops.rsqrt(keras.ops.mean(keras.ops.square(h), axis=-1, keepdims=True) + 1e-6)
+            return h * keras.ops.cast(1.0 + self.scale, h.dtype)
 
     @keras.saving.register_keras_serializable(package="test_qat_real_models")
     class Block(keras.layers.Layer):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
             self.projection = keras.layers.Dense(8)
-
-        def build(self, input_shape):
-            self.projection.build(input_shape)
-            self.scale = self.add_weight(name="scale", shape=(8,),
-                                         initializer=keras.initializers.RandomUniform(0.5, 1.5))
+            self.normalization = Normalization()
 
         def call(self, x):
-            h = self.projection(x)
-            h = h * keras.ops.rsqrt(keras.ops.mean(keras.ops.square(h), axis=-1, keepdims=True) + 1e-6) * self.scale
-            rotated = keras.ops.concatenate([h[..., :4] * 0.5 - h[..., 4:] * 0.25, h[..., 4:]], axis=-1)
+            h = self.normalization(self.projection(x))
+            rotated = keras.ops.concatenate([h[..., :4] * 0.5 - h[..., 4:] ** 2 * 0.25, h[..., 4:]], axis=-1)
             return keras.ops.where(x[..., :1] > 0.5, keras.ops.zeros_like(rotated), rotated)
 
     keras.utils.set_random_seed(23)
@@ -245,6 +252,8 @@ def test_a_composites_operators_selections_and_concatenations_convert_integer_th
     qat = keras_gelu.qat.quantize_model(model)
     qat.compile(keras.optimizers.Adam(1e-3), "mse")
     qat.fit(x, rng.normal(size=(64, 6, 3)).astype(np.float32), batch_size=16, epochs=1, verbose=0)
+    qat.save(str(tmp_path / "qat.keras"))
+    np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "qat.keras"))(x).numpy(), qat(x).numpy())
     tflite_model, report = converters.convert(qat, int8=True)
     assert report.float_ops == {}, report.op_types
     assert {"CONCATENATION", "SELECT_V2", "RSQRT"} <= set(report.op_types)

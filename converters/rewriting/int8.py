@@ -139,20 +139,28 @@ def negations_as_multiplications(graph_def):
 
 
 def squares_as_multiplications(graph_def):
-    """Rewrite Square(x) as Mul(x, x): TFLite's SQUARE has a float kernel only, and its int8 model computed an
-    RMS normalization's square in float between a DEQUANTIZE and a QUANTIZE (keras-hub's MobileNetV5, Gemma).
-    The square of a difference stays: TFLite fuses Square(Sub(x, y)) into an int8 SQUARED_DIFFERENCE (a
-    LayerNormalization's variance). Returns how many were rewritten."""
+    """Rewrite Square(x) and Pow(x, 2) as Mul(x, x): TFLite's SQUARE and POW have float kernels only, and its
+    int8 model computed an RMS normalization's square in float between a DEQUANTIZE and a QUANTIZE (keras-hub's
+    MobileNetV5, Gemma; MiT's x ** 2). The square of a difference stays: TFLite fuses Square(Sub(x, y)) into an
+    int8 SQUARED_DIFFERENCE (a LayerNormalization's variance). Returns how many were rewritten."""
     nodes = graph.nodes_by_name(graph_def)
     rewritten = 0
     for node in graph_def.node:
-        if node.op != "Square":
+        operands = graph.data_inputs(node)
+        if node.op == "Pow":
+            exponent = graph.constant_value(operands[1], nodes)
+            if exponent is None or exponent.size != 1 or float(exponent.reshape(())) != 2.0:
+                continue
+            controls = [name for name in node.input if name.startswith("^")]
+            del node.input[:]
+            node.input.extend([operands[0], operands[0]] + controls)
+            node.op = "Mul"
+            rewritten += 1
             continue
-        operand = graph.data_inputs(node)[0]
-        if getattr(graph.producer(operand, nodes), "op", None) == "Sub":
+        if node.op != "Square" or getattr(graph.producer(operands[0], nodes), "op", None) == "Sub":
             continue
         node.op = "Mul"
-        node.input.insert(1, operand)
+        node.input.insert(1, operands[0])
         rewritten += 1
     return rewritten
 
@@ -163,9 +171,9 @@ def zeros_like_as_multiplications(graph_def):
     exactly 0. Returns how many were rewritten."""
     rewritten = 0
     for node in list(graph_def.node):
-        dtype = tf.as_dtype(node.attr["T"].type) if "T" in node.attr else None
-        if node.op != "ZerosLike" or dtype not in (tf.float32, tf.float16, tf.bfloat16):
+        if node.op != "ZerosLike" or not tf.as_dtype(node.attr["T"].type).is_floating:
             continue
+        dtype = tf.as_dtype(node.attr["T"].type)
         zero = graph_def.node.add(name=node.name + "/zero", op="Const")
         zero.attr["dtype"].type = dtype.as_datatype_enum
         zero.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(0, dtype=dtype, shape=[]))
@@ -413,12 +421,15 @@ AFTER_REWRITE_PASSES = (fake_quants_read_by_every_reader, fake_quants_on_one_gri
 
 
 def input_grid(x_name, nodes):
-    """The 256 values an int8 tensor x can take, if x comes straight from a FakeQuant; else None.
+    """The 256 values an int8 tensor x can take, if x comes from a FakeQuant, directly or through ops that only
+    move values (an EinsumDense's reshape back: Gemma's and Bloom's GELUs); else None.
 
     The FakeQuant's range is nudged as TensorFlow does (zero exactly
     representable), so these are the values the int8 model sees.
     """
     node = graph.producer(x_name, nodes)
+    while node is not None and node.op in _VALUE_MOVING:
+        node = graph.producer(graph.data_inputs(node)[0], nodes)
     if node is None or node.op not in FAKE_QUANT_OPS:
         return None
     if node.op == "FakeQuantWithMinMaxArgs":

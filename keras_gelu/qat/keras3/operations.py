@@ -107,6 +107,7 @@ class _Interception:
         self.wrapper, self.training, self.on_grid = wrapper, training, on_grid
         self.passes = {}
         self.constants = {}  # {graph op name: computed from constants alone}, see constant()
+        self.from_weights = {}  # {id: tensor} computed from a weight, by an intercepted call
         self.making = wrapper.operation_ranges is None  # the first call makes the ranges
         if self.making:
             wrapper.operation_ranges = {}
@@ -114,7 +115,11 @@ class _Interception:
     def constant(self, tensor):
         """Whether `tensor` is computed from constants alone. Known where the first call traces a TensorFlow
         graph: no placeholder (the call's inputs, and the weights it captured) and no stateful op (random
-        values) among the ops it comes from; elsewhere (eager tensors, JAX, PyTorch) taken as not."""
+        values) among the ops it comes from; elsewhere (eager tensors, JAX, PyTorch) taken as not. Never what an
+        intercepted call computed from a weight: a model loading calls its layers before their weights are set,
+        when a weight reads as its initializer's constant, and its ranges must be those it was saved with."""
+        if id(tensor) in self.from_weights:
+            return False
         try:
             root = tensor.op
             root.inputs  # noqa: B018 - an eager tensor has neither
@@ -141,7 +146,8 @@ class _Interception:
             if not self.making:
                 return None
             names[key] = f"operation_{len(names)}"
-            self.wrapper.add_activation_range(names[key])
+            with suspended():  # a backend's initializers compute with its tensors' operators too (PyTorch's)
+                self.wrapper.add_activation_range(names[key])
         return self.wrapper.ranges[names[key]]
 
     def ranged(self, key, tensor):
@@ -198,8 +204,13 @@ def _intercepted(name, function):
             return function(*args, **kwargs)
         place = _place(name)
         state.passes[place] = count = state.passes.get(place, 0) + 1
-        key = f"{place}#{count}"
         flat = keras.tree.flatten((args, kwargs))
+        outputs = ranged_call(state, f"{place}#{count}", flat, args, kwargs)
+        if any(isinstance(value, keras.Variable) or id(value) in state.from_weights for value in flat):
+            state.from_weights.update((id(output), output) for output in keras.tree.flatten(outputs))
+        return outputs
+
+    def ranged_call(state, key, flat, args, kwargs):
         tensors = [value for value in flat if _is_tensor(value) and is_float(value)]
         if not tensors or name in _SHAPE_ONLY:  # a constant made (ones, arange), integer arithmetic (positions)
             return function(*args, **kwargs)
@@ -279,7 +290,8 @@ def _install():
                     continue
                 _installed["originals"].append((module, name, function, True))
                 setattr(module, name, _intercepted(name, function))
-        for tensor_class in tensor_classes():
+        # the backend's tensors, and Keras's variables, whose operators compute with the backend's own functions
+        for tensor_class in (*tensor_classes(), keras.Variable):
             for method, name in _OPERATORS.items():
                 function = getattr(tensor_class, method, None)
                 if function is None:
