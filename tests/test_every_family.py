@@ -10,9 +10,10 @@ cannot be built). Here:
   repeats a draw, `KG_FAMILIES=all` (or KG_EVERY_CASE=1) takes every family, and `KG_FAMILIES=ViTBackbone,BertBackbone`
   those) is built, checked to compute a GELU (read from its traced graph), and taken through what a user
   does: the float .keras converted in builtin mode, `--int8` post-training (calibrated on its inputs), and
-  `quantize_model` (no calibration data, the default), a training step, `.keras`, `--int8`, integer
-  throughout and at a cosine of 0.99 or more to the QAT model (issue 38's bar, beside the converter's parity
-  check). A stage a family does not pass yet is listed in `NOT_YET` with its one-line refusal, strictly: the
+  `quantize_model` (no calibration data, the default), a training step, `.keras`, `--int8` with the inputs'
+  shapes fixed (`--input-shape`: an integer runtime plans its memory for fixed shapes, and positions, masks and
+  rotary tables computed from a sequence's length then fold into constants), integer throughout and at a
+  cosine of 0.99 or more to the QAT model (issue 38's bar, beside the converter's parity check). A stage a family does not pass yet is listed in `NOT_YET` with its one-line refusal, strictly: the
   refusal must be the one listed, and a stage that passes while listed fails, so that the table shrinks as the
   mechanisms grow.
 
@@ -188,7 +189,9 @@ def _outcomes(family, folder):
 
     attempt("qat", train)
     if outcomes["qat"] is None:
-        attempt("qat int8", lambda: _integer_throughout(converters.convert(qat_path, int8=True, inputs=samples)[1]))
+        shapes = {name: value.shape for name, value in named.items()} if isinstance(inputs, dict) else None
+        attempt("qat int8", lambda: _integer_throughout(converters.convert(qat_path, int8=True, inputs=samples,
+                                                                           input_shapes=shapes)[1]))
     return outcomes
 
 

@@ -897,6 +897,27 @@ def test_a_layer_normalization_without_beta_before_an_einsum_dense_converts_to_i
     assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
 
 
+def test_an_embedding_shared_by_two_inputs_gathers_both_in_int8(rng):
+    """A shared Embedding (Bart's encoder and decoder tokens) rounds one table for two GATHERs: TFLite computes
+    both in float from one quantized table, and gathers from two grids an ulp apart in int8."""
+    import tflite_helpers
+
+    keras.utils.set_random_seed(5)
+    first, second = keras.Input((6,), dtype="int32", name="first"), keras.Input((6,), dtype="int32", name="second")
+    tokens = keras.layers.Embedding(50, 8, name="tokens")
+    summed = keras.layers.Add()([tokens(first), keras.layers.Dense(8)(tokens(second))])
+    model = keras.Model([first, second], keras.layers.Dense(3)(summed))
+    ids = {name: rng.integers(0, 50, (16, 6)).astype(np.int32) for name in ("first", "second")}
+    qat = keras_gelu.qat.quantize_model(model)
+    qat.compile(keras.optimizers.Adam(1e-2), "mse", run_eagerly=True)
+    qat.fit(ids, rng.normal(size=(16, 6, 3)).astype(np.float32), epochs=1, verbose=0)
+    tflite_model, report = _converted(qat)
+    assert report.float_ops == {} and report.op_types["GATHER"] == {"int8": 2}, report.op_types
+    (scale,) = operators.output_scales(tflite_model)
+    outputs = tflite_helpers.run(tflite_model, ids["first"], ids["second"])[0]
+    assert np.max(np.abs(outputs - qat(ids).numpy())) / scale <= QAT_INT8_STEPS
+
+
 class _DropPath(keras.layers.Layer):
     """A residual branch dropped per sample in training, the identity at inference (as keras-hub's DropPath)."""
 

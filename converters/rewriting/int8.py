@@ -258,6 +258,77 @@ def fake_quants_read_by_every_reader(graph_def):
     return moved
 
 
+def repeated_fake_quants_merged(graph_def):
+    """Point the readers of a FakeQuant that repeats another (the same tensor or an equal constant, the same
+    range, the same attributes) at the first; returns how many moved.
+
+    A layer called twice rounds its weights at each call, each from its own read of them: a shared Embedding
+    (Bart's encoder and decoder tokens) gave two FakeQuants of two equal tables, and TFLite gathered both
+    lookups from a float table, between a DEQUANTIZE and a QUANTIZE.
+    """
+    nodes = graph.nodes_by_name(graph_def)
+
+    def operand(name):
+        value = graph.constant_value(name, nodes)
+        return graph.resolve(name, nodes) if value is None else (value.dtype.str, value.shape)
+
+    groups = {}
+    for node in graph_def.node:
+        if node.op in FAKE_QUANT_OPS:
+            signature = (node.op, tuple(operand(name) for name in graph.data_inputs(node)),
+                         tuple(sorted((name, value.SerializeToString()) for name, value in node.attr.items())))
+            groups.setdefault(signature, []).append(node)
+    moved = 0
+    for group in groups.values():
+        kept = []
+        for node in group:  # constants of one shape compared by value only here
+            values = [graph.constant_value(name, nodes) for name in graph.data_inputs(node)]
+            same = next((first for first, first_values in kept if all(
+                (a is None) == (b is None) and (a is None or np.array_equal(a, b))
+                for a, b in zip(values, first_values))), None)
+            if same is None:
+                kept.append((node, values))
+            else:
+                graph.redirect(graph_def, node.name, same.name)
+                moved += 1
+    return moved
+
+
+def one_table_per_lookup(graph_def):
+    """Give each GATHER of a fake-quantized constant table after the first a FakeQuant of its own, its top an
+    ulp of float32 higher per reader; returns how many were given one.
+
+    TFLite computes every GATHER of one quantized constant in float, from a DEQUANTIZEd table (a shared
+    Embedding: Bart's encoder and decoder tokens, T5's), while two tables on two grids each stay int8. An ulp
+    of 3.0 is 2.4e-7: the grids differ by a step's 1e-7, the int8 rows are the same ones.
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    readers = graph.consumers(graph_def)
+    given = 0
+    for fake_quant in list(graph_def.node):
+        if fake_quant.op != "FakeQuantWithMinMaxVars" or graph.constant_value(
+                graph.data_inputs(fake_quant)[0], nodes) is None:
+            continue
+        high = graph.constant_value(graph.data_inputs(fake_quant)[2], nodes)
+        lookups = [node for node, position in readers.get(graph.canonical(fake_quant.name), ())
+                   if node.op == "GatherV2" and position == 0]
+        if high is None or high.size != 1 or len(lookups) < 2:
+            continue
+        top = np.float32(high.reshape(()))
+        for lookup in lookups[1:]:
+            top = np.nextafter(top, np.float32(np.inf))
+            raised = graph_def.node.add(name=f"{lookup.name}/table_max", op="Const")
+            raised.attr["dtype"].type = tf.float32.as_datatype_enum
+            raised.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(top, dtype=tf.float32, shape=high.shape))
+            own = graph_def.node.add()
+            own.CopyFrom(fake_quant)
+            own.name = f"{lookup.name}/table"
+            own.input[2] = raised.name
+            lookup.input[0] = own.name
+            given += 1
+    return given
+
+
 def fake_quants_on_one_grid_merged(graph_def):
     """Point the readers of FakeQuant(FakeQuant(x)) at the inner one where both nudge to one grid; returns how
     many moved.
@@ -416,8 +487,8 @@ def constant_lookups_folded(graph_def):
 GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, squares_as_multiplications,
                 zeros_like_as_multiplications, biases_before_reshapes, constant_lookups_folded)
 # And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.
-AFTER_REWRITE_PASSES = (fake_quants_read_by_every_reader, fake_quants_on_one_grid_merged,
-                        fake_quants_after_value_moving_ops)
+AFTER_REWRITE_PASSES = (repeated_fake_quants_merged, one_table_per_lookup, fake_quants_read_by_every_reader,
+                        fake_quants_on_one_grid_merged, fake_quants_after_value_moving_ops)
 
 
 def input_grid(x_name, nodes):

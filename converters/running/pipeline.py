@@ -421,7 +421,12 @@ def _converted(serialized, source, requested, options, int8_setup, target, repor
         report.op_types = operators.typed_op_histogram(tflite_model)
         report.float_ops = operators.float_islands(tflite_model)
         if report.float_ops:
-            report.warnings.append(f"not fully integer: {reporting.counted(report.float_ops)} compute in float")
+            open_dimensions = [info.name for info in source.inputs
+                               if info.shape is None or None in tuple(info.shape)[1:]]
+            hint = (f"; --input-shape for {', '.join(open_dimensions)} folds what is computed from a shape "
+                    "(positions, masks, rotary tables)") if open_dimensions else ""
+            report.warnings.append(f"not fully integer: {reporting.counted(report.float_ops)} compute in float"
+                                   + hint)
     report.note_flex_ops()
     report.size_bytes = len(tflite_model)
     invalid = validation.problem(tflite_model)

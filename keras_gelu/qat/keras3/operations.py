@@ -57,6 +57,8 @@ _NOT_INTERCEPTED = frozenset({
 # Functions whose values are constants, whatever the values of the tensor they take the shape of: on no grid,
 # as a constant is (Gemma's zeros_like(x) had a range of its own, [0, 0], beside x's in a SELECT_V2).
 _SHAPE_ONLY = frozenset({"empty_like", "full_like", "ones_like", "zeros_like"})
+# TensorFlow's ops that read a tensor's shape and none of its values
+_SHAPE_OPS = frozenset({"Rank", "Shape", "ShapeN", "Size"})
 
 # Functions whose outputs are values of their first tensor input's grid: moved, copied or dropped.
 VALUE_MOVING = frozenset({
@@ -106,18 +108,21 @@ class _Interception:
     def __init__(self, wrapper, training, on_grid):
         self.wrapper, self.training, self.on_grid = wrapper, training, on_grid
         self.passes = {}
-        self.constants = {}  # {graph op name: computed from constants alone}, see constant()
+        self.constants = {}  # {shapes_too: {graph op name: computed from constants alone}}, see constant()
         self.from_weights = {}  # {id: tensor} computed from a weight, by an intercepted call
+        self.rounded_inputs = {}  # {id: (tensor, its rounded self)}, see ranged_input()
         self.making = wrapper.operation_ranges is None  # the first call makes the ranges
         if self.making:
             wrapper.operation_ranges = {}
 
-    def constant(self, tensor):
-        """Whether `tensor` is computed from constants alone. Known where the first call traces a TensorFlow
-        graph: no placeholder (the call's inputs, and the weights it captured) and no stateful op (random
-        values) among the ops it comes from; elsewhere (eager tensors, JAX, PyTorch) taken as not. Never what an
-        intercepted call computed from a weight: a model loading calls its layers before their weights are set,
-        when a weight reads as its initializer's constant, and its ranges must be those it was saved with."""
+    def constant(self, tensor, shapes_too=False):
+        """Whether `tensor` is computed from constants alone (`shapes_too`: and from tensors' shapes: a sequence's
+        positions, its causal mask, its rotary table, which hold no data and fold where the shapes are fixed).
+        Known where the first call traces a TensorFlow graph: no placeholder (the call's inputs, and the weights
+        it captured) and no stateful op (random values) among the ops it comes from; elsewhere (eager tensors,
+        JAX, PyTorch) taken as not. Never what an intercepted call computed from a weight: a model loading calls
+        its layers before their weights are set, when a weight reads as its initializer's constant, and its
+        ranges must be those it was saved with."""
         if id(tensor) in self.from_weights:
             return False
         try:
@@ -125,13 +130,15 @@ class _Interception:
             root.inputs  # noqa: B018 - an eager tensor has neither
         except AttributeError:
             return False
-        known = self.constants
+        known = self.constants.setdefault(shapes_too, {})
         stack = [(root, False)]
         while stack:  # depth first, each op decided after its inputs
             operation, inputs_decided = stack.pop()
             if operation.name in known:
                 continue
-            if operation.type.startswith("Placeholder") or operation.op_def.is_stateful:
+            if shapes_too and operation.type in _SHAPE_OPS:
+                known[operation.name] = True
+            elif operation.type.startswith("Placeholder") or operation.op_def.is_stateful:
                 known[operation.name] = False
             elif inputs_decided:
                 known[operation.name] = all(known[source.op.name] for source in operation.inputs)
@@ -149,6 +156,15 @@ class _Interception:
             with suspended():  # a backend's initializers compute with its tensors' operators too (PyTorch's)
                 self.wrapper.add_activation_range(names[key])
         return self.wrapper.ranges[names[key]]
+
+    def ranged_input(self, key, tensor):
+        """An operation's float input on no grid, on a range where an operation first reads it; every later
+        reader in this call reads that rounded tensor: one int8 tensor in TFLite, with one scale (DINOv3's
+        rotary cos, read by its query's and its key's products, had a range at each, and TFLite refused the
+        EXPAND_DIMS before them)."""
+        if id(tensor) not in self.rounded_inputs:
+            self.rounded_inputs[id(tensor)] = (tensor, self.ranged(key, tensor))
+        return self.rounded_inputs[id(tensor)][1]
 
     def ranged(self, key, tensor):
         quantizer = self.range_for(key)
@@ -214,11 +230,14 @@ def _intercepted(name, function):
         tensors = [value for value in flat if _is_tensor(value) and is_float(value)]
         if not tensors or name in _SHAPE_ONLY:  # a constant made (ones, arange), integer arithmetic (positions)
             return function(*args, **kwargs)
-        if state.making and all(state.constant(tensor) for tensor in tensors):
+        if state.making and all(state.constant(tensor, shapes_too=True) for tensor in tensors):
             # computed from constants alone, which the converter folds: the int8 model holds its result as a
             # constant, on a grid of its own, and computes nothing here; rounded at each step instead, YaRN's
             # inverse frequencies (1 / base ** (i / d)) divided by a power rounded to 0 on its range, and the
-            # whole model went NaN (keras-hub's GPT-OSS). No range is made for this place, nor for its inputs
+            # whole model went NaN (keras-hub's GPT-OSS). No range is made for this place, nor for its inputs.
+            # So with what is computed from a shape: positions rounded on a range learnt at one length saturate
+            # at another, and a causal mask compared them (the first operation reading such a value with data,
+            # x * cos, ranges it)
             with suspended():
                 return function(*args, **kwargs)
         if name in ONE_GRID:
@@ -233,7 +252,7 @@ def _intercepted(name, function):
         # a float input on no grid, ranged where this operation reads it; not a constant (SAM3's sine positions
         # divide by temperature ** (2i / d), whose 1 a range up to 10000 rounded to 0): the converter holds it
         # as it is, and no range made for it now is found later (the key names its argument's position)
-        values = [state.ranged(f"{key}/input_{position}", value)
+        values = [state.ranged_input(f"{key}/input_{position}", value)
                   if _is_tensor(value) and is_float(value) and id(value) not in state.on_grid
                   and not (state.making and state.constant(value)) else value
                   for position, value in enumerate(flat)]
@@ -266,7 +285,8 @@ def _on_one_grid(state, key, name, function, args, kwargs):
     condition = (args[0] if args else kwargs.get("condition")) if name == "where" else None
     with suspended():
         quantizer.observe(outputs, state.training)
-        flat = [quantizer.quantize(value, state.training)
+        flat = [state.rounded_inputs[id(value)][1] if id(value) in state.rounded_inputs
+                else quantizer.quantize(value, state.training)
                 if _is_tensor(value) and is_float(value) and value is not condition and id(value) not in
                 state.on_grid and not (state.making and state.constant(value)) else value
                 for value in keras.tree.flatten((args, kwargs))]
