@@ -918,6 +918,36 @@ def test_an_embedding_shared_by_two_inputs_gathers_both_in_int8(rng):
     assert np.max(np.abs(outputs - qat(ids).numpy())) / scale <= QAT_INT8_STEPS
 
 
+class _Routed(keras.layers.Layer):
+    """Each row's value at its chosen index kept, the rest zeroed, by a one-hot of the index (GPT-OSS's router
+    weights its experts so)."""
+
+    def call(self, inputs):
+        values, choices = inputs
+        return keras.ops.one_hot(choices, values.shape[-1]) * values
+
+
+def test_a_one_hot_of_indices_computed_in_a_layer_converts_to_integer(rng):
+    """TFLite's ONE_HOT takes no quantized values: the rounded one-hot rows are an int32 comparison with their
+    positions and an int8 SELECT_V2 (the QAT model of GPT-OSS's router was refused)."""
+    import tflite_helpers
+
+    keras.utils.set_random_seed(6)
+    tokens, choices = keras.Input((4, 8), name="tokens"), keras.Input((4,), dtype="int32", name="choices")
+    routed = _Routed(name="router")([keras.layers.Dense(8)(tokens), choices])
+    model = keras.Model([tokens, choices], keras.layers.Dense(3)(routed))
+    inputs = {"tokens": rng.normal(size=(64, 4, 8)).astype(np.float32),
+              "choices": rng.integers(0, 8, (64, 4)).astype(np.int32)}
+    qat = keras_gelu.qat.quantize_model(model)
+    qat.compile(keras.optimizers.Adam(1e-2), "mse", run_eagerly=True)
+    qat.fit(inputs, rng.normal(size=(64, 4, 3)).astype(np.float32), epochs=1, verbose=0)
+    tflite_model, report = _converted(qat)
+    assert report.float_ops == {} and "ONE_HOT" not in report.op_types, report.op_types
+    (scale,) = operators.output_scales(tflite_model)
+    outputs = tflite_helpers.run(tflite_model, inputs["choices"], inputs["tokens"])[0]  # the .tflite's order
+    assert np.max(np.abs(outputs - qat(inputs).numpy())) / scale <= QAT_INT8_STEPS
+
+
 class _DropPath(keras.layers.Layer):
     """A residual branch dropped per sample in training, the identity at inference (as keras-hub's DropPath)."""
 

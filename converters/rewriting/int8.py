@@ -183,6 +183,51 @@ def zeros_like_as_multiplications(graph_def):
     return rewritten
 
 
+def one_hots_as_selections(graph_def):
+    """Rewrite a float OneHot(ids, depth, on, off) along the last axis as SelectV2(Equal(ids[..., None],
+    Range(depth)), on, off): TFLite's ONE_HOT takes no quantized values, and refused the QAT model of GPT-OSS's
+    router, whose one-hot rows are rounded; an int32 comparison and an int8 SELECT_V2 compute the same rows.
+    Returns how many were rewritten."""
+    rewritten = 0
+    for node in list(graph_def.node):
+        if node.op != "OneHot" or graph.attribute(node, "axis", -1) != -1 \
+                or not tf.as_dtype(node.attr["T"].type).is_floating:
+            continue
+        ids, depth, on_value, off_value = graph.data_inputs(node)
+        if tf.as_dtype(node.attr["TI"].type) != tf.int32:
+            cast = graph_def.node.add(name=node.name + "/ids", op="Cast")
+            cast.attr["SrcT"].type = node.attr["TI"].type
+            cast.attr["DstT"].type = tf.int32.as_datatype_enum
+            cast.input.append(ids)
+            ids = cast.name
+        constants = {}
+        for name, value in (("zero", 0), ("one", 1), ("last_axis", -1)):
+            constant = graph_def.node.add(name=f"{node.name}/{name}", op="Const")
+            constant.attr["dtype"].type = tf.int32.as_datatype_enum
+            constant.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, dtype=tf.int32, shape=[]))
+            constants[name] = constant.name
+        positions = graph_def.node.add(name=node.name + "/positions", op="Range")
+        positions.attr["Tidx"].type = tf.int32.as_datatype_enum
+        positions.input.extend([constants["zero"], depth, constants["one"]])
+        column = graph_def.node.add(name=node.name + "/column", op="ExpandDims")
+        column.attr["T"].type = tf.int32.as_datatype_enum
+        column.attr["Tdim"].type = tf.int32.as_datatype_enum
+        column.input.extend([ids, constants["last_axis"]])
+        equal = graph_def.node.add(name=node.name + "/equal", op="Equal")
+        equal.attr["T"].type = tf.int32.as_datatype_enum
+        equal.input.extend([column.name, positions.name])
+        controls = [name for name in node.input if name.startswith("^")]
+        node.op = "SelectV2"
+        dtype = node.attr["T"].type
+        for attribute in list(node.attr):
+            del node.attr[attribute]
+        node.attr["T"].type = dtype
+        del node.input[:]
+        node.input.extend([equal.name, on_value, off_value] + controls)
+        rewritten += 1
+    return rewritten
+
+
 def biases_before_reshapes(graph_def):
     """Rewrite BiasAdd(Reshape(MatMul(x, w)), b) as Reshape(BiasAdd(MatMul(x, w), b)).
 
@@ -485,7 +530,8 @@ def constant_lookups_folded(graph_def):
 # GELUs are rewritten (the GELU op's fusion needs the Neg that the rewrite adds
 # itself, so negations are turned into multiplications first).
 GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, squares_as_multiplications,
-                zeros_like_as_multiplications, biases_before_reshapes, constant_lookups_folded)
+                zeros_like_as_multiplications, one_hots_as_selections, biases_before_reshapes,
+                constant_lookups_folded)
 # And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.
 AFTER_REWRITE_PASSES = (repeated_fake_quants_merged, one_table_per_lookup, fake_quants_read_by_every_reader,
                         fake_quants_on_one_grid_merged, fake_quants_after_value_moving_ops)
