@@ -23,6 +23,7 @@ from keras_gelu import replacements
 
 from .. import errors
 from . import graph
+from . import integer_valued
 
 FAKE_QUANT_OPS = ("FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs")
 # Below this, a Maximum(x, c) is keras_gelu's -inf clamp.
@@ -528,10 +529,11 @@ def constant_lookups_folded(graph_def):
 
 # Run, in this order, on the main graph and every control-flow function before
 # GELUs are rewritten (the GELU op's fusion needs the Neg that the rewrite adds
-# itself, so negations are turned into multiplications first).
+# itself, so negations are turned into multiplications first; integer values
+# move to int32 after the lookups are folded, whose ids may be computed in float).
 GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, squares_as_multiplications,
                 zeros_like_as_multiplications, one_hots_as_selections, biases_before_reshapes,
-                constant_lookups_folded)
+                constant_lookups_folded, integer_valued.integer_arithmetic_in_int32)
 # And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.
 AFTER_REWRITE_PASSES = (repeated_fake_quants_merged, one_table_per_lookup, fake_quants_read_by_every_reader,
                         fake_quants_on_one_grid_merged, fake_quants_after_value_moving_ops)

@@ -1,0 +1,202 @@
+"""Float arithmetic on integer values done in int32 for int8 models: keras-hub's causal mask, built in float from
+a dynamic sequence length, integer throughout; any graph computing the same values after the pass."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from conftest import keras
+from conftest import keras3_only
+from keras_gelu import converters
+from keras_gelu.converters.rewriting import graph
+from keras_gelu.converters.rewriting import integer_valued
+
+pytestmark = pytest.mark.legs("keras3")  # TensorFlow graphs rewritten before any converter: one leg
+
+_LENGTH = 5
+
+
+def _rewritten_outputs(build, specs, feeds):
+    """(the outputs of `build` on placeholders of `specs` (dtype, shape) fed `feeds`, the same after the pass, how
+    many sinks the pass rewrote, the (op, type) pairs of the rewritten graph pruned to its outputs)."""
+    with tf.Graph().as_default() as traced:
+        placeholders = [tf.compat.v1.placeholder(dtype, shape) for dtype, shape in specs]
+        outputs = [tensor.name for tensor in tf.nest.flatten(build(*placeholders))]
+    graph_def = traced.as_graph_def()
+    inputs = dict(zip([placeholder.name for placeholder in placeholders], feeds))
+    before = _run(graph_def, inputs, outputs)
+    rewritten = integer_valued.integer_arithmetic_in_int32(graph_def)
+    graph.prune(graph_def, outputs + list(inputs))
+    typed_ops = {(node.op, tf.as_dtype(value.type).name) for node in graph_def.node for key, value in node.attr.items()
+                 if key in ("T", "dtype", "DstT", "SrcT", "Tidx", "Tparams") and value.HasField("type")}
+    return before, _run(graph_def, inputs, outputs), rewritten, typed_ops
+
+
+def _run(graph_def, feeds, outputs):
+    """The outputs of a GraphDef, in a graph of its own (its functions named as the traced function's are)."""
+    with tf.Graph().as_default() as scratch:
+        tf.compat.v1.import_graph_def(graph_def, name="")
+        with tf.compat.v1.Session(graph=scratch) as session:
+            return session.run(outputs, feeds)
+
+
+def _float_ops(typed_ops):
+    return sorted(op for op, dtype in typed_ops if dtype == "float32" and op not in ("Placeholder", "Shape"))
+
+
+def _causal_mask(x, cache_index):
+    """keras-hub's compute_causal_mask (transformer_layer_utils), on a dynamic sequence length."""
+    length = tf.shape(x)[1]
+    i = tf.expand_dims(tf.range(tf.cast(length, tf.float32)) + tf.cast(cache_index, tf.float32), 1)
+    j = tf.range(tf.cast(length, tf.float32))
+    return tf.expand_dims(i >= j, 0)
+
+
+def test_the_causal_mask_is_computed_in_int32():
+    before, after, rewritten, typed_ops = _rewritten_outputs(
+        _causal_mask, [(tf.float32, [None, None]), (tf.int32, [])], [np.zeros([1, 6], np.float32), 2])
+    assert rewritten == 1
+    assert _float_ops(typed_ops) == []
+    np.testing.assert_array_equal(after[0], before[0])
+
+
+@pytest.mark.parametrize("comparison, bound", [(tf.greater, 0.5), (tf.greater_equal, 0.5), (tf.less, -1.5),
+                                               (tf.less_equal, 2.25), (lambda x, c: tf.greater(c, x), 0.5),
+                                               (lambda x, c: tf.less_equal(c, x), -0.5)])
+def test_an_integer_compared_with_a_fraction_is_compared_with_an_integer(comparison, bound):
+    """Keras's Softmax keeps `mask > 0.5`, a float comparison of an integer mask."""
+    before, after, rewritten, typed_ops = _rewritten_outputs(lambda mask: comparison(tf.cast(mask, tf.float32), bound),
+                                                             [(tf.int32, [None])], [np.arange(-3, 4)])
+    assert rewritten == 1 and _float_ops(typed_ops) == []
+    np.testing.assert_array_equal(after[0], before[0])
+
+
+@pytest.mark.parametrize("build", [
+    lambda n: tf.cast(tf.cast(n, tf.float32) * 0.5, tf.int32),  # a fraction along the way
+    lambda n: tf.cast(tf.cast(n, tf.float32) * 2.0 ** 24, tf.int32),  # a constant float32 is not exact past
+    lambda n: tf.cast(n, tf.float32) / 3.0 >= 1.0,  # a division
+    lambda n: tf.cast(tf.math.floordiv(7.0, tf.cast(n, tf.float32)), tf.int32),  # 0 it may be
+    lambda n: tf.equal(tf.cast(n, tf.float32), 0.5),  # an integer equal to a fraction: left as it is
+    lambda n: tf.sqrt(tf.cast(n, tf.float32)) > 1.0,  # an op the pass does not know
+], ids=["fraction", "large constant", "division", "dynamic divisor", "equal to a fraction", "unknown op"])
+def test_what_may_not_hold_integers_is_left_as_it_is(build):
+    before, after, rewritten, _ = _rewritten_outputs(build, [(tf.int32, [])], [3])
+    assert rewritten == 0
+    np.testing.assert_array_equal(after[0], before[0])
+
+
+def test_a_float_reader_keeps_the_float_values_and_an_int64_cast_its_type():
+    def build(n):
+        positions = tf.range(tf.cast(n, tf.float32))
+        return tf.cast(positions, tf.int64), positions * 0.5
+
+    before, after, rewritten, typed_ops = _rewritten_outputs(build, [(tf.int32, [])], [4])
+    assert rewritten == 1
+    assert ("Range", "float32") in typed_ops and ("Range", "int32") in typed_ops
+    assert after[0].dtype == np.int64 and after[1].dtype == np.float32
+    for value_after, value_before in zip(after, before):
+        np.testing.assert_array_equal(value_after, value_before)
+
+
+def test_a_control_flow_branch_is_rewritten_with_the_graph():
+    def build(n, flag):
+        return tf.cond(flag, lambda: tf.cast(tf.range(tf.cast(n, tf.float32)) + 1.0, tf.int32),
+                       lambda: tf.cast(tf.range(tf.cast(n, tf.float32)) * 0.5, tf.int32))
+
+    function = tf.function(build).get_concrete_function(tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.bool))
+    graph_def = graph.with_passes(function.graph.as_graph_def(), [integer_valued.integer_arithmetic_in_int32])
+    branches = {function.signature.name: {node.op for node in function.node_def}
+                for function in graph_def.library.function}
+    assert sorted("Range" in ops and "Mul" not in ops and "Identity" in ops for ops in branches.values()) == [
+        False, True]
+    for flag in (True, False):
+        (after,) = _run(graph_def, {function.inputs[0].name: 5, function.inputs[1].name: flag},
+                        [function.outputs[0].name])
+        np.testing.assert_array_equal(after, function(tf.constant(5), tf.constant(flag)).numpy())
+
+
+# Each op of a random graph: (how many operands, the op on float tensors of shape [_LENGTH] or scalars).
+_BOUNDED = 1000.0  # every value clipped into +-1000 after each op (Maximum, Minimum): products stay below 2**24
+_INTEGER_OPS = {
+    "add": (2, tf.add), "sub": (2, tf.subtract), "mul": (2, tf.multiply), "maximum": (2, tf.maximum),
+    "minimum": (2, tf.minimum), "neg": (1, tf.negative), "abs": (1, tf.abs), "floor": (1, tf.floor),
+    "ceil": (1, tf.math.ceil), "round": (1, tf.round), "rint": (1, tf.math.rint),
+    "floordiv": (1, lambda x: tf.math.floordiv(x, -3.0)), "floormod": (1, lambda x: tf.math.floormod(x, 7.0)),
+    "select": (2, lambda x, y: tf.where(x > y, x, y)),
+    "expand and squeeze": (1, lambda x: tf.squeeze(tf.expand_dims(x, 0), 0)),
+    "reshape": (1, lambda x: tf.reshape(tf.reshape(x, [-1, 1]), [-1])),
+    "transpose": (1, lambda x: tf.reshape(tf.transpose(tf.reshape(x, [-1, 1])), [-1])),
+    "strided slice": (1, lambda x: x[::-1]), "slice": (1, lambda x: tf.slice(tf.tile(x, [2]), [1], [_LENGTH])),
+    "concat": (2, lambda x, y: tf.concat([x, y], 0)[_LENGTH // 2:_LENGTH // 2 + _LENGTH]),
+    "pack": (2, lambda x, y: tf.stack([x, y])[1]),
+    "gather": (1, lambda x: tf.gather(x, [4, 0, 3, 1, 2])),
+    "broadcast": (1, lambda x: tf.broadcast_to(tf.expand_dims(x, 0), [2, _LENGTH])[1]),
+}
+_NON_INTEGER_OPS = {"half": (1, lambda x: x * 0.5), "divided": (1, lambda x: x / 3.0),
+                    "square root": (1, lambda x: tf.sqrt(tf.abs(x)))}
+_SINKS = {"less": tf.less, "less or equal": tf.less_equal, "greater": tf.greater, "greater or equal": tf.greater_equal,
+          "equal": tf.equal, "not equal": tf.not_equal, "int32": lambda x, y: tf.cast(x - y, tf.int32),
+          "int64": lambda x, y: tf.cast(x + y, tf.int64), "above a half": lambda x, y: x > 0.5}
+
+
+@st.composite
+def integer_graphs(draw):
+    """A random graph over the sources of integer values, as a list of steps (op name, operand positions)."""
+    steps = []
+    for count in range(draw(st.integers(1, 8))):
+        ops = list(_INTEGER_OPS) + (list(_NON_INTEGER_OPS) if draw(st.integers(0, 4)) == 0 else [])
+        name = draw(st.sampled_from(ops))
+        arity = {**_INTEGER_OPS, **_NON_INTEGER_OPS}[name][0]
+        steps.append((name, [draw(st.integers(0, 4 + count)) for _ in range(arity)]))
+    sinks = [(draw(st.sampled_from(sorted(_SINKS))), [draw(st.integers(0, 4 + len(steps))) for _ in range(2)])
+             for _ in range(draw(st.integers(1, 3)))]
+    return steps, sinks
+
+
+def _computed(steps, sinks, values, values64, flags, length):
+    tensors = [tf.cast(values, tf.float32), tf.cast(values64, tf.float32), tf.cast(flags, tf.float32),
+               tf.range(-2.0, tf.cast(length, tf.float32) - 2.0), tf.constant([3.0, -7.0, 0.0, 12.0, -1.0])]
+    for name, positions in steps:
+        result = {**_INTEGER_OPS, **_NON_INTEGER_OPS}[name][1](*[tensors[position] for position in positions])
+        tensors.append(tf.minimum(tf.maximum(result, -_BOUNDED), _BOUNDED))
+    return [_SINKS[name](*[tensors[position] for position in positions]) for name, positions in sinks]
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=integer_graphs(), seed=st.integers(0, 2 ** 16))
+def test_random_integer_valued_graphs_compute_the_same_in_int32(case, seed):
+    steps, sinks = case
+    rng = np.random.default_rng(seed)
+    feeds = [rng.integers(-50, 50, _LENGTH), rng.integers(-50, 50, _LENGTH), rng.integers(0, 2, _LENGTH) == 1,
+             _LENGTH]
+    before, after, rewritten, typed_ops = _rewritten_outputs(
+        lambda *inputs: _computed(steps, sinks, *inputs),
+        [(tf.int32, [None]), (tf.int64, [None]), (tf.bool, [None]), (tf.int32, [])], feeds)
+    for value_after, value_before in zip(after, before):
+        assert value_after.dtype == value_before.dtype
+        np.testing.assert_array_equal(value_after, value_before)
+    if not any(name in _NON_INTEGER_OPS for name, _ in steps):
+        assert rewritten >= len(sinks)  # (a select's own comparison among them)
+        assert _float_ops(typed_ops) == []
+
+
+@keras3_only
+def test_a_causal_mask_on_a_dynamic_length_is_integer_in_the_int8_model():
+    """keras-hub's decoders' mask, as keras.ops spell it: CAST, RANGE and EXPAND_DIMS stayed float."""
+    ops = keras.ops
+
+    class CausalScores(keras.layers.Layer):
+        def call(self, h):
+            length = ops.shape(h)[1]
+            i = ops.expand_dims(ops.arange(length, dtype="float32") + ops.cast(0, "float32"), 1)
+            mask = ops.expand_dims(i >= ops.arange(length, dtype="float32"), 0)
+            return ops.where(mask, ops.matmul(h, ops.transpose(h, (0, 2, 1))), 0.0)
+
+    inputs = keras.Input((None, 8))
+    model = keras.Model(inputs, CausalScores()(keras.layers.Dense(8)(inputs)))
+    _, report = converters.convert(model, int8=True, calibration="random:4")
+    assert report.float_ops == {}
+    assert all(fidelity["passed"] for fidelity in report.fidelity)
