@@ -1,5 +1,6 @@
 """Float arithmetic on integer values done in int32 for int8 models: keras-hub's causal mask, built in float from
-a dynamic sequence length, integer throughout; any graph computing the same values after the pass."""
+a dynamic sequence length, integer throughout; quantized positions (ALiBi) looked up in int8 tables; any graph
+computing the same values after either pass."""
 
 import numpy as np
 import pytest
@@ -10,24 +11,32 @@ from hypothesis import strategies as st
 
 from conftest import keras
 from conftest import keras3_only
+from conversions import QAT_INT8_STEPS
 from keras_gelu import converters
 from keras_gelu.converters.rewriting import graph
 from keras_gelu.converters.rewriting import integer_valued
+import keras_gelu.qat
 
 pytestmark = pytest.mark.legs("keras3")  # TensorFlow graphs rewritten before any converter: one leg
 
 _LENGTH = 5
 
 
-def _rewritten_outputs(build, specs, feeds):
-    """(the outputs of `build` on placeholders of `specs` (dtype, shape) fed `feeds`, the same after the pass, how
-    many sinks the pass rewrote, the (op, type) pairs of the rewritten graph pruned to its outputs)."""
+def _traced(build, specs, feeds):
+    """(the GraphDef of `build` on placeholders of `specs` (dtype, shape), its output names, {placeholder name:
+    feed}, the outputs on `feeds`)."""
     with tf.Graph().as_default() as traced:
         placeholders = [tf.compat.v1.placeholder(dtype, shape) for dtype, shape in specs]
         outputs = [tensor.name for tensor in tf.nest.flatten(build(*placeholders))]
     graph_def = traced.as_graph_def()
     inputs = dict(zip([placeholder.name for placeholder in placeholders], feeds))
-    before = _run(graph_def, inputs, outputs)
+    return graph_def, outputs, inputs, _run(graph_def, inputs, outputs)
+
+
+def _rewritten_outputs(build, specs, feeds):
+    """(the outputs of `build` on placeholders of `specs` (dtype, shape) fed `feeds`, the same after the pass, how
+    many sinks the pass rewrote, the (op, type) pairs of the rewritten graph pruned to its outputs)."""
+    graph_def, outputs, inputs, before = _traced(build, specs, feeds)
     rewritten = integer_valued.integer_arithmetic_in_int32(graph_def)
     graph.prune(graph_def, outputs + list(inputs))
     typed_ops = {(node.op, tf.as_dtype(value.type).name) for node in graph_def.node for key, value in node.attr.items()
@@ -200,3 +209,76 @@ def test_a_causal_mask_on_a_dynamic_length_is_integer_in_the_int8_model():
     _, report = converters.convert(model, int8=True, calibration="random:4")
     assert report.float_ops == {}
     assert all(fidelity["passed"] for fidelity in report.fidelity)
+
+
+def _fake_quant(x, low, high, bits, narrow, with_variables):
+    if with_variables:
+        return tf.quantization.fake_quant_with_min_max_vars(x, tf.constant(low), tf.constant(high), num_bits=bits,
+                                                            narrow_range=narrow)
+    return tf.quantization.fake_quant_with_min_max_args(x, min=low, max=high, num_bits=bits, narrow_range=narrow)
+
+
+@st.composite
+def quantized_positions(draw):
+    """A FakeQuant's range and settings, and the constant (or None) integer positions are multiplied by first."""
+    low = draw(st.floats(-40, 0, width=32))
+    high = draw(st.floats(0.5, 40, width=32))
+    factor = draw(st.one_of(st.none(), st.lists(st.sampled_from([0.0, 0.5, -0.25, 1.0, -3.0, 0.0625, 1 / 3]),
+                                                min_size=1, max_size=4)))
+    return low, high, draw(st.integers(4, 8)), draw(st.booleans()), draw(st.booleans()), factor
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=quantized_positions(), seed=st.integers(0, 2 ** 16))
+def test_quantized_positions_are_looked_up_to_the_same_values(case, seed):
+    """Bloom's ALiBi: FakeQuant(cast(positions)); Falcon's: FakeQuant(slopes * cast(positions)), widened before
+    the FakeQuant reads it. Integers far past the range saturate as the FakeQuant does."""
+    low, high, bits, narrow, with_variables, factor = case
+
+    def build(positions):
+        values = tf.cast(positions, tf.float32)
+        if factor is not None:
+            values = tf.expand_dims(tf.constant(np.array(factor, np.float32).reshape(-1, 1)) * values, 0)
+        return _fake_quant(values, low, high, bits, narrow, with_variables)
+
+    positions = np.random.default_rng(seed).integers(-300, 300, [1, 9])
+    positions[0, :3] = [0, -1, 1]
+    graph_def, outputs, inputs, before = _traced(build, [(tf.int32, [1, None])], [positions])
+    assert integer_valued.quantized_integers_as_lookups(graph_def) == 1
+    np.testing.assert_array_equal(_run(graph_def, inputs, outputs)[0], before[0])
+
+
+@pytest.mark.parametrize("build", [
+    lambda n: _fake_quant(tf.sqrt(tf.cast(n, tf.float32)), -1.0, 1.0, 8, False, True),  # no integers
+    lambda n: _fake_quant(tf.cast(n, tf.float32), -1e6, 1e6, 8, False, True),  # a table of two million entries
+    lambda n: _fake_quant(tf.cast(n, tf.float32) * tf.sqrt(tf.cast(n, tf.float32)), -1.0, 1.0, 8, False, True),
+], ids=["no integers", "table too large", "no constant factor"])
+def test_what_is_no_lookup_of_integers_is_left_as_it_is(build):
+    graph_def, _, _, _ = _traced(build, [(tf.int32, [None])], [np.arange(4)])
+    assert integer_valued.quantized_integers_as_lookups(graph_def) == 0
+
+
+@keras3_only
+def test_quantized_position_biases_are_integer_in_the_int8_model():
+    """ALiBi as Falcon spells it: integer distances cast to float, times per-head slopes, added to the scores;
+    CAST and QUANTIZE stayed float."""
+    ops = keras.ops
+    slopes = np.array([[0.5], [0.25]], np.float32)
+
+    class PositionBias(keras.layers.Layer):
+        def call(self, h):
+            length = ops.shape(h)[1]
+            bias = ops.cast(ops.expand_dims(ops.arange(length) - length + 1, 0), "float32") * slopes
+            scores = ops.matmul(h, ops.transpose(h, (0, 2, 1)))
+            return ops.expand_dims(scores, 1) + ops.expand_dims(ops.expand_dims(bias, 0), -1)
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((None, 8))
+    model = keras.Model(inputs, PositionBias()(keras.layers.Dense(8)(inputs)))
+    qat = keras_gelu.qat.quantize_model(model)
+    data = np.random.default_rng(0).normal(size=(8, 6, 8)).astype("float32")
+    qat.compile("adam", "mse")
+    qat.fit(data, model(data), verbose=0, epochs=1)
+    _, report = converters.convert(qat, int8=True)
+    assert report.float_ops == {}
+    assert all(fidelity["passed"] and fidelity["steps"] <= QAT_INT8_STEPS for fidelity in report.fidelity)

@@ -557,6 +557,29 @@ def constant_value(name, nodes):
     return None if shape is None else value.reshape(shape)
 
 
+def constant_subgraph_value(name, graph_def, nodes, ops):
+    """The value of tensor `name` where it is computed from constants alone, by `ops` (stateless op names), else
+    None. Run in a graph of its own, control inputs left out with the rest of the graph."""
+    pending, seen = [split_tensor_name(name)[0]], set()
+    while pending:
+        node = nodes.get(pending.pop())
+        if node is None or node.op not in ops:
+            return None
+        if node.name not in seen:
+            seen.add(node.name)
+            pending.extend(split_tensor_name(operand)[0] for operand in data_inputs(node))
+    subgraph = type(graph_def)()
+    subgraph.node.extend(node for node in graph_def.node if node.name in seen)
+    for node in subgraph.node:
+        del node.input[:]  # control inputs dropped with the rest of the graph; data inputs restored below
+        node.input.extend(data_inputs(nodes[node.name]))
+    drop_dangling_colocations(subgraph)
+    with tf.Graph().as_default() as scratch:
+        tf.compat.v1.import_graph_def(subgraph, name="")
+        with tf.compat.v1.Session(graph=scratch) as session:
+            return session.run(canonical(name))
+
+
 def _to_float32_saturating(values):
     """float32 values; finite values beyond float32's range become its largest finite values.
 

@@ -469,27 +469,6 @@ _CONSTANT_INDEX_OPS = ("Const", "Identity", "Range", "Cast", "Reshape", "ExpandD
                        "SelectV2", "Shape", "StridedSlice", "Pack", "Fill", "Sub", "Mul")
 
 
-def _constant_subgraph_value(name, graph_def, nodes):
-    """The value of tensor `name` where it is computed from constants alone (by the ops above), else None."""
-    pending, seen = [graph.split_tensor_name(name)[0]], set()
-    while pending:
-        node = nodes.get(pending.pop())
-        if node is None or node.op not in _CONSTANT_INDEX_OPS:
-            return None
-        if node.name not in seen:
-            seen.add(node.name)
-            pending.extend(graph.split_tensor_name(operand)[0] for operand in graph.data_inputs(node))
-    subgraph = type(graph_def)()
-    subgraph.node.extend(node for node in graph_def.node if node.name in seen)
-    for node in subgraph.node:
-        del node.input[:]  # control inputs dropped with the rest of the graph; data inputs restored below
-        node.input.extend(graph.data_inputs(nodes[node.name]))
-    with tf.Graph().as_default() as scratch:
-        tf.compat.v1.import_graph_def(subgraph, name="")
-        with tf.compat.v1.Session(graph=scratch) as session:
-            return session.run(graph.canonical(name))
-
-
 def constant_lookups_folded(graph_def):
     """Rewrite GatherV2(FakeQuant(table), ids) with a constant table and ids computed from constants (a
     position embedding's lookup of its positions) as FakeQuant(the rows gathered): the same values, as a
@@ -511,7 +490,7 @@ def constant_lookups_folded(graph_def):
         axis = graph.constant_value(axis, nodes)
         if table is None or axis is None:
             continue
-        ids = _constant_subgraph_value(indices, graph_def, nodes)
+        ids = graph.constant_subgraph_value(indices, graph_def, nodes, _CONSTANT_INDEX_OPS)
         if ids is None or np.any(ids < 0) or np.any(ids >= table.shape[int(axis)]):
             continue
         rows = graph_def.node.add(name=node.name + "/folded_rows", op="Const")
@@ -533,7 +512,8 @@ def constant_lookups_folded(graph_def):
 # move to int32 after the lookups are folded, whose ids may be computed in float).
 GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, squares_as_multiplications,
                 zeros_like_as_multiplications, one_hots_as_selections, biases_before_reshapes,
-                constant_lookups_folded, integer_valued.integer_arithmetic_in_int32)
+                constant_lookups_folded, integer_valued.integer_arithmetic_in_int32,
+                integer_valued.quantized_integers_as_lookups)
 # And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.
 AFTER_REWRITE_PASSES = (repeated_fake_quants_merged, one_table_per_lookup, fake_quants_read_by_every_reader,
                         fake_quants_on_one_grid_merged, fake_quants_after_value_moving_ops)

@@ -19,7 +19,10 @@ an integer:
   only move values (Reshape, ExpandDims, StridedSlice, ConcatV2, the params of
   GatherV2...);
 * sinks, where the value leaves as an integer: a comparison whose float
-  operands are both integer-valued, a Cast from float to int32 or int64.
+  operands are both integer-valued, or one of them and a float constant
+  (compared with its integer bound instead: Keras's Softmax keeps
+  `mask > 0.5`, which is `mask > 0` on integers), a Cast from float to int32
+  or int64.
 
 A sink whose whole backward closure is integer-valued reads int32 twins of
 that closure; any other sink is left as it is. Float readers that are not
@@ -30,7 +33,16 @@ The twins compute what the float ops compute wherever float32 is exact, that
 is where every value along the way is below 2**24 in magnitude, as positions
 and lengths are; beyond, the float ops round and the int32 ones do not.
 
-It is one of `int8.GRAPH_PASSES`, not of `tf_ops_as_builtins.TO_BUILTINS`:
+A second pass, for quantization-aware models, takes integer values where they
+leave through a FakeQuant: FakeQuant(x), or FakeQuant(x * c) with c a float
+constant (Bloom's ALiBi bias casts integer distances to float and quantizes
+them; Falcon's multiplies them by per-head slopes first), becomes a lookup
+into a constant table of what that FakeQuant gives each integer, indexed by x
+in int32 clipped to the span past which every value saturates. The same values
+exactly, bit for bit, at any sequence length: a GATHER of an int8 table, where
+the CAST and MUL stayed float before a QUANTIZE.
+
+Both are `int8.GRAPH_PASSES`, not `tf_ops_as_builtins.TO_BUILTINS`:
 a float model is integer nowhere, and a float runtime is what such a model is
 for; the GPU delegate, one, runs float ops and leaves int32 arithmetic to the
 CPU. An int8 model's bar is integer throughout, which float positions fail.
@@ -274,3 +286,138 @@ def integer_arithmetic_in_int32(graph_def):
         rewritten += 1
     return rewritten
 
+
+# A lookup's table, in entries: positions over a context of thousands, per head. Past it, nothing is changed.
+_LARGEST_TABLE = 2 ** 16
+_FAKE_QUANTS = ("FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs")
+# Ops a constant factor may be taken from a constant with (Falcon's slopes, sliced to the heads).
+_CONSTANT_MOVING = ("Const",) + _MOVING_FIRST + ("Cast", "Pack", "ConcatV2")
+
+
+def _fake_quantized(values, node, nodes):
+    """What FakeQuant `node` gives float32 `values` (TensorFlow's own kernel, as the graph computes it), or None
+    where its range is not one constant pair."""
+    bits, narrow = graph.attribute(node, "num_bits", 8), graph.attribute(node, "narrow_range", False)
+    if node.op == "FakeQuantWithMinMaxArgs":
+        return tf.quantization.fake_quant_with_min_max_args(
+            values, min=graph.attribute(node, "min", -6.0), max=graph.attribute(node, "max", 6.0), num_bits=bits,
+            narrow_range=narrow).numpy()
+    low, high = (graph.constant_value(name, nodes) for name in graph.data_inputs(node)[1:3])
+    if low is None or high is None or low.size != 1 or high.size != 1:
+        return None
+    return tf.quantization.fake_quant_with_min_max_vars(
+        values, np.float32(low.reshape(())), np.float32(high.reshape(())), num_bits=bits,
+        narrow_range=narrow).numpy()
+
+
+def _integer_span(nudged_low, nudged_high, factors):
+    """(lowest, highest): integers x beyond which FakeQuant(x * factor) is saturated for every factor (x with a
+    positive factor saturates below low / factor, with a negative one below high / factor), one to spare for
+    the rounding of the division; None where the factors are not all finite."""
+    if not np.all(np.isfinite(factors)):
+        return None
+    lowest, highest = 0, 0
+    for factor in factors.reshape(-1).astype(np.float64):
+        if factor == 0:
+            continue  # 0 whatever x is
+        ends = sorted((nudged_low / factor, nudged_high / factor))
+        lowest, highest = min(lowest, np.floor(ends[0]) - 1), max(highest, np.ceil(ends[1]) + 1)
+    return int(lowest), int(highest)
+
+
+def _moved(tensor, nodes):
+    """(the tensor that ops moving values read, those ops from the FakeQuant's side, outermost first)."""
+    chain = []
+    while True:
+        name, index = graph.split_tensor_name(tensor)
+        node = nodes.get(name)
+        if node is None or index != 0 or node.op not in _MOVING_FIRST \
+                or graph.attribute(node, _type_attribute(node), None) != _FLOAT32:
+            return tensor, chain
+        chain.append(node)
+        tensor = graph.data_inputs(node)[0]
+
+
+def _lookup(node, values, nodes):
+    """(the integer-valued operand, the constant factor or None, the ops moving the product before the FakeQuant
+    reads it, the table of FakeQuant(k * factor) for the integers k from the first of the span on, that first,
+    the span's last) for FakeQuant `node`, or None."""
+    operand = graph.data_inputs(node)[0]
+    factor, chain = None, []
+    if not values.holds_integers(operand):
+        operand, chain = _moved(operand, nodes)  # (Falcon's slopes * positions, widened before the FakeQuant)
+        product = nodes.get(graph.split_tensor_name(operand)[0])
+        if product is None or product.op != "Mul" or graph.attribute(product, "T", None) != _FLOAT32 \
+                or graph.split_tensor_name(operand)[1] != 0:
+            return None
+        for position, other in ((0, 1), (1, 0)):  # the integers first: evaluating a constant runs a session
+            operands = graph.data_inputs(product)
+            if not values.holds_integers(operands[other]):
+                continue
+            factor = graph.constant_subgraph_value(operands[position], values.graph_def, nodes, _CONSTANT_MOVING)
+            if factor is not None and factor.size <= _LARGEST_TABLE:
+                operand, factor = operands[other], factor.astype(np.float32)
+                break
+        else:
+            return None
+    nudged = _fake_quantized(np.array([-3e38, 3e38], np.float32), node, nodes)
+    if nudged is None:
+        return None
+    span = _integer_span(float(nudged[0]), float(nudged[1]), np.ones([], np.float32) if factor is None else factor)
+    if span is None or max(abs(span[0]), abs(span[1])) >= _EXACT_BELOW:
+        return None
+    lowest, highest = span
+    integers = np.arange(lowest, highest + 1, dtype=np.float32)
+    if integers.size * (1 if factor is None else factor.size) > _LARGEST_TABLE:
+        return None
+    # float32 products, as the graph's Mul computes them (x * c is c * x in IEEE arithmetic)
+    products = integers if factor is None else integers.reshape((-1,) + (1,) * factor.ndim) * factor
+    table = _fake_quantized(products.reshape(-1), node, nodes)
+    return operand, factor, chain, table, lowest, highest
+
+
+def quantized_integers_as_lookups(graph_def):
+    """Rewrite FakeQuant(x), and FakeQuant(x * c) with c a float constant, x integer-valued (a position cast to
+    float: Bloom's and Falcon's ALiBi biases), as a lookup into a constant table of what that FakeQuant gives
+    each integer, indexed by x in int32 clipped to the span past which every value saturates: the same values,
+    a GATHER of an int8 table in the int8 model, where the float arithmetic stayed float (CAST, MUL) before a
+    QUANTIZE. In place; returns how many were rewritten.
+
+    The table holds FakeQuant(k * c) for the integers k of the span, per element of c, in float32 as the graph
+    computes it, TensorFlow's own kernel rounding it onto the FakeQuant's grid; an integer beyond the span gives
+    the value at its end (the FakeQuant saturates there for every element of c). With c, the table is indexed
+    by k's place times c's size plus the element's place in c, which broadcasts as x * c does.
+    """
+    values = _IntegerValues(graph_def)
+    rewritten = 0
+    for node in list(graph_def.node):
+        if node.op not in _FAKE_QUANTS:
+            continue
+        lookup = _lookup(node, values, values.nodes)
+        if lookup is None:
+            continue
+        operand, factor, chain, table, lowest, highest = lookup
+        places = None if factor is None else np.arange(factor.size, dtype=np.int32).reshape(factor.shape)
+        twin = values.twin(operand)
+
+        def build(positions, table=table, lowest=lowest, highest=highest, places=places):
+            places_in_table = tf.maximum(tf.minimum(positions, highest), lowest) - lowest
+            if places is not None:
+                places_in_table = places_in_table * places.size + places
+            return [tf.gather(tf.constant(table), places_in_table)]
+
+        prefix = values.free_name(node.name + "/lookup") + "/"
+        (looked_up,) = graph.splice_many(graph_def, build, [(twin, tf.int32, None)], prefix, values.nodes)
+        for mover in reversed(chain):  # the values moved as the product's were
+            copy = graph_def.node.add()
+            copy.CopyFrom(mover)
+            copy.name = values.free_name(prefix + mover.name.rsplit("/", 1)[-1])
+            copy.input[0] = looked_up
+            copy.attr.pop("_class", None)
+            values.nodes[copy.name] = copy
+            looked_up = copy.name
+        # The FakeQuant stays, the identity on its own grid's values: the converter takes the int8 scale of the
+        # GATHER (and of the table) from it; a FakeQuant on the table alone left both float.
+        node.input[0] = looked_up
+        rewritten += 1
+    return rewritten
