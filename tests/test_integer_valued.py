@@ -174,7 +174,7 @@ def _computed(steps, sinks, values, values64, flags, length):
     return [_SINKS[name](*[tensors[position] for position in positions]) for name, positions in sinks]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(case=integer_graphs(), seed=st.integers(0, 2 ** 16))
 def test_random_integer_valued_graphs_compute_the_same_in_int32(case, seed):
     steps, sinks = case
