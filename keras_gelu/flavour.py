@@ -8,6 +8,7 @@ Keras implementations. Every other module imports `keras` from here.
 """
 
 import contextlib
+import functools
 import os
 
 LEGACY_KERAS_VALUES = ("true", "True", "1")
@@ -88,6 +89,7 @@ def outside_any_trace():
             yield
 
 
+@functools.cache
 def tensor_classes():
     """The classes whose Python operators (`x * y`) a layer's call runs on the backend's own tensors, each the
     class to set an operator on: TensorFlow's tensors (graph and eager), JAX's arrays and tracers (a trace, a

@@ -262,6 +262,57 @@ def test_a_composites_operators_selections_and_concatenations_convert_integer_th
     assert values @ qat_values / (np.linalg.norm(values) * np.linalg.norm(qat_values)) >= INT8_COSINE
 
 
+def test_a_composite_calling_dot_product_attention_converts_integer_throughout(tmp_path, rng):
+    """keras.ops.dot_product_attention, which each backend computes in one call of its own (keras-hub's ESM, and
+    every MultiHeadAttention subclass with a call of its own, through Keras's `_compute_attention`), as int8
+    ops: grouped query heads, a padding mask (a sample padded from its first step, whose rows are masked off
+    entirely), causal or not. The QAT model computes what the backend's own attention does, within rounding; its
+    .tflite is integer throughout."""
+    import tflite_helpers
+
+    @keras.saving.register_keras_serializable(package="test_qat_real_models")
+    class GroupedAttention(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.query = keras.layers.Dense(8, name="query")  # 4 heads of 2
+            self.key = keras.layers.Dense(4, name="key")  # 2 heads of 2, each read by two query heads
+            self.value = keras.layers.Dense(4, name="value")
+            self.projection = keras.layers.Dense(8, name="projection")
+
+        def call(self, x, padding):
+            def heads(h, count):
+                return keras.ops.reshape(h, (-1, x.shape[1], count, 2))
+
+            q, k, v = heads(self.query(x), 4), heads(self.key(x), 2), heads(self.value(x), 2)
+            keep = keras.ops.cast(padding, "bool")[:, None, None, :]
+            causal = keras.ops.dot_product_attention(q, k, v, mask=keep, is_causal=True)
+            plain = keras.ops.dot_product_attention(q, k, v, scale=0.25)
+            return self.projection(keras.ops.reshape(causal + plain, (-1, x.shape[1], 8)))
+
+    keras.utils.set_random_seed(31)
+    tokens, padding = keras.Input((6, 8), name="tokens"), keras.Input((6,), dtype="int32", name="padding")
+    model = keras.Model([tokens, padding], GroupedAttention(name="attention")(tokens, padding))
+    x = rng.normal(size=(64, 6, 8)).astype(np.float32)
+    lengths = rng.integers(1, 7, size=64)
+    lengths[0] = 0
+    mask = (np.arange(6) < lengths[:, None]).astype(np.int32)
+    qat = keras_gelu.qat.quantize_model(model, calibration_data=[x, mask])
+    expected, computed = model([x, mask]).numpy().ravel(), qat([x, mask]).numpy().ravel()
+    assert expected @ computed / (np.linalg.norm(expected) * np.linalg.norm(computed)) >= INT8_COSINE
+    qat.compile(keras.optimizers.Adam(1e-3), "mse")
+    qat.fit([x, mask], rng.normal(size=(64, 6, 8)).astype(np.float32), batch_size=16, epochs=1, verbose=0)
+    assert all(np.isfinite(variable.numpy()).all() for variable in qat.variables)
+    qat.save(str(tmp_path / "qat.keras"))
+    loaded = keras.models.load_model(str(tmp_path / "qat.keras"))
+    np.testing.assert_array_equal(loaded([x, mask]).numpy(), qat([x, mask]).numpy())
+    tflite_model, report = converters.convert(qat, int8=True, input_shapes={"tokens": (1, 6, 8), "padding": (1, 6)})
+    assert report.float_ops == {}, report.op_types
+    assert {"BATCH_MATMUL", "SOFTMAX", "SELECT_V2"} <= set(report.op_types)
+    values = np.concatenate([tflite_helpers.run(tflite_model, mask[i:i + 1], x[i:i + 1])[0] for i in range(8)])  # inputs by name
+    values, qat_values = values.ravel(), qat([x[:8], mask[:8]]).numpy().ravel()
+    assert values @ qat_values / (np.linalg.norm(values) * np.linalg.norm(qat_values)) >= INT8_COSINE
+
+
 def test_a_composite_keeps_the_activation_layer_it_takes_as_an_argument_through_save_and_load(tmp_path, rng):
     """As keras-hub's TransformerEncoder after swap_activations gives it our GELU layer: the layer holds its
     `activation` argument and hands it to a Dense. The QAT copy must save that argument, not the stand-in its

@@ -43,6 +43,7 @@ import threading
 
 from keras_gelu.flavour import keras
 from keras_gelu.flavour import tensor_classes
+from keras_gelu.qat.keras3 import attention
 from keras_gelu.qat.keras3.wrapper import is_float
 
 # The modules whose functions libraries call: `from keras import ops` (keras-hub, user code) and `from keras.src
@@ -74,6 +75,10 @@ VALUE_MOVING = frozenset({
 # held two grids in one CONCATENATION, which the converter refused.
 ONE_GRID = frozenset({"append", "concatenate", "dstack", "hstack", "maximum", "minimum", "stack", "vstack",
                       "where"})
+
+# Functions that compute in one call of the backend's own what TFLite computes as several int8 ops: computed as
+# those ops, each on a range (`_decomposed`)
+_DECOMPOSED = {"dot_product_attention": attention.dot_product_attention}
 
 # Functions infinite at 0 (and their gradients), where the int8 op saturates: rsqrt(0) = inf in QAT gave
 # NaN ranges and gradients (0 x inf). Their input is taken no lower than _SMALLEST_INPUT.
@@ -229,7 +234,8 @@ def _intercepted(name, function):
     def ranged_call(state, key, flat, args, kwargs):
         tensors = [value for value in flat if _is_tensor(value) and is_float(value)]
         if not tensors or name in _SHAPE_ONLY:  # a constant made (ones, arange), integer arithmetic (positions)
-            return function(*args, **kwargs)
+            with suspended():
+                return function(*args, **kwargs)
         if state.making and all(state.constant(tensor, shapes_too=True) for tensor in tensors):
             # computed from constants alone, which the converter folds: the int8 model holds its result as a
             # constant, on a grid of its own, and computes nothing here; rounded at each step instead, YaRN's
@@ -257,6 +263,8 @@ def _intercepted(name, function):
                   and not (state.making and state.constant(value)) else value
                   for position, value in enumerate(flat)]
         args, kwargs = keras.tree.pack_sequence_as((args, kwargs), values)
+        if name in _DECOMPOSED:
+            return _decomposed(state, key, name, function, args, kwargs)
         with suspended():
             if name in _SINGULAR_AT_ZERO:
                 args = (keras.ops.maximum(args[0], _SMALLEST_INPUT), *args[1:])
@@ -277,14 +285,14 @@ def _on_one_grid(state, key, name, function, args, kwargs):
     """function(*args, **kwargs) on the range made for its result (read in float first), and so are its float
     operands on no grid (where's condition, which may be float, is none of them). Those on a grid are kept:
     TFLite requantizes them into the op, but refuses a FakeQuant of a FakeQuant's output there."""
-    with suspended():
-        outputs = function(*args, **kwargs)
     quantizer = state.range_for(key)
     if quantizer is None:
-        return outputs
+        with suspended():
+            return function(*args, **kwargs)
     condition = (args[0] if args else kwargs.get("condition")) if name == "where" else None
     with suspended():
-        quantizer.observe(outputs, state.training)
+        if state.training:  # the range follows the float result (at inference it is read as it is)
+            quantizer.observe(function(*args, **kwargs), training=True)
         flat = [state.rounded_inputs[id(value)][1] if id(value) in state.rounded_inputs
                 else quantizer.quantize(value, state.training)
                 if _is_tensor(value) and is_float(value) and value is not condition and id(value) not in
@@ -292,6 +300,18 @@ def _on_one_grid(state, key, name, function, args, kwargs):
                 for value in keras.tree.flatten((args, kwargs))]
         args, kwargs = keras.tree.pack_sequence_as((args, kwargs), flat)
         outputs = quantizer.quantize(function(*args, **kwargs), state.training)
+    state.on_grid[id(outputs)] = outputs
+    return outputs
+
+
+def _decomposed(state, key, name, function, args, kwargs):
+    """function(*args, **kwargs) as the int8 ops it is made of, each on a range of this call's (a place first
+    reached after the ranges were made: as it is)."""
+    if not state.making and f"{key}/attended" not in state.wrapper.operation_ranges:
+        with suspended():
+            return function(*args, **kwargs)
+    with suspended():
+        outputs = _DECOMPOSED[name](lambda part: state.range_for(f"{key}/{part}"), state.training, *args, **kwargs)
     state.on_grid[id(outputs)] = outputs
     return outputs
 

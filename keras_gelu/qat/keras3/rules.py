@@ -40,6 +40,7 @@ from keras_gelu.flavour import keras
 from keras_gelu.flavour import register_serializable
 from keras_gelu.layers import GELU
 from keras_gelu.layers import LearnableGELU
+from keras_gelu.qat.keras3 import attention
 from keras_gelu.qat.keras3.keras_classes import LayerScale
 from keras_gelu.qat.keras3.refusals import refusal
 
@@ -314,27 +315,13 @@ class LayerNormalizationRule(QuantizeRule):
         return ranges["output"](outputs)
 
 
-# A masked-off score is set this far below the scores' range, so that its softmax weight, e^-16 of the row's
-# largest at most, is 0 on SOFTMAX's k/256 grid and next to nothing in its sum. Keras sets it to -1e9, which no
-# int8 range holds: on the scores' own grid (TFLite's SELECT_V2 keeps its input's scale) it would land at the
-# range's low end, a few hundredths below the kept scores of an untrained model, and weigh as much as they do.
-MASKED_MARGIN = 16.0
-
-
-def _masked_scores(wrapper, scores, keep, training):
-    """SELECT_V2 setting the scores `keep` leaves out MASKED_MARGIN below the range "scores", onto a range of
-    its own ("masked_scores"), wide enough for them."""
-    masked_off = wrapper.ranges["scores"].low - MASKED_MARGIN
-    return wrapper.ranges["masked_scores"](keras.ops.where(keep, scores, masked_off), training)
-
-
 @register_serializable
 class SoftmaxRule(QuantizeRule):
     """SOFTMAX: its int8 output is on TFLite's fixed grid of k/256, as LOGISTIC's; without a mask, no range to
     learn.
 
     Called with a mask (as attention layers of their own call it), the masked-off inputs are set below the
-    inputs' range as MultiHeadAttentionRule sets them (`_masked_scores`), and their outputs to 0 after it, as
+    inputs' range (`attention.masked_scores`), and their outputs to 0 after it, as
     Keras's Softmax does (a row masked off entirely then gives zeros)."""
 
     def build(self, wrapper, layer):
@@ -349,13 +336,12 @@ class SoftmaxRule(QuantizeRule):
     def call(self, wrapper, layer, inputs, training, mask=None, **kwargs):
         if mask is None:
             return replacements.on_logistic_int8_grid(layer(inputs, **kwargs))
-        # as Keras's Softmax reads a mask: kept where True, or nonzero (compared in the mask's own type: an
-        # integer mask compared with 0.5 was a CAST to float, a float island in the int8 model)
-        keep = mask if keras.backend.standardize_dtype(mask.dtype) == "bool" else keras.ops.not_equal(mask, 0)
+        keep = attention.kept(mask)  # as Keras's Softmax reads a mask
         # the inputs' range observed, not applied: the inputs are on their producer's grid already, and a second
         # grid before the SELECT_V2 would be a requantization the converter cannot take into its same scale
         wrapper.ranges["scores"](inputs, training)
-        scores = _masked_scores(wrapper, inputs, keep, training)
+        scores = attention.masked_scores(wrapper.ranges["scores"], wrapper.ranges["masked_scores"], inputs, keep,
+                                         training)
         probabilities = replacements.on_logistic_int8_grid(layer(scores, **kwargs))
         return keras.ops.where(keep, probabilities, 0.0)
 
@@ -684,12 +670,9 @@ class MultiHeadAttentionRule(QuantizeRule):
     EinsumDense (kernels symmetric per tensor), the scores and the attended values as BATCH_MATMULs on ranges,
     SOFTMAX on its k/256 grid. 1/sqrt(key_dim) is folded into the query projection (one int8 MUL fewer).
 
-    Covered: attention over one axis, with an `attention_mask` or `use_causal_mask`. Keras adds -1e9 where
-    a mask is off, which no int8 range holds; here a SELECT_V2 sets those scores MASKED_MARGIN below the
-    scores' range, onto a range of its own (`_masked_scores`). (A row masked off entirely then averages its values evenly,
-    where Keras weights them by the raw scores: such a row is padding either way.) Not covered: Keras masks
-    on the inputs (Embedding's mask_zero), returned scores; gated attention and multi-axis softmax, which
-    are not TFLite ops."""
+    Covered: attention over one axis, with an `attention_mask` or `use_causal_mask`, masked as
+    `attention.masked_scores` masks. Not covered: Keras masks on the inputs (Embedding's mask_zero), returned
+    scores; gated attention and multi-axis softmax, which are not TFLite ops."""
 
     PROJECTIONS = ("query", "key", "value", "output")
     TENSORS = ("query", "value", "key", "attention_mask")
@@ -735,7 +718,8 @@ class MultiHeadAttentionRule(QuantizeRule):
                              for name, tensor in (("query", query), ("key", key), ("value", value)))
         scores = wrapper.ranges["scores"](keras.ops.einsum(layer._dot_product_equation, key, query), training)
         if keep is not None:
-            scores = _masked_scores(wrapper, scores, keep, training)
+            scores = attention.masked_scores(wrapper.ranges["scores"], wrapper.ranges["masked_scores"], scores,
+                                             keep, training)
         probabilities = replacements.on_logistic_int8_grid(keras.ops.softmax(scores, axis=-1))
         probabilities = layer._dropout_layer(probabilities, training=training)
         attended = wrapper.ranges["attended"](keras.ops.einsum(layer._combine_equation, probabilities, value),
