@@ -137,6 +137,11 @@ class Report:
                     steps = "" if c.get("steps") is None else f" ({c['steps']:.2f} {self.step_type} steps)"
                     lines.append(f"  {kind:8s} {c['output']}: max abs {c['max_abs']:.3g}{steps}, max rel "
                                  f"{c['max_rel']:.3g}, cosine {c['cosine']:.9f} {status}")
+            envelope = self.tolerance.get("rounding_envelope")
+            if envelope:
+                lines.append(f"  rounding envelope (the rewritten graph with one step on {envelope['fraction']:.0%} "
+                             f"of each activation's values, {envelope['trials']} draws): " + ", ".join(
+                                 f"{name} {steps} steps" for name, steps in envelope["steps"].items()))
             if verbose:
                 lines.append(f"  tolerance: {self.tolerance}")
         else:

@@ -154,6 +154,8 @@ def _outcomes(family, folder):
     backbone, inputs = keras_hub_families.build(family)
     assert keras_hub_families.computes_gelu(backbone, inputs), f"{family} no longer computes a GELU"
     named = inputs if isinstance(inputs, dict) else {"arr_0": inputs}
+    if isinstance(inputs, (list, tuple)):  # by the model's input names, which the converter's signature has
+        named = {tensor.name: array for tensor, array in zip(backbone.inputs, inputs)}
     samples = str(folder / "inputs.npz")
     np.savez(samples, **named)
     float_path = str(folder / "float.keras")
@@ -180,7 +182,7 @@ def _outcomes(family, folder):
 
     attempt("qat", train)
     if outcomes["qat"] is None:
-        shapes = {name: value.shape for name, value in named.items()} if isinstance(inputs, dict) else None
+        shapes = None if list(named) == ["arr_0"] else {name: value.shape for name, value in named.items()}
         attempt("qat int8", lambda: _integer_throughout(converters.convert(qat_path, int8=True, inputs=samples,
                                                                            input_shapes=shapes)[1]))
     return outcomes

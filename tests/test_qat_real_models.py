@@ -313,6 +313,41 @@ def test_a_composite_calling_dot_product_attention_converts_integer_throughout(t
     assert values @ qat_values / (np.linalg.norm(values) * np.linalg.norm(qat_values)) >= INT8_COSINE
 
 
+def test_beyond_the_default_steps_a_qat_tflite_is_judged_by_its_graphs_rounding_envelope(monkeypatch, rng):
+    """Where a QAT model's .tflite is beyond the default limit in steps (here the limit is 0), the rewritten
+    graph's own rounding envelope judges it. A converter off by 0.2 % in its weights' scales is within it (as
+    the rounding of TFLite's kernels is), and the report says by how much; one off by 5 % is far outside it,
+    and the message says so; with a limit of the user's own, that limit alone judges."""
+    import tflite_helpers
+    from keras_gelu.converters import errors
+    from keras_gelu.converters import options as conversion_options
+    from keras_gelu.converters.running import pipeline
+
+    keras.utils.set_random_seed(32)
+    inputs = keras.Input((16,), name="features")
+    hidden = keras.layers.LayerNormalization(name="norm")(keras.layers.Dense(32, activation="gelu")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(8, name="head")(keras.layers.Dense(32, activation="gelu")(hidden)))
+    qat = keras_gelu.qat.quantize_model(model, calibration_data=rng.normal(size=(64, 16)).astype(np.float32))
+    monkeypatch.setattr(conversion_options, "DEFAULT_QAT_STEPS", 0.0)
+    to_tflite = pipeline.to_tflite
+
+    def converter_off_by(factor):
+        monkeypatch.setattr(pipeline, "to_tflite", lambda *args, **kwargs: (
+            tflite_helpers.with_int8_weight_scales_scaled(to_tflite(*args, **kwargs), factor)))
+
+    converter_off_by(1.002)
+    _, report = converters.convert(qat, int8=True)
+    (fidelity,) = report.fidelity
+    envelope = report.tolerance["rounding_envelope"]
+    assert fidelity["passed"] and 0 < fidelity["steps"] <= envelope["steps"][fidelity["output"]] + 1e-3
+    assert "rounding envelope" in report.to_text()
+    with pytest.raises(errors.ParityFailure, match=r"> 0\.0 int8 steps; pass --max-steps"):
+        converters.convert(qat, int8=True, max_steps=0.0)
+    converter_off_by(1.05)
+    with pytest.raises(errors.ParityFailure, match=r"nor within the rounding envelope of \d+\.\d steps"):
+        converters.convert(qat, int8=True)
+
+
 def test_a_composite_keeps_the_activation_layer_it_takes_as_an_argument_through_save_and_load(tmp_path, rng):
     """As keras-hub's TransformerEncoder after swap_activations gives it our GELU layer: the layer holds its
     `activation` argument and hands it to a Dense. The QAT copy must save that argument, not the stand-in its

@@ -29,6 +29,17 @@ def ops(tflite_model):
     return operators.op_histogram(tflite_model)
 
 
+def with_int8_weight_scales_scaled(tflite_model, factor):
+    """The .tflite with the scale of every int8 weight tensor (a tensor with data, of 2 dimensions or more)
+    multiplied by `factor`: an int8 converter that is wrong on purpose."""
+    model = flatbuffer_model.as_object(tflite_model)
+    for tensor in model.subgraphs[0].tensors:
+        data = model.buffers[tensor.buffer].data
+        if tensor.type == schema.TensorType.INT8 and len(tensor.shape) >= 2 and data is not None and len(data):
+            tensor.quantization.scale = np.asarray(tensor.quantization.scale, np.float32) * np.float32(factor)
+    return flatbuffer_model.as_bytes(model, len(tflite_model))
+
+
 def run_matched_by_shape(tflite_model, arrays):
     """Outputs for `arrays` given in any order, each fed to the input of its (distinct) shape."""
     interpreter_type, _ = verify.interpreter_class()

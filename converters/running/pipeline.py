@@ -35,6 +35,7 @@ from ..tflite import operators
 from ..tflite import signatures
 from ..tflite import validation
 from . import progress
+from . import rounding_envelope
 from . import target_checks
 from . import tflite_input
 from . import verify as parity
@@ -496,6 +497,22 @@ def _int8_setup(source, options, report):
     return samples, options.int8_io
 
 
+def _within_rounding_envelope(reference, source, arrays, graph_outputs, scales, limits, limit, report, run):
+    """(limits, the limit as the report states it), each output's widened to the rewritten graph's own rounding
+    envelope where that is the wider (`rounding_envelope`): an int8 model beyond the default limit in steps
+    because one step of rounding anywhere moves its outputs by as much."""
+    progress.entered("verify: the rounding envelope")
+    moved = rounding_envelope.envelope(reference, source, arrays, graph_outputs, run=run)
+    steps = {info.name: None if scale is None else round(moved[info.name] / scale, 2)
+             for info, scale in zip(source.outputs, scales)}
+    report.tolerance["rounding_envelope"] = {"fraction": rounding_envelope.FRACTION,
+                                             "trials": rounding_envelope.TRIALS, "steps": steps}
+    widened = [(max(atol, moved[info.name]), rtol) for info, (atol, rtol) in zip(source.outputs, limits)]
+    envelope = max((value for value in steps.values() if value is not None), default=0.0)
+    return widened, (f"{limit}, nor within the rounding envelope of {envelope:.1f} steps (one step on "
+                     f"{rounding_envelope.FRACTION:.0%} of each activation's values moves the graph so far)")
+
+
 def _verify(tflite_model, source, reference, options, report, target, arrays, source_outputs, batch_fixed,
             reference_outputs=None):
     """Fill in the parity figures; `reference` is the rewritten graph as TFLite should compute it (a GraphDef,
@@ -534,8 +551,21 @@ def _verify(tflite_model, source, reference, options, report, target, arrays, so
     if options.int8:  # in output steps; without a limit (post-training), only reported
         limits = [(float("inf") if max_steps is None or scale is None else max_steps * scale, 0.0) for scale in scales]
     drift_limit = float("inf") if options.max_drift is None else options.max_drift
-    for info, scale, (atol, rtol) in zip(source.outputs, scales, limits):
-        fidelity = parity.compare(info.name, tflite_outputs[info.name], graph_outputs[info.name], atol, rtol)
+    limit = f"atol {options.atol} + rtol {options.rtol}"
+    if options.int8:
+        limit = f"{report.tolerance['max_steps']} int8 steps"
+
+    def compared(limits):
+        return [parity.compare(info.name, tflite_outputs[info.name], graph_outputs[info.name], atol, rtol)
+                for info, (atol, rtol) in zip(source.outputs, limits)]
+
+    fidelities = compared(limits)
+    if options.int8 and options.max_steps is None and not isinstance(reference, str) and not all(
+            fidelity.passed for fidelity in fidelities):  # QAT's default limit: the envelope too, when it is wider
+        limits, limit = _within_rounding_envelope(reference, source, arrays, graph_outputs, scales, limits, limit,
+                                                  report, lambda runner: fixed_batch(runner)(arrays))
+        fidelities = compared(limits)
+    for info, scale, fidelity in zip(source.outputs, scales, fidelities):
         drift = parity.compare(info.name, tflite_outputs[info.name], source_outputs[info.name], drift_limit, 0.0)
         report.fidelity.append(parity.with_steps(fidelity, scale))
         report.drift.append(parity.with_steps(drift, scale))
@@ -545,9 +575,6 @@ def _verify(tflite_model, source, reference, options, report, target, arrays, so
     if garbage:
         raise errors.ParityFailure(report, f"{source.path}: the .tflite gives NaN or Inf where the original model is "
                                    f"finite, on output(s) {', '.join(garbage)}; nothing written")
-    limit = f"atol {options.atol} + rtol {options.rtol}"
-    if options.int8:
-        limit = f"{report.tolerance['max_steps']} int8 steps"
     parity.fail_unless_passed(report.fidelity, source.path, report, "the .tflite differs from the rewritten graph",
                               limit)
     drifted = [c["output"] for c in report.drift if not c["passed"]]
