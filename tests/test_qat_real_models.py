@@ -217,7 +217,8 @@ def test_a_custom_composite_layer_is_quantized_through_and_its_own_arithmetic_ge
 def test_a_composites_operators_selections_and_concatenations_convert_integer_throughout(tmp_path, rng):
     """keras-hub's layers compute with Python operators on the backend's tensors and its variables (EdRec's RMS
     normalization by 1 + scale, a rotary embedding's products), select between a tensor and zeros_like of it
-    (Gemma's attention), and concatenate a computed part with a slice (GPT-NeoX's rotated query): each ranged
+    (Gemma's attention), concatenate a computed part with a slice (GPT-NeoX's rotated query), and call a
+    function through a namespace of keras.ops (MiT's `ops.nn.gelu`, tanh: a cube in TensorFlow's own code): each ranged
     where TFLite computes, the selection and the concatenation on one scale, as TFLite holds them; SQUARE, POW
     and ZEROS_LIKE, which TFLite computes in float only, as MULs. A model loading calls the layer before its
     weights are set, and makes the same ranges."""
@@ -241,7 +242,7 @@ def test_a_composites_operators_selections_and_concatenations_convert_integer_th
             self.normalization = Normalization()
 
         def call(self, x):
-            h = self.normalization(self.projection(x))
+            h = keras.ops.nn.gelu(self.normalization(self.projection(x)))  # a keras.ops namespace (MiT's)
             rotated = keras.ops.concatenate([h[..., :4] * 0.5 - h[..., 4:] ** 2 * 0.25, h[..., 4:]], axis=-1)
             return keras.ops.where(x[..., :1] > 0.5, keras.ops.zeros_like(rotated), rotated)
 
@@ -308,7 +309,8 @@ def test_a_composite_calling_dot_product_attention_converts_integer_throughout(t
     tflite_model, report = converters.convert(qat, int8=True, input_shapes={"tokens": (1, 6, 8), "padding": (1, 6)})
     assert report.float_ops == {}, report.op_types
     assert {"BATCH_MATMUL", "SOFTMAX", "SELECT_V2"} <= set(report.op_types)
-    values = np.concatenate([tflite_helpers.run(tflite_model, mask[i:i + 1], x[i:i + 1])[0] for i in range(8)])  # inputs by name
+    # the .tflite's inputs in the order of their names: padding, tokens
+    values = np.concatenate([tflite_helpers.run(tflite_model, mask[i:i + 1], x[i:i + 1])[0] for i in range(8)])
     values, qat_values = values.ravel(), qat([x[:8], mask[:8]]).numpy().ravel()
     assert values @ qat_values / (np.linalg.norm(values) * np.linalg.norm(qat_values)) >= INT8_COSINE
 

@@ -46,7 +46,8 @@ def test_each_activation_moves_one_step_on_the_fraction_and_weights_stay(fractio
     moved_def = rounding_envelope.perturbed(graph_def, fraction, seed=1)
     # the readers of each FakeQuant read its moved copy: the activation's, as the multiplication reads it
     reader = next(node for node in moved_def.node if node.op == "Mul" and not node.name.startswith("keras_gelu"))
-    moved_activation = _run(moved_def, _tensor(reader.input[0]), x)
+    activation, weight = _tensor(reader.input[0]), _tensor(reader.input[1])
+    moved_activation = _run(moved_def, activation, x)
     steps = (moved_activation - clean[0]) / STEP
     np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)  # on the grid
     assert set(np.unique(np.round(steps))) == {-1.0, 0.0, 1.0}
@@ -54,11 +55,11 @@ def test_each_activation_moves_one_step_on_the_fraction_and_weights_stay(fractio
     # 20,000 values, each moved with probability `fraction`: within 5 standard deviations
     assert abs(moved_share - fraction) <= 5 * np.sqrt(fraction * (1 - fraction) / steps.size)
     assert abs(np.mean(np.round(steps)[np.round(steps) != 0])) < 0.1  # up as often as down
-    np.testing.assert_array_equal(_run(moved_def, _tensor(reader.input[1]), x), clean[1])  # a weight's rounding is exact
+    np.testing.assert_array_equal(_run(moved_def, weight, x), clean[1])  # a weight's rounding is exact
     # another seed moves other values; the same seed the same ones
-    np.testing.assert_array_equal(_run(rounding_envelope.perturbed(graph_def, fraction, seed=1), _tensor(reader.input[0]), x),
+    np.testing.assert_array_equal(_run(rounding_envelope.perturbed(graph_def, fraction, 1), activation, x),
                                   moved_activation)
-    assert not np.array_equal(_run(rounding_envelope.perturbed(graph_def, fraction, seed=2), _tensor(reader.input[0]), x),
+    assert not np.array_equal(_run(rounding_envelope.perturbed(graph_def, fraction, 2), activation, x),
                               moved_activation)
 
 

@@ -47,8 +47,10 @@ from keras_gelu.qat.keras3 import attention
 from keras_gelu.qat.keras3.wrapper import is_float
 
 # The modules whose functions libraries call: `from keras import ops` (keras-hub, user code) and `from keras.src
-# import ops` (Keras's own layers and activations, keras.activations.gelu included).
-_MODULES = ("keras.ops", "keras.src.ops")
+# import ops` (Keras's own layers and activations, keras.activations.gelu included), and the public namespaces
+# of keras.ops (keras-hub's MiT calls `ops.nn.gelu`, which ran unseen, and the operators of TensorFlow's own
+# implementation were ranged one by one: a cube in float between a DEQUANTIZE and a QUANTIZE).
+_MODULES = ("keras.ops", "keras.src.ops", "keras.ops.nn", "keras.ops.numpy", "keras.ops.linalg")
 
 # Functions that compute nothing on values (control flow, shapes, conversions), called as they are.
 _NOT_INTERCEPTED = frozenset({
