@@ -123,7 +123,8 @@ class Report:
                                              for kind, count in types.items()))
             if self.islands_made_integer:
                 lines.append(f"float islands made integer: {counted(self.islands_made_integer)} "
-                             "(DEQUANTIZE/NEG/QUANTIZE as one integer MUL by -1)")
+                             "(exact integer spellings: a NEG as a MUL by -1, a comparison with a constant on "
+                             "the grid as one of integers)")
             lines.append("integer throughout" if not self.float_ops else "still float: " + ", ".join(
                 f"{name} {count}" for name, count in self.float_ops.items()))
         else:

@@ -202,3 +202,38 @@ def test_a_tight_max_steps_fails_and_writes_nothing(every_layer, tmp_path, capsy
     assert steps and steps.group(1) == steps.group(2), message
     code = cli.main([path, "--int8", "--calibration", "random:16", "--max-steps", steps.group(2), "-o", str(output)])
     assert code == 0 and output.exists()
+
+
+def test_comparisons_of_a_quantized_tensor_with_constants_on_its_grid_are_integer(tmp_path, rng):
+    """A quantized tensor compared with a constant on its grid (the QAT engine's float mask != 0) is compared
+    as integers, where TFLite compared it in float after a DEQUANTIZE; every comparison, on values at the
+    thresholds too, gives what the rewritten graph gives."""
+    import tensorflow as tf
+
+    from keras_gelu.converters.running import verify
+
+    low, high = -1.0, 1.5
+    scale = (high - low) / 255
+    zero_point = round(-low / scale)  # TensorFlow's nudged grid: 0 on it
+    on_grid = np.float32(scale * (60 - zero_point))
+
+    class Compared(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32)])
+        def __call__(self, x):
+            q = tf.quantization.fake_quant_with_min_max_vars(x, low, high)
+            return {"equal": tf.equal(q, 0.0), "not_equal": tf.not_equal(q, on_grid), "less": tf.less(q, on_grid),
+                    "greater_equal": tf.greater_equal(q, 0.0), "off_grid": tf.greater(q, on_grid + scale / 3)}
+
+    tf.saved_model.save(Compared(), str(tmp_path / "compared"))
+    x = rng.uniform(low, high, size=(4, 64)).astype(np.float32)
+    x[:, :8] = [0.0, on_grid, on_grid + scale, on_grid - scale, 0.0, scale, -scale, on_grid]  # at the thresholds
+    np.savez(tmp_path / "x.npz", x=x)
+    tflite_model, report = converters.convert(str(tmp_path / "compared"), int8=True, inputs=str(tmp_path / "x.npz"))
+    # TFLite 2.21 quantizes some of these itself (each constant at a scale of its own), and leaves one in float
+    assert report.islands_made_integer and report.float_ops == {}
+    q = tf.quantization.fake_quant_with_min_max_vars(x, low, high).numpy()
+    expected = {"equal": q == 0, "not_equal": q != on_grid, "less": q < on_grid, "greater_equal": q >= 0,
+                "off_grid": q > on_grid + scale / 3}
+    outputs = verify.run_signature(tflite_model, "serving_default", {"x": x})
+    for name, values in expected.items():
+        np.testing.assert_array_equal(outputs[name], values, err_msg=name)

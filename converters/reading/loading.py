@@ -166,7 +166,11 @@ def _traced_signatures(model, flavour, helper):
     if flavour == "keras3":
         from keras.export import ExportArchive
 
-        serve = ExportArchive().track_and_add_endpoint("serve", model, helper(model))
+        archive = ExportArchive()
+        archive.track(model)
+        # in inference, as the .tflite runs: called with `training` unset, keras-hub's SegFormer updated its
+        # BatchNormalization's statistics in the traced graph (Keras's own export writes them too)
+        serve = archive.add_endpoint("serve", lambda *inputs: model(*inputs, training=False), helper(model))
         keys = ("serve", "serving_default")  # as model.export writes them
     else:
         serve, keys = helper(model), ("serving_default",)

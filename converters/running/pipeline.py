@@ -31,6 +31,7 @@ from ..rewriting import stablehlo_as_tf
 from ..rewriting import tf_ops_as_builtins
 from ..tflite import deduplication
 from ..tflite import equivalent_ops
+from ..tflite import float_islands
 from ..tflite import operators
 from ..tflite import signatures
 from ..tflite import validation
@@ -412,6 +413,8 @@ def _converted(serialized, source, requested, options, int8_setup, target, repor
         report.target = target_checks.section(target, options)
         if target.ops is not None:
             tflite_model, report.target["renamed_ops"] = equivalent_ops.for_target(tflite_model, target.ops)
+    if options.int8:
+        tflite_model, report.islands_made_integer = float_islands.made_integer(tflite_model)
     report.ops = operators.op_histogram(tflite_model)
     if "GELU" in report.ops and vocabulary.conversion_mode(options.mode, options.int8).exact_as:
         # A mode that spells exact GELU in builtins promises no GELU op: the converter fused one we did not find.
