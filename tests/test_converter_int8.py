@@ -237,3 +237,38 @@ def test_comparisons_of_a_quantized_tensor_with_constants_on_its_grid_are_intege
     outputs = verify.run_signature(tflite_model, "serving_default", {"x": x})
     for name, values in expected.items():
         np.testing.assert_array_equal(outputs[name], values, err_msg=name)
+
+
+def test_a_float_function_of_an_int8_tensor_is_looked_up_in_a_table_of_its_256_results(tmp_path, rng):
+    """COS, SIN, EXP, FLOOR, ... have no int8 kernel in TFLite: between a DEQUANTIZE and a QUANTIZE they were
+    float islands (a rotary table computed from positions at run time), and so was a CAST of a quantized count
+    to int32. Of an int8 input they take 256 values: a GATHER from a table of them, within a step (a tie
+    rounded the other way) of what the graph computes, and the truncated integers exactly."""
+    import tensorflow as tf
+
+    from keras_gelu.converters.running import verify
+
+    functions = {"cos": tf.math.cos, "sin": tf.math.sin, "exp": tf.math.exp, "floor": tf.math.floor}
+    ranges = {"cos": (-1.0, 1.0), "sin": (-1.0, 1.0), "exp": (0.0, 20.0), "floor": (-4.0, 3.0)}
+
+    class Functions(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32)])
+        def __call__(self, x):
+            angle = tf.quantization.fake_quant_with_min_max_vars(x, -3.0, 3.0)
+            outputs = {name: tf.quantization.fake_quant_with_min_max_vars(function(angle), *ranges[name])
+                       for name, function in functions.items()}
+            return {**outputs, "truncated": tf.cast(angle, tf.int32)}  # a float-valued count back to int32
+
+    tf.saved_model.save(Functions(), str(tmp_path / "functions"))
+    x = rng.uniform(-3.5, 3.5, size=(8, 64)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    tflite_model, report = converters.convert(str(tmp_path / "functions"), int8=True, inputs=str(tmp_path / "x.npz"))
+    # (TFLite 2.21 has an int8 EXP of its own)
+    assert report.float_ops == {} and {"COS", "SIN", "FLOOR", "CAST"} <= set(report.islands_made_integer)
+    assert {"GATHER", "CAST"} <= set(report.ops) and not {"COS", "SIN", "FLOOR"} & set(report.ops)
+    expected = Functions()(tf.constant(x))
+    outputs = verify.run_signature(tflite_model, "serving_default", {"x": x})
+    for name, (low, high) in ranges.items():
+        step = (high - low) / 255
+        assert np.max(np.abs(outputs[name] - expected[name].numpy())) <= step * 1.001, name
+    np.testing.assert_array_equal(outputs["truncated"], expected["truncated"].numpy())

@@ -315,6 +315,31 @@ def test_a_composite_calling_dot_product_attention_converts_integer_throughout(t
     assert values @ qat_values / (np.linalg.norm(values) * np.linalg.norm(qat_values)) >= INT8_COSINE
 
 
+def test_a_group_normalization_computing_its_moments_in_one_call_converts_integer_throughout(tmp_path, rng):
+    """Keras's GroupNormalization calls keras.ops.moments, which each backend computes in one call of its own
+    (keras-hub's Moonshine): its MEAN and SQUARED_DIFFERENCE stayed float. Computed as those int8 ops, each on
+    a range, the QAT model is within rounding of the float one, and its .tflite integer throughout."""
+    import tflite_helpers
+
+    keras.utils.set_random_seed(33)
+    inputs = keras.Input((12, 16), name="frames")
+    hidden = keras.layers.GroupNormalization(groups=4, name="norm")(keras.layers.Conv1D(16, 3, name="conv")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(4, name="head")(hidden))
+    x = rng.normal(size=(64, 12, 16)).astype(np.float32)
+    qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
+    expected, computed = model(x).numpy().ravel(), qat(x).numpy().ravel()
+    assert expected @ computed / (np.linalg.norm(expected) * np.linalg.norm(computed)) >= INT8_COSINE
+    qat.compile(keras.optimizers.Adam(1e-3), "mse")
+    qat.fit(x, rng.normal(size=(64, 10, 4)).astype(np.float32), batch_size=16, epochs=1, verbose=0)
+    qat.save(str(tmp_path / "qat.keras"))
+    np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "qat.keras"))(x).numpy(), qat(x).numpy())
+    tflite_model, report = converters.convert(qat, int8=True, input_shapes={"frames": (1, 12, 16)})
+    assert report.float_ops == {}, report.op_types
+    values = np.concatenate([tflite_helpers.run(tflite_model, x[i:i + 1])[0] for i in range(8)]).ravel()
+    qat_values = qat(x[:8]).numpy().ravel()
+    assert values @ qat_values / (np.linalg.norm(values) * np.linalg.norm(qat_values)) >= INT8_COSINE
+
+
 def test_beyond_the_default_steps_a_qat_tflite_is_judged_by_its_graphs_rounding_envelope(monkeypatch, rng):
     """Where a QAT model's .tflite is beyond the default limit in steps (here the limit is 0), the rewritten
     graph's own rounding envelope judges it. A converter off by 0.2 % in its weights' scales is within it (as

@@ -188,9 +188,150 @@ def _integer_constant(model, subgraph, values, float_tensor, integer_tensor):
     return len(subgraph.tensors) - 1
 
 
+# Elementwise functions TFLite computes in float only, as numpy computes them in float32
+_ELEMENTWISE = {"COS": np.cos, "SIN": np.sin, "FLOOR": np.floor, "CEIL": np.ceil, "ROUND": np.round,
+                "EXP": np.exp, "LOG": np.log, "SQRT": np.sqrt, "ABS": np.abs, "SIGN": np.sign}
+
+
+def lookups_as_integer(tflite_model):
+    """(the .tflite with each DEQUANTIZE -> f -> QUANTIZE, f one of _ELEMENTWISE on an int8 tensor, as a lookup
+    in a table of f's 256 int8 results: CAST to int32, ADD 128, GATHER; {op: count}). An int8 input has 256
+    values, and f of each, rounded onto the output's grid, is what the float island computes; the table
+    rounds half away from zero where TFLite's QUANTIZE rounds half to even, a step at an exact tie. A rotary
+    table computed at run time from positions (keras-hub's Gemma 4: COS and SIN of an int8 angle) was a float
+    island."""
+    model = flatbuffer_model.as_object(tflite_model)
+    dequantize, quantize = schema.BuiltinOperator.DEQUANTIZE, schema.BuiltinOperator.QUANTIZE
+    cast = schema.BuiltinOperator.CAST
+    functions = {getattr(schema.BuiltinOperator, name): name for name in _ELEMENTWISE}
+    made = collections.Counter()
+    for subgraph in model.subgraphs or ():
+        operators = subgraph.operators or []
+        producer, consumers = {}, collections.defaultdict(list)
+        for position, operator in enumerate(operators):
+            for index in operator.outputs:
+                producer[index] = position
+            for index in operator.inputs:
+                if index >= 0:
+                    consumers[index].append(position)
+        outputs = set(subgraph.outputs)
+        dropped, replaced = set(), {}
+        for position, operator in enumerate(operators):
+            code = _code(model, operator)
+            name = functions.get(code) or ("CAST" if code == cast else None)
+            if name is None or len(operator.inputs) != 1 or len(operator.outputs) != 1:
+                continue
+            (floats_in,), (floats_out,) = operator.inputs, operator.outputs
+            before, after = producer.get(floats_in), consumers[floats_out]
+            if before is None or _code(model, operators[before]) != dequantize or floats_in in outputs:
+                continue
+            (integer_in,) = operators[before].inputs
+            grid_in = _per_tensor_grid(subgraph.tensors[integer_in])
+            if grid_in is None:
+                continue
+            if name == "CAST":  # to integers, truncated (a float-valued count back to int32): a table of int32
+                if subgraph.tensors[floats_out].type != schema.TensorType.INT32:
+                    continue
+                table, last = _table(np.trunc, grid_in, None), position
+            else:
+                if len(after) != 1 or _code(model, operators[after[0]]) != quantize or floats_out in outputs:
+                    continue
+                (integer_out,) = operators[after[0]].outputs
+                grid_out = _per_tensor_grid(subgraph.tensors[integer_out])
+                if grid_out is None:
+                    continue
+                table, last, floats_out = _table(_ELEMENTWISE[name], grid_in, grid_out), after[0], integer_out
+            operators_made = _lookup(model, subgraph, integer_in, floats_out, table)
+            consumers[floats_in].remove(position)
+            if not consumers[floats_in]:  # COS and SIN read one DEQUANTIZE
+                dropped.add(before)
+            if last != position:
+                dropped.add(position)
+            replaced[last] = operators_made
+            made[name] += 1
+        if replaced:
+            subgraph.operators = [made_operator for position, operator in enumerate(operators)
+                                  if position not in dropped
+                                  for made_operator in replaced.get(position, [operator])]
+    if not made:
+        return tflite_model, {}
+    flatbuffer_model.drop_unused_codes(model)
+    return flatbuffer_model.as_bytes(model, len(tflite_model)), dict(made)
+
+
+def _per_tensor_grid(tensor):
+    """(scale, zero point) of an int8 tensor quantized per tensor, or None."""
+    quantization = tensor.quantization
+    if (tensor.type != schema.TensorType.INT8 or quantization is None or quantization.scale is None
+            or len(quantization.scale) != 1 or not float(quantization.scale[0]) > 0):
+        return None
+    return float(quantization.scale[0]), int(quantization.zeroPoint[0])
+
+
+def _table(function, grid_in, grid_out):
+    """function's result for each int8 input -128..127, as the float island computes it in float32: on the
+    int8 grid `grid_out`, or as int32 where it is None."""
+    scale_in, zero_in = grid_in
+    inputs = (np.float32(scale_in) * (np.arange(-128, 128) - zero_in).astype(np.float32)).astype(np.float32)
+    with np.errstate(all="ignore"):
+        results = function(inputs).astype(np.float32).astype(np.float64)
+    if grid_out is None:
+        return results.astype(np.int32)
+    scale_out, zero_out = grid_out
+    steps = np.where(np.isnan(results), zero_out, results / scale_out + zero_out)
+    return np.clip(np.sign(steps) * np.floor(np.abs(steps) + 0.5), -128, 127).astype(np.int8)
+
+
+def _constant(model, subgraph, values, tensor_type, name, quantization=None):
+    buffer = schema.BufferT()
+    buffer.data = np.frombuffer(values.tobytes(), np.uint8)
+    model.buffers.append(buffer)
+    tensor = schema.TensorT()
+    tensor.shape, tensor.type, tensor.buffer = np.array(values.shape, np.int32), tensor_type, len(model.buffers) - 1
+    tensor.name, tensor.quantization = name, quantization
+    subgraph.tensors.append(tensor)
+    return len(subgraph.tensors) - 1
+
+
+def _lookup(model, subgraph, integer_in, integer_out, table):
+    """[CAST, ADD, GATHER]: integer_out = table[integer_in + 128] (an int8 table on integer_out's grid, or int32)."""
+    source = subgraph.tensors[integer_in]
+    name = flatbuffer_model.tensor_name(subgraph.tensors[integer_out]) + "/keras_gelu_lookup"
+    indices = []
+    for suffix in ("raw", "index"):
+        tensor = schema.TensorT()
+        tensor.shape, tensor.type, tensor.name = source.shape, schema.TensorType.INT32, f"{name}/{suffix}"
+        tensor.shapeSignature = source.shapeSignature
+        subgraph.tensors.append(tensor)
+        indices.append(len(subgraph.tensors) - 1)
+    offset = _constant(model, subgraph, np.array([128], np.int32), schema.TensorType.INT32, f"{name}/offset")
+    if table.dtype == np.int8:
+        quantization = schema.QuantizationParametersT()
+        quantization.scale = list(subgraph.tensors[integer_out].quantization.scale)
+        quantization.zeroPoint = list(subgraph.tensors[integer_out].quantization.zeroPoint)
+        values = _constant(model, subgraph, table, schema.TensorType.INT8, f"{name}/table", quantization)
+    else:
+        values = _constant(model, subgraph, table, schema.TensorType.INT32, f"{name}/table")
+    cast = schema.OperatorT()
+    cast.opcodeIndex = flatbuffer_model.opcode_index(model, "CAST")
+    cast.builtinOptionsType, cast.builtinOptions = schema.BuiltinOptions.CastOptions, schema.CastOptionsT()
+    cast.builtinOptions.inDataType, cast.builtinOptions.outDataType = schema.TensorType.INT8, schema.TensorType.INT32
+    cast.inputs, cast.outputs = [integer_in], [indices[0]]
+    add = schema.OperatorT()
+    add.opcodeIndex = flatbuffer_model.opcode_index(model, "ADD")
+    add.builtinOptionsType, add.builtinOptions = schema.BuiltinOptions.AddOptions, schema.AddOptionsT()
+    add.inputs, add.outputs = [indices[0], offset], [indices[1]]
+    gather = schema.OperatorT()
+    gather.opcodeIndex = flatbuffer_model.opcode_index(model, "GATHER")
+    gather.builtinOptionsType, gather.builtinOptions = schema.BuiltinOptions.GatherOptions, schema.GatherOptionsT()
+    gather.inputs, gather.outputs = [values, indices[1]], [integer_out]
+    return [cast, add, gather]
+
+
 def made_integer(tflite_model):
     """(the .tflite with every float island above that has an exact integer spelling made integer,
     {op: count} of those made integer)."""
     tflite_model, negations = negations_as_integer(tflite_model)
     tflite_model, comparisons = comparisons_as_integer(tflite_model)
-    return tflite_model, {**negations, **comparisons}
+    tflite_model, lookups = lookups_as_integer(tflite_model)
+    return tflite_model, {**negations, **comparisons, **lookups}

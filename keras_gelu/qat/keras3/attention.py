@@ -2,8 +2,8 @@
 masked-off scores set below the scores' range, SOFTMAX on its fixed k/256 grid.
 
 `MultiHeadAttentionRule` computes Keras's MultiHeadAttention so, and `dot_product_attention` computes
-`keras.ops.dot_product_attention` so where a composite layer calls it (keras-hub's ESM, and every
-MultiHeadAttention subclass with a `call` of its own, reach it through Keras's `_compute_attention`). The
+`keras.ops.dot_product_attention` so where a composite layer calls it (`decompositions`: keras-hub's ESM, and
+every MultiHeadAttention subclass with a `call` of its own, reach it through Keras's `_compute_attention`). The
 backends compute that function in one call of their own (TensorFlow's einsums, a `where` with -1e9, a softmax),
 which no interception sees: its scores, mask and softmax were float ops between a DEQUANTIZE and a QUANTIZE in
 the int8 model.

@@ -43,7 +43,7 @@ import threading
 
 from keras_gelu.flavour import keras
 from keras_gelu.flavour import tensor_classes
-from keras_gelu.qat.keras3 import attention
+from keras_gelu.qat.keras3 import decompositions
 from keras_gelu.qat.keras3.wrapper import is_float
 
 # The modules whose functions libraries call: `from keras import ops` (keras-hub, user code) and `from keras.src
@@ -77,10 +77,6 @@ VALUE_MOVING = frozenset({
 # held two grids in one CONCATENATION, which the converter refused.
 ONE_GRID = frozenset({"append", "concatenate", "dstack", "hstack", "maximum", "minimum", "stack", "vstack",
                       "where"})
-
-# Functions that compute in one call of the backend's own what TFLite computes as several int8 ops: computed as
-# those ops, each on a range (`_decomposed`)
-_DECOMPOSED = {"dot_product_attention": attention.dot_product_attention}
 
 # Functions infinite at 0 (and their gradients), where the int8 op saturates: rsqrt(0) = inf in QAT gave
 # NaN ranges and gradients (0 x inf). Their input is taken no lower than _SMALLEST_INPUT.
@@ -265,7 +261,7 @@ def _intercepted(name, function):
                   and not (state.making and state.constant(value)) else value
                   for position, value in enumerate(flat)]
         args, kwargs = keras.tree.pack_sequence_as((args, kwargs), values)
-        if name in _DECOMPOSED:
+        if name in decompositions.DECOMPOSED:
             return _decomposed(state, key, name, function, args, kwargs)
         with suspended():
             if name in _SINGULAR_AT_ZERO:
@@ -307,14 +303,16 @@ def _on_one_grid(state, key, name, function, args, kwargs):
 
 
 def _decomposed(state, key, name, function, args, kwargs):
-    """function(*args, **kwargs) as the int8 ops it is made of, each on a range of this call's (a place first
-    reached after the ranges were made: as it is)."""
-    if not state.making and f"{key}/attended" not in state.wrapper.operation_ranges:
+    """function(*args, **kwargs) as the int8 ops it is made of (`decompositions`), each on a range of this
+    call's (a place first reached after the ranges were made: as it is)."""
+    if not state.making and not any(made.startswith(f"{key}/") for made in state.wrapper.operation_ranges):
         with suspended():
             return function(*args, **kwargs)
     with suspended():
-        outputs = _DECOMPOSED[name](lambda part: state.range_for(f"{key}/{part}"), state.training, *args, **kwargs)
-    state.on_grid[id(outputs)] = outputs
+        outputs = decompositions.DECOMPOSED[name](lambda part: state.range_for(f"{key}/{part}"), state.training,
+                                                  *args, **kwargs)
+    for output in keras.tree.flatten(outputs):
+        state.on_grid[id(output)] = output
     return outputs
 
 
