@@ -242,7 +242,7 @@ def test_comparisons_of_a_quantized_tensor_with_constants_on_its_grid_are_intege
 def test_a_float_function_of_an_int8_tensor_is_looked_up_in_a_table_of_its_256_results(tmp_path, rng):
     """COS, SIN, EXP, FLOOR, ... have no int8 kernel in TFLite: between a DEQUANTIZE and a QUANTIZE they were
     float islands (a rotary table computed from positions at run time), and so was a CAST of a quantized count
-    to int32. Of an int8 input they take 256 values: a GATHER from a table of them, within a step (a tie
+    to int32 or of a float mask to bool. Of an int8 input they take 256 values: a GATHER from a table of them, within a step (a tie
     rounded the other way) of what the graph computes, and the truncated integers exactly."""
     import tensorflow as tf
 
@@ -257,10 +257,12 @@ def test_a_float_function_of_an_int8_tensor_is_looked_up_in_a_table_of_its_256_r
             angle = tf.quantization.fake_quant_with_min_max_vars(x, -3.0, 3.0)
             outputs = {name: tf.quantization.fake_quant_with_min_max_vars(function(angle), *ranges[name])
                        for name, function in functions.items()}
-            return {**outputs, "truncated": tf.cast(angle, tf.int32)}  # a float-valued count back to int32
+            # a float-valued count back to int32, a mask computed as float to bool
+            return {**outputs, "truncated": tf.cast(angle, tf.int32), "nonzero": tf.cast(angle, tf.bool)}
 
     tf.saved_model.save(Functions(), str(tmp_path / "functions"))
     x = rng.uniform(-3.5, 3.5, size=(8, 64)).astype(np.float32)
+    x[:, :4] = [0.0, 0.001, -0.001, 2.0]  # 0 and values that round to it
     np.savez(tmp_path / "x.npz", x=x)
     tflite_model, report = converters.convert(str(tmp_path / "functions"), int8=True, inputs=str(tmp_path / "x.npz"))
     # (TFLite 2.21 has an int8 EXP of its own)
@@ -272,3 +274,4 @@ def test_a_float_function_of_an_int8_tensor_is_looked_up_in_a_table_of_its_256_r
         step = (high - low) / 255
         assert np.max(np.abs(outputs[name] - expected[name].numpy())) <= step * 1.001, name
     np.testing.assert_array_equal(outputs["truncated"], expected["truncated"].numpy())
+    np.testing.assert_array_equal(outputs["nonzero"], expected["nonzero"].numpy())

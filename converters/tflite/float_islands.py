@@ -188,6 +188,9 @@ def _integer_constant(model, subgraph, values, float_tensor, integer_tensor):
     return len(subgraph.tensors) - 1
 
 
+# A float CAST's result, by its type: what each of 256 int8 values becomes (bool: a mask computed as float)
+_CAST_TABLES = {schema.TensorType.INT32: lambda values: np.trunc(values).astype(np.int32),
+                schema.TensorType.BOOL: lambda values: values != 0}
 # Elementwise functions TFLite computes in float only, as numpy computes them in float32
 _ELEMENTWISE = {"COS": np.cos, "SIN": np.sin, "FLOOR": np.floor, "CEIL": np.ceil, "ROUND": np.round,
                 "EXP": np.exp, "LOG": np.log, "SQRT": np.sqrt, "ABS": np.abs, "SIGN": np.sign}
@@ -229,10 +232,11 @@ def lookups_as_integer(tflite_model):
             grid_in = _per_tensor_grid(subgraph.tensors[integer_in])
             if grid_in is None:
                 continue
-            if name == "CAST":  # to integers, truncated (a float-valued count back to int32): a table of int32
-                if subgraph.tensors[floats_out].type != schema.TensorType.INT32:
+            if name == "CAST":  # to int32, truncated (a float-valued count back to int32), or to bool (!= 0)
+                result_type = subgraph.tensors[floats_out].type
+                if result_type not in _CAST_TABLES:
                     continue
-                table, last = _table(np.trunc, grid_in, None), position
+                table, last = _table(_CAST_TABLES[result_type], grid_in, None), position
             else:
                 if len(after) != 1 or _code(model, operators[after[0]]) != quantize or floats_out in outputs:
                     continue
@@ -270,13 +274,14 @@ def _per_tensor_grid(tensor):
 
 def _table(function, grid_in, grid_out):
     """function's result for each int8 input -128..127, as the float island computes it in float32: on the
-    int8 grid `grid_out`, or as int32 where it is None."""
+    int8 grid `grid_out`, or as the function gives it (int32, bool) where that is None."""
     scale_in, zero_in = grid_in
     inputs = (np.float32(scale_in) * (np.arange(-128, 128) - zero_in).astype(np.float32)).astype(np.float32)
     with np.errstate(all="ignore"):
-        results = function(inputs).astype(np.float32).astype(np.float64)
-    if grid_out is None:
-        return results.astype(np.int32)
+        results = function(inputs)
+    if grid_out is None:  # the function's own integer or bool results
+        return results
+    results = results.astype(np.float32).astype(np.float64)
     scale_out, zero_out = grid_out
     steps = np.where(np.isnan(results), zero_out, results / scale_out + zero_out)
     return np.clip(np.sign(steps) * np.floor(np.abs(steps) + 0.5), -128, 127).astype(np.int8)
@@ -294,7 +299,8 @@ def _constant(model, subgraph, values, tensor_type, name, quantization=None):
 
 
 def _lookup(model, subgraph, integer_in, integer_out, table):
-    """[CAST, ADD, GATHER]: integer_out = table[integer_in + 128] (an int8 table on integer_out's grid, or int32)."""
+    """[CAST, ADD, GATHER]: integer_out = table[integer_in + 128] (an int8 table on integer_out's grid, or one of
+    integer_out's own type)."""
     source = subgraph.tensors[integer_in]
     name = flatbuffer_model.tensor_name(subgraph.tensors[integer_out]) + "/keras_gelu_lookup"
     indices = []
@@ -311,7 +317,7 @@ def _lookup(model, subgraph, integer_in, integer_out, table):
         quantization.zeroPoint = list(subgraph.tensors[integer_out].quantization.zeroPoint)
         values = _constant(model, subgraph, table, schema.TensorType.INT8, f"{name}/table", quantization)
     else:
-        values = _constant(model, subgraph, table, schema.TensorType.INT32, f"{name}/table")
+        values = _constant(model, subgraph, table, subgraph.tensors[integer_out].type, f"{name}/table")
     cast = schema.OperatorT()
     cast.opcodeIndex = flatbuffer_model.opcode_index(model, "CAST")
     cast.builtinOptionsType, cast.builtinOptions = schema.BuiltinOptions.CastOptions, schema.CastOptionsT()
