@@ -204,6 +204,7 @@ def test_a_tight_max_steps_fails_and_writes_nothing(every_layer, tmp_path, capsy
     assert code == 0 and output.exists()
 
 
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
 def test_comparisons_of_a_quantized_tensor_with_constants_on_its_grid_are_integer(tmp_path, rng):
     """A quantized tensor compared with a constant on its grid (the QAT engine's float mask != 0) is compared
     as integers, where TFLite compared it in float after a DEQUANTIZE; every comparison, on values at the
@@ -239,6 +240,7 @@ def test_comparisons_of_a_quantized_tensor_with_constants_on_its_grid_are_intege
         np.testing.assert_array_equal(outputs[name], values, err_msg=name)
 
 
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
 def test_a_float_function_of_an_int8_tensor_is_looked_up_in_a_table_of_its_256_results(tmp_path, rng):
     """COS, SIN, EXP, FLOOR, ... have no int8 kernel in TFLite: between a DEQUANTIZE and a QUANTIZE they were
     float islands (a rotary table computed from positions at run time), and so was a CAST of a quantized count

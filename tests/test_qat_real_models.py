@@ -340,6 +340,37 @@ def test_a_group_normalization_computing_its_moments_in_one_call_converts_intege
     assert values @ qat_values / (np.linalg.norm(values) * np.linalg.norm(qat_values)) >= INT8_COSINE
 
 
+def test_a_composite_mixing_tokens_with_a_fourier_transform_converts_integer_throughout(rng):
+    """keras.ops.fft2, which TFLite has no op for (nor complex numbers), as products with cosine and sine
+    matrices on ranges: FNet's token mixing (the real part, of a real input) and a transform of a complex
+    input. The QAT model computes what the backend's FFT does, within rounding; its .tflite is integer."""
+    import tflite_helpers
+
+    @keras.saving.register_keras_serializable(package="test_qat_real_models")
+    class FourierMixing(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.projection = keras.layers.Dense(8, name="projection")
+
+        def call(self, x):
+            mixed, _ = keras.ops.fft2((x, keras.ops.zeros_like(x)))  # FNet's
+            real, imaginary = keras.ops.fft2((x, self.projection(x)))
+            return mixed + 0.5 * real - 0.25 * imaginary
+
+    keras.utils.set_random_seed(34)
+    inputs = keras.Input((6, 8), name="tokens")
+    model = keras.Model(inputs, keras.layers.Dense(4, name="head")(FourierMixing(name="mixing")(inputs)))
+    x = rng.normal(size=(64, 6, 8)).astype(np.float32)
+    qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
+    expected, computed = model(x).numpy().ravel(), qat(x).numpy().ravel()
+    assert expected @ computed / (np.linalg.norm(expected) * np.linalg.norm(computed)) >= INT8_COSINE
+    tflite_model, report = converters.convert(qat, int8=True, input_shapes={"tokens": (1, 6, 8)})
+    assert report.float_ops == {}, report.op_types
+    values = np.concatenate([tflite_helpers.run(tflite_model, x[i:i + 1])[0] for i in range(8)]).ravel()
+    qat_values = qat(x[:8]).numpy().ravel()
+    assert values @ qat_values / (np.linalg.norm(values) * np.linalg.norm(qat_values)) >= INT8_COSINE
+
+
 def test_beyond_the_default_steps_a_qat_tflite_is_judged_by_its_graphs_rounding_envelope(monkeypatch, rng):
     """Where a QAT model's .tflite is beyond the default limit in steps (here the limit is 0), the rewritten
     graph's own rounding envelope judges it. A converter off by 0.2 % in its weights' scales is within it (as

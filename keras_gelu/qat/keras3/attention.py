@@ -35,13 +35,13 @@ def kept(mask):
     return mask if keras.backend.standardize_dtype(mask.dtype) == "bool" else keras.ops.not_equal(mask, 0)
 
 
-def dot_product_attention(ranges, training, query, key, value, bias=None, mask=None, scale=None, is_causal=False,
+def dot_product_attention(context, query, key, value, bias=None, mask=None, scale=None, is_causal=False,
                           flash_attention=None, attn_logits_soft_cap=None):
     """`keras.ops.dot_product_attention` (same arguments; query (B, T, N, H), key and value (B, S, K, H)) as int8
-    ops: `ranges(name)` is the activation range of this call named `name`. Flash attention is a kernel, not a
+    ops, on the ranges of `context` (a `decompositions.Context`). Flash attention is a kernel, not a
     different result, and the logits' soft cap is applied by JAX's TPU kernel alone: on a CPU, each backend
     computes without them, and so does this."""
-    ops = keras.ops
+    ops, ranges, training = keras.ops, context.range, context.training
     heads, key_heads = query.shape[2], key.shape[2]
     if heads is not None and key_heads is not None and heads > key_heads:  # grouped queries: K heads, N // K each
         key = ops.repeat(key, heads // key_heads, axis=2)

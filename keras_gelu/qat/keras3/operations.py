@@ -96,6 +96,8 @@ _local = threading.local()
 _lock = threading.Lock()
 # while any thread intercepts: [(module or class, name, function, whether it was its own attribute)]
 _installed = {"count": 0, "originals": []}
+# (module or class, name) -> (the function, its interception): made once, installed at every composite call
+_interceptions = {}
 
 
 def _states():
@@ -114,6 +116,7 @@ class _Interception:
         self.constants = {}  # {shapes_too: {graph op name: computed from constants alone}}, see constant()
         self.from_weights = {}  # {id: tensor} computed from a weight, by an intercepted call
         self.rounded_inputs = {}  # {id: (tensor, its rounded self)}, see ranged_input()
+        self.zeros = {}  # {id: tensor} made by zeros_like: no data, and 0 on every grid
         self.making = wrapper.operation_ranges is None  # the first call makes the ranges
         if self.making:
             wrapper.operation_ranges = {}
@@ -233,7 +236,10 @@ def _intercepted(name, function):
         tensors = [value for value in flat if _is_tensor(value) and is_float(value)]
         if not tensors or name in _SHAPE_ONLY:  # a constant made (ones, arange), integer arithmetic (positions)
             with suspended():
-                return function(*args, **kwargs)
+                outputs = function(*args, **kwargs)
+            if name == "zeros_like":
+                state.zeros[id(outputs)] = outputs
+            return outputs
         if state.making and all(state.constant(tensor, shapes_too=True) for tensor in tensors):
             # computed from constants alone, which the converter folds: the int8 model holds its result as a
             # constant, on a grid of its own, and computes nothing here; rounded at each step instead, YaRN's
@@ -258,7 +264,7 @@ def _intercepted(name, function):
         # as it is, and no range made for it now is found later (the key names its argument's position)
         values = [state.ranged_input(f"{key}/input_{position}", value)
                   if _is_tensor(value) and is_float(value) and id(value) not in state.on_grid
-                  and not (state.making and state.constant(value)) else value
+                  and id(value) not in state.zeros and not (state.making and state.constant(value)) else value
                   for position, value in enumerate(flat)]
         args, kwargs = keras.tree.pack_sequence_as((args, kwargs), values)
         if name in decompositions.DECOMPOSED:
@@ -308,9 +314,10 @@ def _decomposed(state, key, name, function, args, kwargs):
     if not state.making and not any(made.startswith(f"{key}/") for made in state.wrapper.operation_ranges):
         with suspended():
             return function(*args, **kwargs)
+    context = decompositions.Context(lambda part: state.range_for(f"{key}/{part}"), state.training,
+                                     lambda tensor: id(tensor) in state.zeros)
     with suspended():
-        outputs = decompositions.DECOMPOSED[name](lambda part: state.range_for(f"{key}/{part}"), state.training,
-                                                  *args, **kwargs)
+        outputs = decompositions.DECOMPOSED[name](context, *args, **kwargs)
     for output in keras.tree.flatten(outputs):
         state.on_grid[id(output)] = output
     return outputs
@@ -329,7 +336,7 @@ def _install():
                         or isinstance(function, type) or type(function).__name__ == "module":
                     continue
                 _installed["originals"].append((module, name, function, True))
-                setattr(module, name, _intercepted(name, function))
+                setattr(module, name, _interception(module, name, name, function))
         # the backend's tensors, and Keras's variables, whose operators compute with the backend's own functions
         for tensor_class in (*tensor_classes(), keras.Variable):
             for method, name in _OPERATORS.items():
@@ -337,7 +344,15 @@ def _install():
                 if function is None:
                     continue
                 _installed["originals"].append((tensor_class, method, function, method in vars(tensor_class)))
-                setattr(tensor_class, method, _intercepted(name, function))
+                setattr(tensor_class, method, _interception(tensor_class, method, name, function))
+
+
+def _interception(holder, attribute, name, function):
+    """`_intercepted(name, function)` for holder.attribute, made at its first install."""
+    made = _interceptions.get((holder, attribute))
+    if made is None or made[0] is not function:
+        made = _interceptions[(holder, attribute)] = (function, _intercepted(name, function))
+    return made[1]
 
 
 def _uninstall():
