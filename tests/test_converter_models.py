@@ -103,6 +103,26 @@ def test_functional_multi_input_multi_output_dynamic_batch(tmp_path):
     assert "dynamic dimensions = 5" in report.inputs_used
 
 
+@pytest.mark.skipif(not IS_KERAS3, reason="Keras 3's export of nested outputs (tf-keras saves its own signature)")
+def test_nested_outputs_convert_one_tensor_per_path(rng):
+    """A model whose outputs nest a tuple under a key (keras-hub's D-FINE) converts: a signature takes only
+    tensors, so each leaf is an output of its own, named by its path."""
+    from keras_gelu.converters.running import verify
+
+    keras.utils.set_random_seed(6)
+    x = keras.Input((6,), name="x")
+    hidden = keras.layers.Dense(8, activation=keras_gelu.GELU())(x)
+    model = keras.Model(x, {"logits": keras.layers.Dense(2)(hidden),
+                            "states": (hidden, keras.layers.Dense(3)(hidden))})
+    tflite_model, report = converters.convert(model, mode="native")  # TFLite's GELU op: the function itself
+    assert sorted(info["output"] for info in report.fidelity) == ["logits", "states_0", "states_1"]
+    values = rng.normal(size=(4, 6)).astype(np.float32)
+    outputs, expected = verify.run_signature(tflite_model, "serving_default", {"x": values}), model(values)
+    for name, value in (("logits", expected["logits"]), ("states_0", expected["states"][0]),
+                        ("states_1", expected["states"][1])):
+        np.testing.assert_allclose(outputs[name], keras.ops.convert_to_numpy(value), atol=1e-5)
+
+
 def test_subclassed_model(tmp_path):
     class Residual(keras.Model):
         def __init__(self):

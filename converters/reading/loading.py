@@ -44,8 +44,11 @@ class Source:
 
 
 def first_line(error):
-    """The first line of an exception's message (at most 200 characters), or its type's name."""
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    """The first line of an exception's message (at most 200 characters) that says something: autograph's "in
+    user code:" heading left out; or the exception type's name."""
+    lines = [line.strip() for line in str(error).strip().splitlines()
+             if line.strip() and line.strip() != "in user code:"]
+    return (lines or [type(error).__name__])[0][:200]
 
 
 def choose_signature(path, available, requested):
@@ -170,7 +173,8 @@ def _traced_signatures(model, flavour, helper):
         archive.track(model)
         # in inference, as the .tflite runs: called with `training` unset, keras-hub's SegFormer updated its
         # BatchNormalization's statistics in the traced graph (Keras's own export writes them too)
-        serve = archive.add_endpoint("serve", lambda *inputs: model(*inputs, training=False), helper(model))
+        serve = archive.add_endpoint("serve", lambda *inputs: _flat_outputs(model(*inputs, training=False)),
+                                     helper(model))
         keys = ("serve", "serving_default")  # as model.export writes them
     else:
         serve, keys = helper(model), ("serving_default",)
@@ -178,6 +182,29 @@ def _traced_signatures(model, flavour, helper):
         raise ValueError("tf-keras cannot tell the model's inputs; call it on a batch of inputs first")
     functions, _, _ = signature_serialization.canonicalize_signatures({"serving_default": serve})
     return dict.fromkeys(keys, functions["serving_default"])
+
+
+def _flat_outputs(outputs):
+    """A model's outputs as a signature takes them: as they are where they are a tensor, or a list or dict of
+    tensors; nested deeper (keras-hub's D-FINE: a tuple of tensors under one key), one tensor per name, the
+    path's keys and positions joined by "_"."""
+    if not isinstance(outputs, (dict, list, tuple)) or all(
+            not isinstance(value, (dict, list, tuple)) for value in (outputs.values() if isinstance(outputs, dict)
+                                                                      else outputs)):
+        return outputs
+    return {"_".join(str(part) for part in path): value for path, value in _leaves(outputs)}
+
+
+def _leaves(value, path=()):
+    """(path, leaf) of a nest of dicts, lists and tuples, in order."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, path + (key,))
+    elif isinstance(value, (list, tuple)):
+        for position, item in enumerate(value):
+            yield from _leaves(item, path + (position,))
+    else:
+        yield path, value
 
 
 def _exported_signatures(model, flavour):
