@@ -35,16 +35,26 @@ def _minus_one(model, subgraph, integer_type, name):
     """A constant int8 (or int16) tensor holding -1 exactly: the quantized value -127 (-32767) at scale 1/127."""
     largest = 127 if integer_type == schema.TensorType.INT8 else 32767
     dtype = np.int8 if integer_type == schema.TensorType.INT8 else np.int16
-    buffer = schema.BufferT()
-    buffer.data = np.frombuffer(np.array([-largest], dtype).tobytes(), np.uint8)
-    model.buffers.append(buffer)
-    tensor = schema.TensorT()
-    tensor.shape, tensor.type, tensor.buffer = np.array([1], np.int32), integer_type, len(model.buffers) - 1
-    tensor.name = name
-    tensor.quantization = schema.QuantizationParametersT()
-    tensor.quantization.scale, tensor.quantization.zeroPoint = [1.0 / largest], [0]
-    subgraph.tensors.append(tensor)
-    return len(subgraph.tensors) - 1
+    return _constant(model, subgraph, np.array([-largest], dtype), integer_type, name, _grid(1.0 / largest, 0))
+
+
+def _grid(scale, zero_point):
+    """Per-tensor quantization parameters."""
+    quantization = schema.QuantizationParametersT()
+    quantization.scale, quantization.zeroPoint = [float(scale)], [int(zero_point)]
+    return quantization
+
+
+def _producers_and_consumers(operators):
+    """({tensor: the position of the operator writing it}, {tensor: [positions of those reading it]})."""
+    producer, consumers = {}, collections.defaultdict(list)
+    for position, operator in enumerate(operators):
+        for index in operator.outputs:
+            producer[index] = position
+        for index in operator.inputs:
+            if index >= 0:
+                consumers[index].append(position)
+    return producer, consumers
 
 
 def negations_as_integer(tflite_model):
@@ -56,13 +66,7 @@ def negations_as_integer(tflite_model):
     made = collections.Counter()
     for subgraph in model.subgraphs or ():
         operators = subgraph.operators or []
-        producer, consumers = {}, collections.defaultdict(list)
-        for position, operator in enumerate(operators):
-            for index in operator.outputs:
-                producer[index] = position
-            for index in operator.inputs:
-                if index >= 0:
-                    consumers[index].append(position)
+        producer, consumers = _producers_and_consumers(operators)
         outputs = set(subgraph.outputs)
         dropped, replaced = set(), {}
         for position, operator in enumerate(operators):
@@ -128,13 +132,7 @@ def comparisons_as_integer(tflite_model):
     made = collections.Counter()
     for subgraph in model.subgraphs or ():
         operators = subgraph.operators or []
-        producer, consumers = {}, collections.defaultdict(list)
-        for position, operator in enumerate(operators):
-            for index in operator.outputs:
-                producer[index] = position
-            for index in operator.inputs:
-                if index >= 0:
-                    consumers[index].append(position)
+        producer, consumers = _producers_and_consumers(operators)
         dropped = set()
         for position, operator in enumerate(operators):
             name = comparisons.get(_code(model, operator))
@@ -175,17 +173,10 @@ def comparisons_as_integer(tflite_model):
 
 def _integer_constant(model, subgraph, values, float_tensor, integer_tensor):
     """A constant of `values` (integers) shaped as float_tensor, quantized as integer_tensor."""
-    buffer = schema.BufferT()
-    buffer.data = np.frombuffer(values.tobytes(), np.uint8)
-    model.buffers.append(buffer)
-    tensor = schema.TensorT()
-    tensor.shape, tensor.type, tensor.buffer = float_tensor.shape, integer_tensor.type, len(model.buffers) - 1
-    tensor.name = flatbuffer_model.tensor_name(float_tensor) + "/keras_gelu_on_grid"
-    tensor.quantization = schema.QuantizationParametersT()
-    tensor.quantization.scale = [float(integer_tensor.quantization.scale[0])]
-    tensor.quantization.zeroPoint = [int(integer_tensor.quantization.zeroPoint[0])]
-    subgraph.tensors.append(tensor)
-    return len(subgraph.tensors) - 1
+    quantization = _grid(integer_tensor.quantization.scale[0], integer_tensor.quantization.zeroPoint[0])
+    shaped = values if float_tensor.shape is None else np.reshape(values, float_tensor.shape)
+    return _constant(model, subgraph, shaped, integer_tensor.type,
+                     flatbuffer_model.tensor_name(float_tensor) + "/keras_gelu_on_grid", quantization)
 
 
 # A float CAST's result, by its type: what each of 256 int8 values becomes (bool: a mask computed as float)
@@ -210,13 +201,7 @@ def lookups_as_integer(tflite_model):
     made = collections.Counter()
     for subgraph in model.subgraphs or ():
         operators = subgraph.operators or []
-        producer, consumers = {}, collections.defaultdict(list)
-        for position, operator in enumerate(operators):
-            for index in operator.outputs:
-                producer[index] = position
-            for index in operator.inputs:
-                if index >= 0:
-                    consumers[index].append(position)
+        producer, consumers = _producers_and_consumers(operators)
         outputs = set(subgraph.outputs)
         dropped, replaced = set(), {}
         for position, operator in enumerate(operators):
@@ -288,6 +273,7 @@ def _table(function, grid_in, grid_out):
 
 
 def _constant(model, subgraph, values, tensor_type, name, quantization=None):
+    """A constant tensor of `values` (a numpy array of the type's own dtype) in the subgraph: its index."""
     buffer = schema.BufferT()
     buffer.data = np.frombuffer(values.tobytes(), np.uint8)
     model.buffers.append(buffer)
@@ -312,10 +298,8 @@ def _lookup(model, subgraph, integer_in, integer_out, table):
         indices.append(len(subgraph.tensors) - 1)
     offset = _constant(model, subgraph, np.array([128], np.int32), schema.TensorType.INT32, f"{name}/offset")
     if table.dtype == np.int8:
-        quantization = schema.QuantizationParametersT()
-        quantization.scale = list(subgraph.tensors[integer_out].quantization.scale)
-        quantization.zeroPoint = list(subgraph.tensors[integer_out].quantization.zeroPoint)
-        values = _constant(model, subgraph, table, schema.TensorType.INT8, f"{name}/table", quantization)
+        values = _constant(model, subgraph, table, schema.TensorType.INT8, f"{name}/table",
+                           _grid(*_per_tensor_grid(subgraph.tensors[integer_out])))
     else:
         values = _constant(model, subgraph, table, subgraph.tensors[integer_out].type, f"{name}/table")
     cast = schema.OperatorT()
