@@ -137,6 +137,50 @@ def test_report_names_ops_that_stayed_float(tmp_path):
     assert "still float:" in report.to_text()
 
 
+# --- quantization-aware graphs: TFLite's same-scale constraint -------------------
+
+
+def _fake_quant(x, low, high):
+    import tensorflow as tf
+
+    return tf.quantization.fake_quant_with_min_max_vars(x, tf.constant(low), tf.constant(high))
+
+
+def _converted_graph(tmp_path, function, shape):
+    """(.tflite, Report) of the SavedModel serving `function` of one float input of `shape`."""
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.serve = tf.function(function, input_signature=[tf.TensorSpec(shape, tf.float32, name="x")])
+    path = str(tmp_path / "graph")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    return converters.convert(path, int8=True)
+
+
+def test_slices_of_a_fake_quantized_tensor_stacked_and_concatenated_with_values_of_other_ranges_convert(tmp_path):
+    """keras-hub GPT-NeoX's rotary embedding: of the query sliced from the fused query-key-value, one half of the
+    rotary part is negated on a range of its own and stacked with the other, and the rotated part concatenated
+    with the rest, each on a range of its own; the slices are on no range but their input's. TFLite gave them
+    the stack's or concatenation's scale and passed it up the slices to the first STRIDED_SLICE, whose input is
+    on the projection's, and refused it."""
+    import tensorflow as tf
+
+    weights = np.random.default_rng(0).normal(0.0, 0.1, size=(12, 16)).astype(np.float32)
+
+    def rotated_query(x):
+        both = _fake_quant(tf.matmul(_fake_quant(x, -1.0, 1.0), _fake_quant(weights, -0.3, 0.3)), -0.9, 1.0)
+        query = both[..., :8]
+        rotary, passed = query[..., :4], query[..., 4:]
+        first, second = tf.split(rotary, 2, axis=-1)
+        stacked = _fake_quant(tf.stack([_fake_quant(-second, -0.8, 0.9), first], axis=-2), -0.85, 0.95)
+        half = _fake_quant(tf.reshape(stacked, tf.shape(rotary)) * 0.3, -0.3, 0.3)
+        rotated = _fake_quant(_fake_quant(rotary * 0.5, -0.5, 0.5) + half, -0.4, 0.45)
+        return {"y": _fake_quant(tf.concat([rotated, passed], -1), -0.8, 0.95)}
+
+    _, report = _converted_graph(tmp_path, rotated_query, (1, 5, 12))
+    assert report.float_ops == {} and report.fidelity[0]["cosine"] > 0.999, report.op_types
+
+
 # --- flags and errors -----------------------------------------------------------
 
 

@@ -464,6 +464,59 @@ def fake_quants_after_value_moving_ops(graph_def):
     return changed
 
 
+# Ops whose int8 operands TFLite requantizes onto their result's scale (CONCATENATION, PACK, SELECT_V2,
+# MAXIMUM, MINIMUM): each operand keeps the scale it has, and takes the result's where it has none.
+_ONE_GRID = ("ConcatV2", "Pack", "Select", "SelectV2", "Maximum", "Minimum")
+# Ops that move values into several outputs, each on their input's scale in TFLite (SPLIT, SPLIT_V, UNPACK), and
+# the position of the values they move among their operands.
+_VALUE_SPLITTING = {"Split": 1, "SplitV": 0, "Unpack": 0}
+
+
+def one_grid_operands_on_their_grid(graph_def):
+    """Where an op that requantizes its operands reads one that ops moving values made of a FakeQuant's output,
+    fake-quantize that operand again on the FakeQuant's range; returns how many were.
+
+    TFLite gives such an operand, on no scale of its own in the graph, the one
+    the op's operands and result share, and passes it up the ops that moved
+    it, whose input is on the FakeQuant's: it refused the STRIDED_SLICE of
+    GPT-NeoX's fused query-key-value, whose part past the rotary dimensions is
+    concatenated with the rotated part, on a range of its own. Stated again,
+    the FakeQuant's range holds along the ops, and the requantization is the
+    op's. The values are on that grid already: the FakeQuant changes none.
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    added = 0
+    for node in list(graph_def.node):
+        if node.op not in _ONE_GRID:
+            continue
+        for position, operand in enumerate(node.input):
+            if operand.startswith("^"):
+                continue
+            tensor, moved = operand, False
+            while True:
+                name, index = graph.split_tensor_name(tensor)
+                producer = nodes.get(name)
+                if producer is None:
+                    break
+                if producer.op in _VALUE_SPLITTING:
+                    tensor = graph.data_inputs(producer)[_VALUE_SPLITTING[producer.op]]
+                elif producer.op in _VALUE_MOVING and index == 0:
+                    tensor = graph.data_inputs(producer)[0]
+                else:
+                    break
+                moved = moved or producer.op != "Identity"
+            if not moved or producer is None or producer.op not in FAKE_QUANT_OPS:
+                continue
+            again = graph_def.node.add()
+            again.CopyFrom(producer)
+            again.name = f"{node.name}/operand_{position}_on_its_grid"
+            del again.input[:]
+            again.input.extend([operand] + graph.data_inputs(producer)[1:])
+            node.input[position] = again.name
+            added += 1
+    return added
+
+
 # Ops whose value a constant lookup's indices may be computed with (keras.ops.take's arange and its wrap).
 _CONSTANT_INDEX_OPS = ("Const", "Identity", "Range", "Cast", "Reshape", "ExpandDims", "Less", "AddV2", "Add",
                        "SelectV2", "Shape", "StridedSlice", "Pack", "Fill", "Sub", "Mul")
@@ -516,7 +569,8 @@ GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, squares_as
                 integer_valued.quantized_integers_as_lookups)
 # And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.
 AFTER_REWRITE_PASSES = (repeated_fake_quants_merged, one_table_per_lookup, fake_quants_read_by_every_reader,
-                        fake_quants_on_one_grid_merged, fake_quants_after_value_moving_ops)
+                        fake_quants_on_one_grid_merged,
+                        fake_quants_after_value_moving_ops, one_grid_operands_on_their_grid)
 
 
 def input_grid(x_name, nodes):
