@@ -181,6 +181,23 @@ def test_slices_of_a_fake_quantized_tensor_stacked_and_concatenated_with_values_
     assert report.float_ops == {} and report.fidelity[0]["cosine"] > 0.999, report.op_types
 
 
+def test_a_constant_table_on_three_ranges_in_a_row_converts(tmp_path):
+    """keras-hub DINOv3's rotary table, computed from constants where the input's shape is fixed, put on the
+    ranges of its embedding layer, of the encoder and of the block that reads it, and expanded twice: TFLite
+    folded the three and refused the second EXPAND_DIMS, its input left on the second range's scale."""
+    import tensorflow as tf
+
+    def rotary_scaled(x):
+        table = tf.sin(tf.range(4.0)[:, None] * tf.linspace(0.1, 1.0, 8)[None, :])
+        for low, high in ((-0.999, 0.95), (-0.3058, 0.3058), (-0.3046, 0.3046)):
+            table = _fake_quant(table, low, high)
+        expanded = tf.expand_dims(tf.expand_dims(table, 0), 2)[:, :, 0]
+        return {"y": _fake_quant(_fake_quant(x, -1.0, 1.0) * expanded, -1.0, 1.0)}
+
+    _, report = _converted_graph(tmp_path, rotary_scaled, (1, 4, 8))
+    assert report.float_ops == {} and report.fidelity[0]["cosine"] > 0.999, report.op_types
+
+
 # --- flags and errors -----------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import op_def_registry
 
 from keras_gelu import formulas
 from keras_gelu import replacements
@@ -375,6 +376,48 @@ def one_table_per_lookup(graph_def):
     return given
 
 
+class _Stateless:
+    """The ops a tensor computed from constants alone may be computed by (for graph.constant_subgraph_value):
+    any TensorFlow op that reads no state and takes no input."""
+
+    def __contains__(self, op):
+        definition = op_def_registry.get(op)
+        return definition is not None and not definition.is_stateful and op not in (
+            "Placeholder", "PlaceholderWithDefault")
+
+
+def fake_quants_of_constants_folded(graph_def):
+    """Where a FakeQuant reads another's output computed from constants alone (a rotary table, where the
+    input's shape is fixed), hand it that output as a constant; returns how many were.
+
+    TFLite folds what constants compute, the FakeQuants among it: of three in
+    a row (DINOv3's rotary table, on ranges of the embedding layer, of the
+    encoder and of the block that reads it), it refused the EXPAND_DIMS after
+    the last, whose input it left on the middle one's scale. The constant holds
+    the values the inner ones give; the outer one rounds them on its grid, as
+    the QAT model does, and TFLite stores them on it.
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    stateless = _Stateless()
+    folded = 0
+    for node in list(graph_def.node):
+        if node.op not in FAKE_QUANT_OPS:
+            continue
+        inner = graph.producer(graph.data_inputs(node)[0], nodes)
+        if inner is None or inner.op not in FAKE_QUANT_OPS or graph.constant_value(
+                graph.data_inputs(inner)[0], nodes) is not None:
+            continue  # (a FakeQuant of a Const is TFLite's quantized constant already)
+        value = graph.constant_subgraph_value(graph.data_inputs(node)[0], graph_def, nodes, stateless)
+        if value is None:
+            continue
+        constant = graph_def.node.add(name=f"{node.name}/folded_input", op="Const")
+        constant.attr["dtype"].type = tf.as_dtype(value.dtype).as_datatype_enum
+        constant.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
+        node.input[0] = constant.name
+        folded += 1
+    return folded
+
+
 def fake_quants_on_one_grid_merged(graph_def):
     """Point the readers of FakeQuant(FakeQuant(x)) at the inner one where both nudge to one grid; returns how
     many moved.
@@ -569,7 +612,7 @@ GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, squares_as
                 integer_valued.quantized_integers_as_lookups)
 # And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.
 AFTER_REWRITE_PASSES = (repeated_fake_quants_merged, one_table_per_lookup, fake_quants_read_by_every_reader,
-                        fake_quants_on_one_grid_merged,
+                        fake_quants_of_constants_folded, fake_quants_on_one_grid_merged,
                         fake_quants_after_value_moving_ops, one_grid_operands_on_their_grid)
 
 
