@@ -198,6 +198,38 @@ def test_a_constant_table_on_three_ranges_in_a_row_converts(tmp_path):
     assert report.float_ops == {} and report.fidelity[0]["cosine"] > 0.999, report.op_types
 
 
+def test_an_addition_of_a_bias_rounded_to_zeros_between_two_ranges_on_one_grid_leaves_one_range():
+    """keras-hub Depth Anything's last LayerNormalization, one training step in: its beta's range is [0, 0], and
+    the ranges before and after adding it nudge to grids 1.4e-6 of a step apart. TFLite folded the addition and
+    the requantization with it, and refused the STRIDED_SLICE reading the second range, on the first's scale.
+    The int8 passes leave the slice reading the first range, whose values are those of the graph within a
+    thousandth of a step."""
+    import tensorflow as tf
+
+    from keras_gelu.converters.rewriting import graph
+    from keras_gelu.converters.rewriting import int8
+
+    beta = np.random.default_rng(1).choice([-1e-3, 1e-3], size=8).astype(np.float32)
+    with tf.Graph().as_default() as built:
+        x = tf.compat.v1.placeholder(tf.float32, (2, 5, 8), name="x")
+        normalized = _fake_quant(x, -2.2939560413360596, 2.0625088214874268)
+        shifted = _fake_quant(normalized + _fake_quant(tf.constant(beta), 0.0, 0.0), -2.2888407707214355,
+                              2.067617893218994)
+        tf.identity(shifted[:, 1:], name="y")
+    graph_def = graph.with_passes(built.as_graph_def(), int8.AFTER_REWRITE_PASSES)
+    nodes = graph.nodes_by_name(graph_def)
+    sliced = graph.producer(graph.data_inputs(nodes["y"])[0], nodes)
+    assert graph.canonical(graph.data_inputs(sliced)[0]) == graph.canonical(normalized.name)
+    samples = np.random.default_rng(2).normal(0.0, 1.5, size=(2, 5, 8)).astype(np.float32)
+    outputs = []
+    for body in (built.as_graph_def(), graph_def):
+        with tf.Graph().as_default() as scratch:
+            tf.compat.v1.import_graph_def(body, name="")
+            with tf.compat.v1.Session(graph=scratch) as session:
+                outputs.append(session.run("y:0", {"x:0": samples}))
+    assert np.max(np.abs(outputs[0] - outputs[1])) <= 1e-3 * 4.3566 / 255
+
+
 # --- flags and errors -----------------------------------------------------------
 
 

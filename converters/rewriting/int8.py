@@ -418,6 +418,44 @@ def fake_quants_of_constants_folded(graph_def):
     return folded
 
 
+def additions_of_zeros_dropped(graph_def):
+    """Point the readers of x + z (or x - z) at x where z is computed from constants alone and is all zeros
+    along x's last axis at most (a bias, rounded to zeros on a range of [0, 0]); returns how many moved.
+
+    TFLite folds such an addition away, and with it the requantization
+    between the range before it and the one after: where the two nudge to
+    grids a fraction of a step apart (keras-hub Depth Anything's last
+    LayerNormalization, whose beta's range after one step of training is
+    [0, 0]), it refused the STRIDED_SLICE reading the second, on the first's
+    scale. Here the two ranges are in a row, and merged where they are one
+    grid (fake_quants_on_one_grid_merged).
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    stateless = _Stateless()
+    dropped = 0
+    for node in list(graph_def.node):
+        if node.op not in ("Add", "AddV2", "BiasAdd", "Sub"):
+            continue
+        operands = graph.data_inputs(node)
+        for kept, added in ((0, 1), (1, 0)) if node.op in ("Add", "AddV2") else ((0, 1),):
+            if graph.constant_value(operands[kept], nodes) is not None:
+                continue
+            value = graph.constant_subgraph_value(operands[added], graph_def, nodes, stateless)
+            if value is None or np.any(value) or any(size != 1 for size in value.shape[:-1]):
+                continue
+            graph.redirect(graph_def, node.name, operands[kept])
+            dropped += 1
+            break
+    return dropped
+
+
+def _on_one_grid(first, second, nodes):
+    """Whether FakeQuant tensors first and second round to one grid, up to a thousandth of a step of it."""
+    first_grid, second_grid = input_grid(first, nodes), input_grid(second, nodes)
+    return first_grid is not None and second_grid is not None and np.max(
+        np.abs(first_grid - second_grid)) <= 1e-3 * float(second_grid[1] - second_grid[0])
+
+
 def fake_quants_on_one_grid_merged(graph_def):
     """Point the readers of FakeQuant(FakeQuant(x)) at the inner one where both nudge to one grid; returns how
     many moved.
@@ -426,8 +464,11 @@ def fake_quants_on_one_grid_merged(graph_def):
     without beta: its normalized values' range, and its output's, set from
     the values on the first): the same scale up to float32 rounding and the
     same zero point. TFLite takes them for two scales, and refuses the RESHAPE
-    that reads the second (keras-hub Moonshine). The values are the same on
-    either.
+    that reads the second (keras-hub Moonshine). Or on grids a thousandth of
+    a step apart at most (Depth Anything's LayerNormalization, before and
+    after an addition of zeros: scales 1.4e-6 apart), which TFLite folded into
+    one op's input and output. The values are the same on either, or as good
+    as the same.
     """
     nodes = graph.nodes_by_name(graph_def)
     merged = 0
@@ -438,9 +479,7 @@ def fake_quants_on_one_grid_merged(graph_def):
         producer = nodes.get(graph.split_tensor_name(inner)[0])
         if producer is None or producer.op not in FAKE_QUANT_OPS:
             continue
-        outer_grid, inner_grid = input_grid(node.name, nodes), input_grid(inner, nodes)
-        if outer_grid is None or inner_grid is None or not np.allclose(
-                outer_grid, inner_grid, rtol=1e-6, atol=1e-6 * float(np.abs(inner_grid).max())):
+        if not _on_one_grid(node.name, inner, nodes):
             continue
         graph.redirect(graph_def, node.name, inner)
         merged += 1
@@ -611,8 +650,8 @@ GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, squares_as
                 constant_lookups_folded, integer_valued.integer_arithmetic_in_int32,
                 integer_valued.quantized_integers_as_lookups)
 # And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.
-AFTER_REWRITE_PASSES = (repeated_fake_quants_merged, one_table_per_lookup, fake_quants_read_by_every_reader,
-                        fake_quants_of_constants_folded, fake_quants_on_one_grid_merged,
+AFTER_REWRITE_PASSES = (additions_of_zeros_dropped, repeated_fake_quants_merged, one_table_per_lookup,
+                        fake_quants_read_by_every_reader, fake_quants_of_constants_folded, fake_quants_on_one_grid_merged,
                         fake_quants_after_value_moving_ops, one_grid_operands_on_their_grid)
 
 
