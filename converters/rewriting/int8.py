@@ -651,8 +651,9 @@ GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, squares_as
                 integer_valued.quantized_integers_as_lookups)
 # And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.
 AFTER_REWRITE_PASSES = (additions_of_zeros_dropped, repeated_fake_quants_merged, one_table_per_lookup,
-                        fake_quants_read_by_every_reader, fake_quants_of_constants_folded, fake_quants_on_one_grid_merged,
-                        fake_quants_after_value_moving_ops, one_grid_operands_on_their_grid)
+                        fake_quants_read_by_every_reader, fake_quants_of_constants_folded,
+                        fake_quants_on_one_grid_merged, fake_quants_after_value_moving_ops,
+                        one_grid_operands_on_their_grid)
 
 
 def input_grid(x_name, nodes):
