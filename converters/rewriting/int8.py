@@ -552,21 +552,27 @@ _ONE_GRID = ("ConcatV2", "Pack", "Select", "SelectV2", "Maximum", "Minimum")
 # Ops that move values into several outputs, each on their input's scale in TFLite (SPLIT, SPLIT_V, UNPACK), and
 # the position of the values they move among their operands.
 _VALUE_SPLITTING = {"Split": 1, "SplitV": 0, "Unpack": 0}
+# Ops that read a tensor's shape only
+_SHAPE_READERS = ("Shape", "ShapeN", "Size", "Rank")
 
 
 def one_grid_operands_on_their_grid(graph_def):
     """Where an op that requantizes its operands reads one that ops moving values made of a FakeQuant's output,
-    fake-quantize that operand again on the FakeQuant's range; returns how many were.
+    through a tensor that other ops read too, fake-quantize that operand again on the FakeQuant's range; returns
+    how many were.
 
     TFLite gives such an operand, on no scale of its own in the graph, the one
     the op's operands and result share, and passes it up the ops that moved
-    it, whose input is on the FakeQuant's: it refused the STRIDED_SLICE of
-    GPT-NeoX's fused query-key-value, whose part past the rotary dimensions is
-    concatenated with the rotated part, on a range of its own. Stated again,
-    the FakeQuant's range holds along the ops, and the requantization is the
+    it. Where it meets the FakeQuant, it requantizes; where it meets a tensor
+    that another op reads on another scale, it refuses: the STRIDED_SLICE of
+    GPT-NeoX's query, sliced from the fused query-key-value and read by the
+    slice of its rotary part (split and stacked) and of the rest (concatenated
+    with the rotated part), each on a range of its own. Stated again, the
+    FakeQuant's range holds along the ops, and the requantization is the
     op's. The values are on that grid already: the FakeQuant changes none.
     """
     nodes = graph.nodes_by_name(graph_def)
+    readers = graph.consumers(graph_def)
     added = 0
     for node in list(graph_def.node):
         if node.op not in _ONE_GRID:
@@ -574,20 +580,17 @@ def one_grid_operands_on_their_grid(graph_def):
         for position, operand in enumerate(node.input):
             if operand.startswith("^"):
                 continue
-            tensor, moved = operand, False
+            tensor, shared = operand, False
             while True:
                 name, index = graph.split_tensor_name(tensor)
                 producer = nodes.get(name)
-                if producer is None:
+                if producer is None or producer.op not in _VALUE_SPLITTING and (
+                        producer.op not in _VALUE_MOVING or index != 0):
                     break
-                if producer.op in _VALUE_SPLITTING:
-                    tensor = graph.data_inputs(producer)[_VALUE_SPLITTING[producer.op]]
-                elif producer.op in _VALUE_MOVING and index == 0:
-                    tensor = graph.data_inputs(producer)[0]
-                else:
-                    break
-                moved = moved or producer.op != "Identity"
-            if not moved or producer is None or producer.op not in FAKE_QUANT_OPS:
+                shared = shared or sum(reader.op not in _SHAPE_READERS for reader, _ in readers.get(
+                    graph.canonical(tensor), ())) > 1
+                tensor = graph.data_inputs(producer)[_VALUE_SPLITTING.get(producer.op, 0)]
+            if not shared or producer is None or producer.op not in FAKE_QUANT_OPS:
                 continue
             again = graph_def.node.add()
             again.CopyFrom(producer)
