@@ -198,6 +198,23 @@ def test_a_constant_table_on_three_ranges_in_a_row_converts(tmp_path):
     assert report.float_ops == {} and report.fidelity[0]["cosine"] > 0.999, report.op_types
 
 
+def test_values_stacked_from_ranges_of_their_own_convert_to_the_same_values(tmp_path):
+    """TFLite's int8 PACK takes its operands on its result's scale and requantizes none: keras-hub SAM 3's sines and
+    cosines of box positions, each on a range of its own, were refused, and values computed by int8 ops copied
+    onto the result's scale unconverted (127 output steps off). Stacks are concatenations of expanded operands,
+    which TFLite requantizes."""
+    import tensorflow as tf
+
+    def stacked(x):
+        h = _fake_quant(x, -3.0, 3.0)
+        parts = [_fake_quant(h * 0.25, 0.0, 0.794), _fake_quant(tf.cos(h), -0.9947, 1.0), _fake_quant(h, -3.0, 3.0)]
+        return {"y": _fake_quant(tf.reshape(_fake_quant(tf.stack(parts, axis=2), -0.9934, 1.0013), (-1, 24)) * 0.5,
+                                 -0.5, 0.5)}
+
+    _, report = _converted_graph(tmp_path, stacked, (2, 8))
+    assert report.fidelity[0]["cosine"] > 0.999 and report.float_ops.keys() <= {"COS", "QUANTIZE", "DEQUANTIZE"}
+
+
 def test_an_addition_of_a_bias_rounded_to_zeros_between_two_ranges_on_one_grid_leaves_one_range():
     """keras-hub Depth Anything's last LayerNormalization, one training step in: its beta's range is [0, 0], and
     the ranges before and after adding it nudge to grids 1.4e-6 of a step apart. TFLite folded the addition and

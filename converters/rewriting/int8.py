@@ -546,6 +546,58 @@ def fake_quants_after_value_moving_ops(graph_def):
     return changed
 
 
+def stacks_as_concatenations(graph_def):
+    """Rewrite a float Pack(x1, ..., xn, axis) as ConcatV2(ExpandDims(x1, axis), ..., ExpandDims(xn, axis), axis);
+    returns how many were.
+
+    TFLite's int8 PACK takes its operands on its result's scale and
+    requantizes none: stacked values on ranges of their own (SAM 3's sines
+    and cosines of box positions) were refused, or, computed by int8 ops,
+    copied onto the result's scale unconverted (wrong values). Its
+    CONCATENATION requantizes each operand, and an EXPAND_DIMS keeps its
+    operand's scale: the same values, each operand on its own grid.
+    """
+    rewritten = 0
+    for node in list(graph_def.node):
+        if node.op != "Pack" or not tf.as_dtype(node.attr["T"].type).is_floating:
+            continue
+        axis = graph.attribute(node, "axis", 0)
+        axis_constant = graph_def.node.add(name=node.name + "/axis", op="Const")
+        axis_constant.attr["dtype"].type = tf.int32.as_datatype_enum
+        axis_constant.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(axis, dtype=tf.int32, shape=[]))
+        controls = [name for name in node.input if name.startswith("^")]
+        operands = graph.data_inputs(node)
+        if len(operands) == 1:  # (ConcatV2 takes two or more)
+            dtype = node.attr["T"].type
+            for attribute in list(node.attr):
+                del node.attr[attribute]
+            node.op = "ExpandDims"
+            node.attr["T"].type = dtype
+            node.attr["Tdim"].type = tf.int32.as_datatype_enum
+            del node.input[:]
+            node.input.extend(operands + [axis_constant.name] + controls)
+            rewritten += 1
+            continue
+        expanded = []
+        for position, operand in enumerate(operands):
+            expand = graph_def.node.add(name=f"{node.name}/expanded_{position}", op="ExpandDims")
+            expand.attr["T"].type = node.attr["T"].type
+            expand.attr["Tdim"].type = tf.int32.as_datatype_enum
+            expand.input.extend([operand, axis_constant.name])
+            expanded.append(expand.name)
+        dtype = node.attr["T"].type
+        for attribute in list(node.attr):
+            del node.attr[attribute]
+        node.op = "ConcatV2"
+        node.attr["T"].type = dtype
+        node.attr["N"].i = len(expanded)
+        node.attr["Tidx"].type = tf.int32.as_datatype_enum
+        del node.input[:]
+        node.input.extend(expanded + [axis_constant.name] + controls)
+        rewritten += 1
+    return rewritten
+
+
 # Ops whose int8 operands TFLite requantizes onto their result's scale (CONCATENATION, PACK, SELECT_V2,
 # MAXIMUM, MINIMUM): each operand keeps the scale it has, and takes the result's where it has none.
 _ONE_GRID = ("ConcatV2", "Pack", "Select", "SelectV2", "Maximum", "Minimum")
@@ -656,7 +708,7 @@ GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, squares_as
 AFTER_REWRITE_PASSES = (additions_of_zeros_dropped, repeated_fake_quants_merged, one_table_per_lookup,
                         fake_quants_read_by_every_reader, fake_quants_of_constants_folded,
                         fake_quants_on_one_grid_merged, fake_quants_after_value_moving_ops,
-                        one_grid_operands_on_their_grid)
+                        stacks_as_concatenations, one_grid_operands_on_their_grid)
 
 
 def input_grid(x_name, nodes):
