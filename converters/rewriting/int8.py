@@ -598,8 +598,8 @@ def stacks_as_concatenations(graph_def):
     return rewritten
 
 
-# Ops whose int8 operands TFLite requantizes onto their result's scale (CONCATENATION, PACK, SELECT_V2,
-# MAXIMUM, MINIMUM): each operand keeps the scale it has, and takes the result's where it has none.
+# Ops whose int8 operands TFLite holds on their result's scale (CONCATENATION, SELECT_V2, MAXIMUM, MINIMUM; a PACK
+# is a CONCATENATION by then): an operand on a scale of its own is requantized, one on none takes the result's.
 _ONE_GRID = ("ConcatV2", "Pack", "Select", "SelectV2", "Maximum", "Minimum")
 # Ops that move values into several outputs, each on their input's scale in TFLite (SPLIT, SPLIT_V, UNPACK), and
 # the position of the values they move among their operands.
