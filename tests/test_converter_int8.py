@@ -137,6 +137,116 @@ def test_report_names_ops_that_stayed_float(tmp_path):
     assert "still float:" in report.to_text()
 
 
+# --- quantization-aware graphs: TFLite's same-scale constraint -------------------
+
+
+def _fake_quant(x, low, high):
+    import tensorflow as tf
+
+    return tf.quantization.fake_quant_with_min_max_vars(x, tf.constant(low), tf.constant(high))
+
+
+def _converted_graph(tmp_path, function, shape):
+    """(.tflite, Report) of the SavedModel serving `function` of one float input of `shape`."""
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.serve = tf.function(function, input_signature=[tf.TensorSpec(shape, tf.float32, name="x")])
+    path = str(tmp_path / "graph")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    return converters.convert(path, int8=True)
+
+
+def test_slices_of_a_fake_quantized_tensor_stacked_and_concatenated_with_values_of_other_ranges_convert(tmp_path):
+    """keras-hub GPT-NeoX's rotary embedding: of the query sliced from the fused query-key-value, one half of the
+    rotary part is negated on a range of its own and stacked with the other, and the rotated part concatenated
+    with the rest, each on a range of its own; the slices are on no range but their input's. TFLite gave them
+    the stack's or concatenation's scale and passed it up the slices to the first STRIDED_SLICE, whose input is
+    on the projection's, and refused it."""
+    import tensorflow as tf
+
+    weights = np.random.default_rng(0).normal(0.0, 0.1, size=(12, 16)).astype(np.float32)
+
+    def rotated_query(x):
+        both = _fake_quant(tf.matmul(_fake_quant(x, -1.0, 1.0), _fake_quant(weights, -0.3, 0.3)), -0.9, 1.0)
+        query = both[..., :8]
+        rotary, passed = query[..., :4], query[..., 4:]
+        first, second = tf.split(rotary, 2, axis=-1)
+        stacked = _fake_quant(tf.stack([_fake_quant(-second, -0.8, 0.9), first], axis=-2), -0.85, 0.95)
+        half = _fake_quant(tf.reshape(stacked, tf.shape(rotary)) * 0.3, -0.3, 0.3)
+        rotated = _fake_quant(_fake_quant(rotary * 0.5, -0.5, 0.5) + half, -0.4, 0.45)
+        return {"y": _fake_quant(tf.concat([rotated, passed], -1), -0.8, 0.95)}
+
+    _, report = _converted_graph(tmp_path, rotated_query, (1, 5, 12))
+    assert report.float_ops == {} and report.fidelity[0]["cosine"] > 0.999, report.op_types
+
+
+def test_a_constant_table_on_three_ranges_in_a_row_converts(tmp_path):
+    """keras-hub DINOv3's rotary table, computed from constants where the input's shape is fixed, put on the
+    ranges of its embedding layer, of the encoder and of the block that reads it, and expanded twice: TFLite
+    folded the three and refused the second EXPAND_DIMS, its input left on the second range's scale."""
+    import tensorflow as tf
+
+    def rotary_scaled(x):
+        table = tf.sin(tf.range(4.0)[:, None] * tf.linspace(0.1, 1.0, 8)[None, :])
+        for low, high in ((-0.999, 0.95), (-0.3058, 0.3058), (-0.3046, 0.3046)):
+            table = _fake_quant(table, low, high)
+        expanded = tf.expand_dims(tf.expand_dims(table, 0), 2)[:, :, 0]
+        return {"y": _fake_quant(_fake_quant(x, -1.0, 1.0) * expanded, -1.0, 1.0)}
+
+    _, report = _converted_graph(tmp_path, rotary_scaled, (1, 4, 8))
+    assert report.float_ops == {} and report.fidelity[0]["cosine"] > 0.999, report.op_types
+
+
+def test_values_stacked_from_ranges_of_their_own_convert_to_the_same_values(tmp_path):
+    """TFLite's int8 PACK takes its operands on its result's scale and requantizes none: keras-hub SAM 3's sines and
+    cosines of box positions, each on a range of its own, were refused, and values computed by int8 ops copied
+    onto the result's scale unconverted (127 output steps off). Stacks are concatenations of expanded operands,
+    which TFLite requantizes."""
+    import tensorflow as tf
+
+    def stacked(x):
+        h = _fake_quant(x, -3.0, 3.0)
+        parts = [_fake_quant(h * 0.25, 0.0, 0.794), _fake_quant(tf.cos(h), -0.9947, 1.0), _fake_quant(h, -3.0, 3.0)]
+        return {"y": _fake_quant(tf.reshape(_fake_quant(tf.stack(parts, axis=2), -0.9934, 1.0013), (-1, 24)) * 0.5,
+                                 -0.5, 0.5)}
+
+    _, report = _converted_graph(tmp_path, stacked, (2, 8))
+    assert report.fidelity[0]["cosine"] > 0.999 and report.float_ops.keys() <= {"COS", "QUANTIZE", "DEQUANTIZE"}
+
+
+def test_an_addition_of_a_bias_rounded_to_zeros_between_two_ranges_on_one_grid_leaves_one_range():
+    """keras-hub Depth Anything's last LayerNormalization, one training step in: its beta's range is [0, 0], and
+    the ranges before and after adding it nudge to grids 1.4e-6 of a step apart. TFLite folded the addition and
+    the requantization with it, and refused the STRIDED_SLICE reading the second range, on the first's scale.
+    The int8 passes leave the slice reading the first range, whose values are those of the graph within a
+    thousandth of a step."""
+    import tensorflow as tf
+
+    from keras_gelu.converters.rewriting import graph
+    from keras_gelu.converters.rewriting import int8
+
+    beta = np.random.default_rng(1).choice([-1e-3, 1e-3], size=8).astype(np.float32)
+    with tf.Graph().as_default() as built:
+        x = tf.compat.v1.placeholder(tf.float32, (2, 5, 8), name="x")
+        normalized = _fake_quant(x, -2.2939560413360596, 2.0625088214874268)
+        shifted = _fake_quant(normalized + _fake_quant(tf.constant(beta), 0.0, 0.0), -2.2888407707214355,
+                              2.067617893218994)
+        tf.identity(shifted[:, 1:], name="y")
+    graph_def = graph.with_passes(built.as_graph_def(), int8.AFTER_REWRITE_PASSES)
+    nodes = graph.nodes_by_name(graph_def)
+    sliced = graph.producer(graph.data_inputs(nodes["y"])[0], nodes)
+    assert graph.canonical(graph.data_inputs(sliced)[0]) == graph.canonical(normalized.name)
+    samples = np.random.default_rng(2).normal(0.0, 1.5, size=(2, 5, 8)).astype(np.float32)
+    outputs = []
+    for body in (built.as_graph_def(), graph_def):
+        with tf.Graph().as_default() as scratch:
+            tf.compat.v1.import_graph_def(body, name="")
+            with tf.compat.v1.Session(graph=scratch) as session:
+                outputs.append(session.run("y:0", {"x:0": samples}))
+    assert np.max(np.abs(outputs[0] - outputs[1])) <= 1e-3 * 4.3566 / 255
+
+
 # --- flags and errors -----------------------------------------------------------
 
 

@@ -963,6 +963,24 @@ class _Doubling(keras.layers.Layer):
         return 2.0 * x
 
 
+class _NnAttention(keras.layers.Layer):
+    """Self-attention through `keras.ops.nn`, the public submodule that holds keras.ops's functions under another
+    path (keras-hub DINOv3's `ops.nn.dot_product_attention`)."""
+
+    def call(self, x):
+        heads = keras.ops.reshape(x, (-1, 5, 2, 4))
+        return keras.ops.reshape(keras.ops.nn.dot_product_attention(heads, heads, heads), (-1, 5, 8))
+
+
+def test_functions_called_through_the_public_ops_submodules_are_intercepted():
+    """keras.ops.nn.dot_product_attention is keras.ops.dot_product_attention: the same int8 ops, each on a range
+    (DINOv3's attention scores, softmax and matmuls stayed float)."""
+    inputs = keras.Input((5, 8))
+    model = keras.Model(inputs, _NnAttention(name="attention")(keras.layers.Dense(8)(inputs)))
+    places = keras_gelu.qat.quantize_model(model).get_layer("quant_attention").operation_ranges
+    assert any(key.split("@")[0].startswith("dot_product_attention") for key in places), list(places)
+
+
 def test_a_layer_that_is_the_identity_at_inference_is_kept_as_it_is_and_another_is_quantized(rng):
     inputs = keras.Input((12,))
     hidden = keras.layers.Dense(12, name="dense")(inputs)

@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import op_def_registry
 
 from keras_gelu import formulas
 from keras_gelu import replacements
@@ -375,6 +376,86 @@ def one_table_per_lookup(graph_def):
     return given
 
 
+class _Stateless:
+    """The ops a tensor computed from constants alone may be computed by (for graph.constant_subgraph_value):
+    any TensorFlow op that reads no state and takes no input."""
+
+    def __contains__(self, op):
+        definition = op_def_registry.get(op)
+        return definition is not None and not definition.is_stateful and op not in (
+            "Placeholder", "PlaceholderWithDefault")
+
+
+def fake_quants_of_constants_folded(graph_def):
+    """Where a FakeQuant reads another's output computed from constants alone (a rotary table, where the
+    input's shape is fixed), hand it that output as a constant; returns how many were.
+
+    TFLite folds what constants compute, the FakeQuants among it: of three in
+    a row (DINOv3's rotary table, on ranges of the embedding layer, of the
+    encoder and of the block that reads it), it refused the EXPAND_DIMS after
+    the last, whose input it left on the middle one's scale. The constant holds
+    the values the inner ones give; the outer one rounds them on its grid, as
+    the QAT model does, and TFLite stores them on it.
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    stateless = _Stateless()
+    folded = 0
+    for node in list(graph_def.node):
+        if node.op not in FAKE_QUANT_OPS:
+            continue
+        inner = graph.producer(graph.data_inputs(node)[0], nodes)
+        if inner is None or inner.op not in FAKE_QUANT_OPS or graph.constant_value(
+                graph.data_inputs(inner)[0], nodes) is not None:
+            continue  # (a FakeQuant of a Const is TFLite's quantized constant already)
+        value = graph.constant_subgraph_value(graph.data_inputs(node)[0], graph_def, nodes, stateless)
+        if value is None:
+            continue
+        constant = graph_def.node.add(name=f"{node.name}/folded_input", op="Const")
+        constant.attr["dtype"].type = tf.as_dtype(value.dtype).as_datatype_enum
+        constant.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
+        node.input[0] = constant.name
+        folded += 1
+    return folded
+
+
+def additions_of_zeros_dropped(graph_def):
+    """Point the readers of x + z (or x - z) at x where z is computed from constants alone and is all zeros
+    along x's last axis at most (a bias, rounded to zeros on a range of [0, 0]); returns how many moved.
+
+    TFLite folds such an addition away, and with it the requantization
+    between the range before it and the one after: where the two nudge to
+    grids a fraction of a step apart (keras-hub Depth Anything's last
+    LayerNormalization, whose beta's range after one step of training is
+    [0, 0]), it refused the STRIDED_SLICE reading the second, on the first's
+    scale. Here the two ranges are in a row, and merged where they are one
+    grid (fake_quants_on_one_grid_merged).
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    stateless = _Stateless()
+    dropped = 0
+    for node in list(graph_def.node):
+        if node.op not in ("Add", "AddV2", "BiasAdd", "Sub"):
+            continue
+        operands = graph.data_inputs(node)
+        for kept, added in ((0, 1), (1, 0)) if node.op in ("Add", "AddV2") else ((0, 1),):
+            if graph.constant_value(operands[kept], nodes) is not None:
+                continue
+            value = graph.constant_subgraph_value(operands[added], graph_def, nodes, stateless)
+            if value is None or np.any(value) or any(size != 1 for size in value.shape[:-1]):
+                continue
+            graph.redirect(graph_def, node.name, operands[kept])
+            dropped += 1
+            break
+    return dropped
+
+
+def _on_one_grid(first, second, nodes):
+    """Whether FakeQuant tensors first and second round to one grid, up to a thousandth of a step of it."""
+    first_grid, second_grid = input_grid(first, nodes), input_grid(second, nodes)
+    return first_grid is not None and second_grid is not None and np.max(
+        np.abs(first_grid - second_grid)) <= 1e-3 * float(second_grid[1] - second_grid[0])
+
+
 def fake_quants_on_one_grid_merged(graph_def):
     """Point the readers of FakeQuant(FakeQuant(x)) at the inner one where both nudge to one grid; returns how
     many moved.
@@ -383,8 +464,11 @@ def fake_quants_on_one_grid_merged(graph_def):
     without beta: its normalized values' range, and its output's, set from
     the values on the first): the same scale up to float32 rounding and the
     same zero point. TFLite takes them for two scales, and refuses the RESHAPE
-    that reads the second (keras-hub Moonshine). The values are the same on
-    either.
+    that reads the second (keras-hub Moonshine). Or on grids a thousandth of
+    a step apart at most (Depth Anything's LayerNormalization, before and
+    after an addition of zeros: scales 1.4e-6 apart), which TFLite folded into
+    one op's input and output. The values are the same on either, or as good
+    as the same.
     """
     nodes = graph.nodes_by_name(graph_def)
     merged = 0
@@ -395,9 +479,7 @@ def fake_quants_on_one_grid_merged(graph_def):
         producer = nodes.get(graph.split_tensor_name(inner)[0])
         if producer is None or producer.op not in FAKE_QUANT_OPS:
             continue
-        outer_grid, inner_grid = input_grid(node.name, nodes), input_grid(inner, nodes)
-        if outer_grid is None or inner_grid is None or not np.allclose(
-                outer_grid, inner_grid, rtol=1e-6, atol=1e-6 * float(np.abs(inner_grid).max())):
+        if not _on_one_grid(node.name, inner, nodes):
             continue
         graph.redirect(graph_def, node.name, inner)
         merged += 1
@@ -464,6 +546,114 @@ def fake_quants_after_value_moving_ops(graph_def):
     return changed
 
 
+def stacks_as_concatenations(graph_def):
+    """Rewrite a float Pack(x1, ..., xn, axis) as ConcatV2(ExpandDims(x1, axis), ..., ExpandDims(xn, axis), axis);
+    returns how many were.
+
+    TFLite's int8 PACK takes its operands on its result's scale and
+    requantizes none: stacked values on ranges of their own (SAM 3's sines
+    and cosines of box positions) were refused, or, computed by int8 ops,
+    copied onto the result's scale unconverted (wrong values). Its
+    CONCATENATION requantizes each operand, and an EXPAND_DIMS keeps its
+    operand's scale: the same values, each operand on its own grid.
+    """
+    rewritten = 0
+    for node in list(graph_def.node):
+        if node.op != "Pack" or not tf.as_dtype(node.attr["T"].type).is_floating:
+            continue
+        axis = graph.attribute(node, "axis", 0)
+        axis_constant = graph_def.node.add(name=node.name + "/axis", op="Const")
+        axis_constant.attr["dtype"].type = tf.int32.as_datatype_enum
+        axis_constant.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(axis, dtype=tf.int32, shape=[]))
+        controls = [name for name in node.input if name.startswith("^")]
+        operands = graph.data_inputs(node)
+        if len(operands) == 1:  # (ConcatV2 takes two or more)
+            dtype = node.attr["T"].type
+            for attribute in list(node.attr):
+                del node.attr[attribute]
+            node.op = "ExpandDims"
+            node.attr["T"].type = dtype
+            node.attr["Tdim"].type = tf.int32.as_datatype_enum
+            del node.input[:]
+            node.input.extend(operands + [axis_constant.name] + controls)
+            rewritten += 1
+            continue
+        expanded = []
+        for position, operand in enumerate(operands):
+            expand = graph_def.node.add(name=f"{node.name}/expanded_{position}", op="ExpandDims")
+            expand.attr["T"].type = node.attr["T"].type
+            expand.attr["Tdim"].type = tf.int32.as_datatype_enum
+            expand.input.extend([operand, axis_constant.name])
+            expanded.append(expand.name)
+        dtype = node.attr["T"].type
+        for attribute in list(node.attr):
+            del node.attr[attribute]
+        node.op = "ConcatV2"
+        node.attr["T"].type = dtype
+        node.attr["N"].i = len(expanded)
+        node.attr["Tidx"].type = tf.int32.as_datatype_enum
+        del node.input[:]
+        node.input.extend(expanded + [axis_constant.name] + controls)
+        rewritten += 1
+    return rewritten
+
+
+# Ops whose int8 operands TFLite holds on their result's scale (CONCATENATION, SELECT_V2, MAXIMUM, MINIMUM; a PACK
+# is a CONCATENATION by then): an operand on a scale of its own is requantized, one on none takes the result's.
+_ONE_GRID = ("ConcatV2", "Pack", "Select", "SelectV2", "Maximum", "Minimum")
+# Ops that move values into several outputs, each on their input's scale in TFLite (SPLIT, SPLIT_V, UNPACK), and
+# the position of the values they move among their operands.
+_VALUE_SPLITTING = {"Split": 1, "SplitV": 0, "Unpack": 0}
+# Ops that read a tensor's shape only
+_SHAPE_READERS = ("Shape", "ShapeN", "Size", "Rank")
+
+
+def one_grid_operands_on_their_grid(graph_def):
+    """Where an op that requantizes its operands reads one that ops moving values made of a FakeQuant's output,
+    through a tensor that other ops read too, fake-quantize that operand again on the FakeQuant's range; returns
+    how many were.
+
+    TFLite gives such an operand, on no scale of its own in the graph, the one
+    the op's operands and result share, and passes it up the ops that moved
+    it. Where it meets the FakeQuant, it requantizes; where it meets a tensor
+    that another op reads on another scale, it refuses: the STRIDED_SLICE of
+    GPT-NeoX's query, sliced from the fused query-key-value and read by the
+    slice of its rotary part (split and stacked) and of the rest (concatenated
+    with the rotated part), each on a range of its own. Stated again, the
+    FakeQuant's range holds along the ops, and the requantization is the
+    op's. The values are on that grid already: the FakeQuant changes none.
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    readers = graph.consumers(graph_def)
+    added = 0
+    for node in list(graph_def.node):
+        if node.op not in _ONE_GRID:
+            continue
+        for position, operand in enumerate(node.input):
+            if operand.startswith("^"):
+                continue
+            tensor, shared = operand, False
+            while True:
+                name, index = graph.split_tensor_name(tensor)
+                producer = nodes.get(name)
+                if producer is None or producer.op not in _VALUE_SPLITTING and (
+                        producer.op not in _VALUE_MOVING or index != 0):
+                    break
+                shared = shared or sum(reader.op not in _SHAPE_READERS for reader, _ in readers.get(
+                    graph.canonical(tensor), ())) > 1
+                tensor = graph.data_inputs(producer)[_VALUE_SPLITTING.get(producer.op, 0)]
+            if not shared or producer is None or producer.op not in FAKE_QUANT_OPS:
+                continue
+            again = graph_def.node.add()
+            again.CopyFrom(producer)
+            again.name = f"{node.name}/operand_{position}_on_its_grid"
+            del again.input[:]
+            again.input.extend([operand] + graph.data_inputs(producer)[1:])
+            node.input[position] = again.name
+            added += 1
+    return added
+
+
 # Ops whose value a constant lookup's indices may be computed with (keras.ops.take's arange and its wrap).
 _CONSTANT_INDEX_OPS = ("Const", "Identity", "Range", "Cast", "Reshape", "ExpandDims", "Less", "AddV2", "Add",
                        "SelectV2", "Shape", "StridedSlice", "Pack", "Fill", "Sub", "Mul")
@@ -515,8 +705,10 @@ GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, squares_as
                 constant_lookups_folded, integer_valued.integer_arithmetic_in_int32,
                 integer_valued.quantized_integers_as_lookups)
 # And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.
-AFTER_REWRITE_PASSES = (repeated_fake_quants_merged, one_table_per_lookup, fake_quants_read_by_every_reader,
-                        fake_quants_on_one_grid_merged, fake_quants_after_value_moving_ops)
+AFTER_REWRITE_PASSES = (additions_of_zeros_dropped, repeated_fake_quants_merged, one_table_per_lookup,
+                        fake_quants_read_by_every_reader, fake_quants_of_constants_folded,
+                        fake_quants_on_one_grid_merged, fake_quants_after_value_moving_ops,
+                        stacks_as_concatenations, one_grid_operands_on_their_grid)
 
 
 def input_grid(x_name, nodes):

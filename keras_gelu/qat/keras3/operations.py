@@ -6,7 +6,8 @@ the encoder) is int8 ops in the converted model, each rescaling to a range
 of its own; QAT must round there too. No rule names these layers: while a
 composite's `call` runs under `CompositeRule`, every `keras.ops` function
 (the public `keras.ops` and Keras's own `keras.src.ops`, the two every
-library calls through) is intercepted:
+library calls through, and keras.ops.nn and keras.ops.numpy, which hold
+the same functions) is intercepted:
 
 * an operation that computes (add, matmul, mean, rsqrt, ...) on a float
   tensor has its float result fake-quantized on a moving-average range of
@@ -48,8 +49,9 @@ from keras_gelu.qat.keras3.wrapper import is_float
 
 # The modules whose functions libraries call: `from keras import ops` (keras-hub, user code) and `from keras.src
 # import ops` (Keras's own layers and activations, keras.activations.gelu included), and the public namespaces
-# of keras.ops (keras-hub's MiT calls `ops.nn.gelu`, which ran unseen, and the operators of TensorFlow's own
-# implementation were ranged one by one: a cube in float between a DEQUANTIZE and a QUANTIZE).
+# of keras.ops, which hold the same functions under another path: keras-hub's MiT calls `ops.nn.gelu` (unseen,
+# the operators of TensorFlow's own implementation were ranged one by one: a cube in float between a DEQUANTIZE
+# and a QUANTIZE), DINOv3 `ops.nn.dot_product_attention` (its scores and softmax stayed float).
 _MODULES = ("keras.ops", "keras.src.ops", "keras.ops.nn", "keras.ops.numpy", "keras.ops.linalg")
 
 # Functions that compute nothing on values (control flow, shapes, conversions), called as they are.
