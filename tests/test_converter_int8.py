@@ -361,7 +361,8 @@ def test_a_float_function_of_an_int8_tensor_is_looked_up_in_a_table_of_its_256_r
     from keras_gelu.converters.running import verify
 
     functions = {"cos": tf.math.cos, "sin": tf.math.sin, "exp": tf.math.exp, "floor": tf.math.floor}
-    ranges = {"cos": (-1.0, 1.0), "sin": (-1.0, 1.0), "exp": (0.0, 20.0), "floor": (-4.0, 3.0)}
+    ranges = {"cos": (-1.0, 1.0), "sin": (-1.0, 1.0), "exp": (0.0, 20.0), "floor": (-4.0, 3.0),
+              "negated": (-3.0, 3.0)}
 
     class Functions(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32)])
@@ -370,7 +371,8 @@ def test_a_float_function_of_an_int8_tensor_is_looked_up_in_a_table_of_its_256_r
             outputs = {name: tf.quantization.fake_quant_with_min_max_vars(function(angle), *ranges[name])
                        for name, function in functions.items()}
             # a float-valued count back to int32, a mask computed as float to bool
-            return {**outputs, "truncated": tf.cast(angle, tf.int32), "nonzero": tf.cast(angle, tf.bool)}
+            return {**outputs, "truncated": tf.cast(angle, tf.int32), "nonzero": tf.cast(angle, tf.bool),
+                    "negated": tf.quantization.fake_quant_with_min_max_vars(-1.0 * angle, -3.0, 3.0)}
 
     tf.saved_model.save(Functions(), str(tmp_path / "functions"))
     x = rng.uniform(-3.5, 3.5, size=(8, 64)).astype(np.float32)

@@ -185,10 +185,16 @@ _CAST_TABLES = {schema.TensorType.INT32: lambda values: np.trunc(values).astype(
 # Elementwise functions TFLite computes in float only, as numpy computes them in float32
 _ELEMENTWISE = {"COS": np.cos, "SIN": np.sin, "FLOOR": np.floor, "CEIL": np.ceil, "ROUND": np.round,
                 "EXP": np.exp, "LOG": np.log, "SQRT": np.sqrt, "ABS": np.abs, "SIGN": np.sign}
+# Binary ops that the stock converter leaves in float with a float constant operand (DINOv3's rotated half,
+# x * -1), as functions of the tensor operand x and the constant c
+_WITH_A_CONSTANT = {"MUL": lambda x, c: x * c, "ADD": lambda x, c: x + c, "MAXIMUM": np.maximum,
+                    "MINIMUM": np.minimum, "SUB": (lambda x, c: x - c, lambda x, c: c - x),
+                    "DIV": (lambda x, c: x / c, lambda x, c: c / x)}
 
 
 def lookups_as_integer(tflite_model):
-    """(the .tflite with each DEQUANTIZE -> f -> QUANTIZE, f one of _ELEMENTWISE on an int8 tensor, as a lookup
+    """(the .tflite with each DEQUANTIZE -> f -> QUANTIZE, f one of _ELEMENTWISE on an int8 tensor (or of
+    _WITH_A_CONSTANT, its other operand a float constant of one value), as a lookup
     in a table of f's 256 int8 results: CAST to int32, ADD 128, GATHER; {op: count}). An int8 input has 256
     values, and f of each, rounded onto the output's grid, is what the float island computes; the table
     rounds half away from zero where TFLite's QUANTIZE rounds half to even, a step at an exact tie. A rotary
@@ -197,7 +203,7 @@ def lookups_as_integer(tflite_model):
     model = flatbuffer_model.as_object(tflite_model)
     dequantize, quantize = schema.BuiltinOperator.DEQUANTIZE, schema.BuiltinOperator.QUANTIZE
     cast = schema.BuiltinOperator.CAST
-    functions = {getattr(schema.BuiltinOperator, name): name for name in _ELEMENTWISE}
+    functions = {getattr(schema.BuiltinOperator, name): name for name in (*_ELEMENTWISE, *_WITH_A_CONSTANT)}
     made = collections.Counter()
     for subgraph in model.subgraphs or ():
         operators = subgraph.operators or []
@@ -207,9 +213,10 @@ def lookups_as_integer(tflite_model):
         for position, operator in enumerate(operators):
             code = _code(model, operator)
             name = functions.get(code) or ("CAST" if code == cast else None)
-            if name is None or len(operator.inputs) != 1 or len(operator.outputs) != 1:
+            floats_in, function = _operand_and_function(model, subgraph, operator, name)
+            if floats_in is None or len(operator.outputs) != 1:
                 continue
-            (floats_in,), (floats_out,) = operator.inputs, operator.outputs
+            (floats_out,) = operator.outputs
             before, after = producer.get(floats_in), consumers[floats_out]
             if before is None or _code(model, operators[before]) != dequantize or floats_in in outputs:
                 continue
@@ -229,7 +236,7 @@ def lookups_as_integer(tflite_model):
                 grid_out = _per_tensor_grid(subgraph.tensors[integer_out])
                 if grid_out is None:
                     continue
-                table, last, floats_out = _table(_ELEMENTWISE[name], grid_in, grid_out), after[0], integer_out
+                table, last, floats_out = _table(function, grid_in, grid_out), after[0], integer_out
             operators_made = _lookup(model, subgraph, integer_in, floats_out, table)
             consumers[floats_in].remove(position)
             if not consumers[floats_in]:  # COS and SIN read one DEQUANTIZE
@@ -246,6 +253,33 @@ def lookups_as_integer(tflite_model):
         return tflite_model, {}
     flatbuffer_model.drop_unused_codes(model)
     return flatbuffer_model.as_bytes(model, len(tflite_model)), dict(made)
+
+
+def _operand_and_function(model, subgraph, operator, name):
+    """(the float operand an op of `name` computes from, the op as a function of it: None for a CAST, whose
+    table is by its type), or (None, None) for an op lookups_as_integer does not take."""
+    if name in _WITH_A_CONSTANT:
+        return _of_the_tensor_operand(model, subgraph, operator, name)
+    if name is None or len(operator.inputs) != 1:
+        return None, None
+    return operator.inputs[0], _ELEMENTWISE.get(name)
+
+
+def _of_the_tensor_operand(model, subgraph, operator, name):
+    """(the non-constant operand of a binary op whose other operand is a float constant of one value, the op as a
+    function of it), or (None, None)."""
+    if len(operator.inputs) != 2:
+        return None, None
+    for side in (0, 1):
+        constant = _float_constant(model, subgraph.tensors[operator.inputs[1 - side]])
+        if constant is not None and constant.size == 1 and _float_constant(
+                model, subgraph.tensors[operator.inputs[side]]) is None:
+            value = np.float32(constant[0])
+            function = _WITH_A_CONSTANT[name]
+            if isinstance(function, tuple):  # not symmetric: which operand the constant is
+                function = function[side]
+            return operator.inputs[side], lambda x, function=function: function(x, value)
+    return None, None
 
 
 def _per_tensor_grid(tensor):
