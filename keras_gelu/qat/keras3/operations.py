@@ -6,7 +6,7 @@ the encoder) is int8 ops in the converted model, each rescaling to a range
 of its own; QAT must round there too. No rule names these layers: while a
 composite's `call` runs under `CompositeRule`, every `keras.ops` function
 (the public `keras.ops` and Keras's own `keras.src.ops`, the two every
-library calls through, and keras.ops.nn and keras.ops.numpy, which hold
+library calls through, and keras.ops.nn, .numpy and .linalg, which hold
 the same functions) is intercepted:
 
 * an operation that computes (add, matmul, mean, rsqrt, ...) on a float
@@ -20,7 +20,10 @@ the same functions) is intercepted:
   float operands on no grid put there too;
 * a float input that is on no grid (a weight, or a value computed where no
   interception runs) is put on a range where an operation reads it, as a
-  sublayer's input is.
+  sublayer's input is;
+* one that a backend computes in one call of its own (dot_product_attention,
+  moments, fft2) is computed as the int8 ops TFLite runs for it, each on a
+  range (`decompositions`).
 
 The Python operators of the backend's own tensors (`x * y`, `q @ k`,
 `x[..., :d]` on TensorFlow, JAX or PyTorch tensors, as keras-hub's layers
