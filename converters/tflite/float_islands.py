@@ -57,10 +57,9 @@ def _producers_and_consumers(operators):
     return producer, consumers
 
 
-def negations_as_integer(tflite_model):
-    """(the .tflite with each DEQUANTIZE -> NEG -> QUANTIZE chain, its float tensors used by nothing else, as
-    one integer MUL by -1; {"NEG": count} of the islands made integer)."""
-    model = flatbuffer_model.as_object(tflite_model)
+def _negations_as_integer(model):
+    """Each DEQUANTIZE -> NEG -> QUANTIZE chain of `model` (a ModelT), its float tensors used by nothing else, made
+    one integer MUL by -1; returns {"NEG": count} of the islands made integer."""
     dequantize, neg, quantize = schema.BuiltinOperator.DEQUANTIZE, schema.BuiltinOperator.NEG, \
         schema.BuiltinOperator.QUANTIZE
     made = collections.Counter()
@@ -90,15 +89,10 @@ def negations_as_integer(tflite_model):
             minus_one = _minus_one(model, subgraph, integer_type, name)
             product.inputs, product.outputs = [integer_in, minus_one], [integer_out]
             dropped |= {before, position}
-            replaced[after[0]] = product
+            replaced[after[0]] = [product]
             made["NEG"] += 1
-        if replaced:
-            subgraph.operators = [replaced.get(position, operator) for position, operator in enumerate(operators)
-                                  if position not in dropped]
-    if not made:
-        return tflite_model, {}
-    flatbuffer_model.drop_unused_codes(model)
-    return flatbuffer_model.as_bytes(model, len(tflite_model)), dict(made)
+        _rebuild(subgraph, dropped, replaced)
+    return made
 
 
 def _float_constant(model, tensor):
@@ -120,13 +114,12 @@ def _on_grid(values, scale, zero_point, integer_type):
     return np.round(steps).astype(info.dtype)
 
 
-def comparisons_as_integer(tflite_model):
-    """(the .tflite with each comparison of a DEQUANTIZE's output with a float constant on that integer's grid
-    made a comparison of the integers, {op: count}). x op c is q op c_q exactly, where x = s (q - z) and c =
+def _comparisons_as_integer(model):
+    """Each comparison of a DEQUANTIZE's output with a float constant on that integer's grid made a comparison
+    of the integers; returns {op: count}. x op c is q op c_q exactly, where x = s (q - z) and c =
     s (c_q - z), s > 0; TFLite compares int8 and int16 (each input at its own scale). The QAT engine masks
     with a float mask != 0 (a mask a layer computed, on a range): the .tflite compared it in float after a
     DEQUANTIZE (keras-hub's XLNet)."""
-    model = flatbuffer_model.as_object(tflite_model)
     dequantize = schema.BuiltinOperator.DEQUANTIZE
     comparisons = {getattr(schema.BuiltinOperator, name): name for name in _COMPARISONS}
     made = collections.Counter()
@@ -163,12 +156,8 @@ def comparisons_as_integer(tflite_model):
                     dropped.add(before)
                 made[name] += 1
                 break
-        if dropped:
-            subgraph.operators = [operator for position, operator in enumerate(operators) if position not in dropped]
-    if not made:
-        return tflite_model, {}
-    flatbuffer_model.drop_unused_codes(model)
-    return flatbuffer_model.as_bytes(model, len(tflite_model)), dict(made)
+        _rebuild(subgraph, dropped, {})
+    return made
 
 
 def _integer_constant(model, subgraph, values, float_tensor, integer_tensor):
@@ -192,15 +181,14 @@ _WITH_A_CONSTANT = {"MUL": lambda x, c: x * c, "ADD": lambda x, c: x + c, "MAXIM
                     "DIV": (lambda x, c: x / c, lambda x, c: c / x)}
 
 
-def lookups_as_integer(tflite_model):
-    """(the .tflite with each DEQUANTIZE -> f -> QUANTIZE, f one of _ELEMENTWISE on an int8 tensor (or of
-    _WITH_A_CONSTANT, its other operand a float constant of one value), as a lookup
-    in a table of f's 256 int8 results: CAST to int32, ADD 128, GATHER; {op: count}). An int8 input has 256
+def _lookups_as_integer(model):
+    """Each DEQUANTIZE -> f -> QUANTIZE, f one of _ELEMENTWISE on an int8 tensor (or of _WITH_A_CONSTANT, its
+    other operand a float constant of one value), made a lookup in a table of f's 256 int8 results: CAST to
+    int32, ADD 128, GATHER; returns {op: count}. An int8 input has 256
     values, and f of each, rounded onto the output's grid, is what the float island computes; the table
     rounds half away from zero where TFLite's QUANTIZE rounds half to even, a step at an exact tie. A rotary
     table computed at run time from positions (keras-hub's Gemma 4: COS and SIN of an int8 angle) was a float
     island."""
-    model = flatbuffer_model.as_object(tflite_model)
     dequantize, quantize = schema.BuiltinOperator.DEQUANTIZE, schema.BuiltinOperator.QUANTIZE
     cast = schema.BuiltinOperator.CAST
     functions = {getattr(schema.BuiltinOperator, name): name for name in (*_ELEMENTWISE, *_WITH_A_CONSTANT)}
@@ -245,19 +233,13 @@ def lookups_as_integer(tflite_model):
                 dropped.add(position)
             replaced[last] = operators_made
             made[name] += 1
-        if replaced:
-            subgraph.operators = [made_operator for position, operator in enumerate(operators)
-                                  if position not in dropped
-                                  for made_operator in replaced.get(position, [operator])]
-    if not made:
-        return tflite_model, {}
-    flatbuffer_model.drop_unused_codes(model)
-    return flatbuffer_model.as_bytes(model, len(tflite_model)), dict(made)
+        _rebuild(subgraph, dropped, replaced)
+    return made
 
 
 def _operand_and_function(model, subgraph, operator, name):
     """(the float operand an op of `name` computes from, the op as a function of it: None for a CAST, whose
-    table is by its type), or (None, None) for an op lookups_as_integer does not take."""
+    table is by its type), or (None, None) for an op _lookups_as_integer does not take."""
     if name in _WITH_A_CONSTANT:
         return _of_the_tensor_operand(model, subgraph, operator, name)
     if name is None or len(operator.inputs) != 1:
@@ -352,10 +334,22 @@ def _lookup(model, subgraph, integer_in, integer_out, table):
     return [cast, add, gather]
 
 
+def _rebuild(subgraph, dropped, replaced):
+    """The subgraph's operators without the positions `dropped`, those in `replaced` (position -> [operators]) by
+    their replacements."""
+    if dropped or replaced:
+        subgraph.operators = [made for position, operator in enumerate(subgraph.operators or [])
+                              if position not in dropped for made in replaced.get(position, [operator])]
+
+
 def made_integer(tflite_model):
     """(the .tflite with every float island above that has an exact integer spelling made integer,
-    {op: count} of those made integer)."""
-    tflite_model, negations = negations_as_integer(tflite_model)
-    tflite_model, comparisons = comparisons_as_integer(tflite_model)
-    tflite_model, lookups = lookups_as_integer(tflite_model)
-    return tflite_model, {**negations, **comparisons, **lookups}
+    {op: count} of those made integer); the flatbuffer read and written once, whatever the passes make."""
+    model = flatbuffer_model.as_object(tflite_model)
+    made = {}
+    for made_integer_in in (_negations_as_integer, _comparisons_as_integer, _lookups_as_integer):
+        made.update(made_integer_in(model))
+    if not made:
+        return tflite_model, {}
+    flatbuffer_model.drop_unused_codes(model)
+    return flatbuffer_model.as_bytes(model, len(tflite_model)), made
