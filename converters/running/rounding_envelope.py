@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..rewriting import graph
+from ..rewriting.int8 import FAKE_QUANT_OPS
 from . import verify
 
 # One step on 5 % of each activation's values: measured on the rewritten graphs of this suite's QAT models,
@@ -24,15 +25,13 @@ from . import verify
 FRACTION = 0.05
 TRIALS = 3
 
-_FAKE_QUANTS = ("FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxArgs")
-
 
 def _activation_fake_quants(graph_def, nodes):
     """(node, low, high) of each FakeQuant of an activation (a weight's rounding is exact in the .tflite: its
     int8 values are the ones the graph rounds to) whose range is a constant."""
     found = []
     for node in graph_def.node:
-        if node.op not in _FAKE_QUANTS:
+        if node.op not in FAKE_QUANT_OPS:
             continue
         source = graph.producer(graph.resolve(graph.data_inputs(node)[0], nodes), nodes)
         if source is None or source.op == "Const":
