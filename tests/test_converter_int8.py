@@ -7,6 +7,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import conversions
 import keras_gelu
@@ -213,6 +215,94 @@ def test_values_stacked_from_ranges_of_their_own_convert_to_the_same_values(tmp_
 
     _, report = _converted_graph(tmp_path, stacked, (2, 8))
     assert report.fidelity[0]["cosine"] > 0.999 and report.float_ops.keys() <= {"COS", "QUANTIZE", "DEQUANTIZE"}
+
+
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
+def test_one_computation_of_a_tensor_on_two_ranges_converts_integer(tmp_path):
+    """Two LayerNormalizations reading one residual tensor (keras-hub Depth Anything's next block and its
+    intermediate output's norm): each computes the tensor's MEAN, on a range of its own. TFLite computes the two
+    MEANs once, and left the one op float, between a DEQUANTIZE and a QUANTIZE for each range. Both ranges'
+    readers are int8 now, within a step of the graph's outputs."""
+    import tensorflow as tf
+
+    def two_norms(x):
+        h = _fake_quant(x, -2.0, 2.5)
+        outputs = {}
+        for name, (low, high) in {"a": (-0.3, 0.4), "b": (-0.5, 0.31)}.items():
+            mean = _fake_quant(tf.reduce_mean(h, axis=-1, keepdims=True), low, high)
+            centred = _fake_quant(h - mean, -2.5, 2.5)
+            outputs[name] = _fake_quant(centred * 0.7, -1.75, 1.75)
+        return outputs
+
+    _, report = _converted_graph(tmp_path, two_norms, (2, 5, 16))
+    assert report.float_ops == {}, report.op_types
+    # one output step: the range held by the other is read through two roundings (its own and the union's), a
+    # tie apart at most; float32's arithmetic adds a millionth
+    assert all(comparison["steps"] <= 1.0 + 1e-5 for comparison in report.fidelity), report.fidelity
+
+
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
+def test_rounded_updates_scattered_at_computed_rows_convert_integer_to_the_same_tensor(tmp_path):
+    """keras-hub SAM 3 writes each prompt's box embeddings after its text tokens, at rows computed from the
+    padding (`keras.ops.scatter_update`): TFLite's SCATTER_ND takes no int8 values, and refused the QAT model.
+    The rows land where the graph puts them, each within a step."""
+    import tensorflow as tf
+
+    rows, width = 6, 4
+
+    def written_after_the_text(x):
+        h = _fake_quant(x, -2.0, 2.0)
+        text, boxes = h[:, :rows], _fake_quant(h[:, rows:] * 0.5, -1.0, 1.0)  # (batch, rows, width), (batch, 2, ..)
+        lengths = tf.reduce_sum(tf.cast(text[:, :, 0] > 0, tf.int32), axis=1)  # 0 ... rows
+        batch = tf.shape(x)[0]
+        padded = tf.concat([text, tf.zeros_like(boxes)], axis=1)
+        at = (tf.range(2)[None, :] + tf.minimum(lengths, rows)[:, None] + tf.range(batch)[:, None] * (rows + 2))
+        written = _fake_quant(tf.tensor_scatter_nd_update(  # on a range of its own, as the QAT engine puts it
+            tf.reshape(padded, (-1, width)), tf.reshape(at, (-1, 1)), tf.reshape(boxes, (-1, width))), -2.0, 2.0)
+        return {"y": _fake_quant(tf.reshape(written, (batch, rows + 2, width)) * 0.7, -1.4, 1.4)}
+
+    _, report = _converted_graph(tmp_path, written_after_the_text, (3, rows + 2, width))
+    assert report.float_ops == {}, report.op_types
+    # one step: the SELECT_V2 requantizes each operand onto the result's grid, a tie apart at most
+    assert report.fidelity[0]["steps"] <= 1.0 + 1e-5, report.fidelity
+
+
+@given(st.lists(st.tuples(st.integers(1, 3), st.booleans(), st.booleans()), min_size=5, max_size=7))
+def test_axes_merged_where_they_broadcast_alike_give_the_same_squared_differences(axes):
+    """Each axis (size, whether x has it whole, whether y has): where four axes or fewer are left once adjacent
+    axes that broadcast alike are merged, the squared differences of the reshaped operands, reshaped back, are
+    numpy's of the operands as they are, element for element."""
+    from keras_gelu.converters.rewriting import int8
+
+    x_shape = [size if whole else 1 for size, whole, _ in axes]
+    y_shape = [size if whole or not x_whole else 1 for size, x_whole, whole in axes]
+    folded = int8._in_four_axes(x_shape, y_shape)
+    if folded is None:
+        return
+    x_folded, y_folded, _ = folded
+    rng = np.random.default_rng(len(axes))
+    x, y = rng.normal(size=x_shape).astype(np.float32), rng.normal(size=y_shape).astype(np.float32)
+    expected = np.square(x - y)
+    assert len(x_folded) <= 4 and len(y_folded) <= 4
+    np.testing.assert_array_equal(np.square(x.reshape(x_folded) - y.reshape(y_folded)).reshape(expected.shape),
+                                  expected)
+
+
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
+def test_a_group_normalization_variance_of_images_converts_integer(tmp_path):
+    """A GroupNormalization of images reshapes them to five axes (batch, height, width, groups, channels per
+    group), past the four TFLite's SQUARED_DIFFERENCE broadcasts: the converter computed a SUB and a SQUARE in
+    float (keras-hub SAM 3's pixel decoder). Its axes merged to four, the difference is int8."""
+    import tensorflow as tf
+
+    def variance(x):
+        h = _fake_quant(x, -2.0, 2.0)
+        mean = _fake_quant(tf.reduce_mean(h, axis=[1, 2, 4], keepdims=True), -0.5, 0.5)
+        return {"y": _fake_quant(tf.reduce_mean(_fake_quant(tf.square(h - mean), 0.0, 4.0), axis=[1, 2, 4]),
+                                 0.0, 2.0)}
+
+    _, report = _converted_graph(tmp_path, variance, (2, 4, 4, 8, 2))
+    assert report.float_ops == {} and report.op_types["SQUARED_DIFFERENCE"] == {"int8": 1}, report.op_types
 
 
 def test_an_addition_of_a_bias_rounded_to_zeros_between_two_ranges_on_one_grid_leaves_one_range():

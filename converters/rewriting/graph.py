@@ -632,6 +632,14 @@ def retype_floats_to_float32(graph_def):
     return promoted, changed
 
 
+def static_shapes(graph_def, tensors):
+    """{tensor name: tf.TensorShape} from TensorFlow's own shape inference over the graph."""
+    drop_dangling_colocations(graph_def)  # an inlined graph's, which import refuses (one CPU needs none)
+    with tf.Graph().as_default() as scratch:
+        tf.compat.v1.import_graph_def(graph_def, name="")
+    return {name: scratch.get_tensor_by_name(canonical(name)).shape for name in tensors}
+
+
 def splice(graph_def, replacement_fn, x_name, dtype, prefix, nodes):
     """Add the ops of `replacement_fn(x)` to graph_def, fed by tensor x_name; `nodes` (name -> node) is kept up
     to date. Returns the name of the tensor that holds the result."""

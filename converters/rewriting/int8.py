@@ -167,6 +167,75 @@ def squares_as_multiplications(graph_def):
     return rewritten
 
 
+def _in_four_axes(first, second):
+    """(the two shapes, and their broadcast's, with adjacent axes merged where each operand is whole or broadcast
+    alike), of at most four axes; None where more remain."""
+    rank = max(len(first), len(second))
+    first, second = [1] * (rank - len(first)) + list(first), [1] * (rank - len(second)) + list(second)
+    merged = []  # [kind, first's size, second's size]; an axis of size 1 in both merges with any
+    for a, b in zip(first, second):
+        kind = None if a == b == 1 else (a == max(a, b), b == max(a, b))
+        if merged and (kind is None or merged[-1][0] in (None, kind)):
+            merged[-1] = [merged[-1][0] if kind is None else kind, merged[-1][1] * a, merged[-1][2] * b]
+        else:
+            merged.append([kind, a, b])
+    if len(merged) > 4:
+        return None
+    return [a for _, a, _ in merged], [b for _, _, b in merged], [max(a, b) for _, a, b in merged]
+
+
+def squared_differences_in_four_axes(graph_def):
+    """Rewrite a float SquaredDifference(x, y), or Square(Sub(x, y)), of five or more axes as the
+    SquaredDifference of x and y reshaped to four, where merging axes that broadcast alike leaves four; returns
+    how many were.
+
+    TFLite's SQUARED_DIFFERENCE broadcasts four axes at most: past them, the
+    converter computes a SUB and a SQUARE, in float (a GroupNormalization of
+    images reshapes them to five, (batch, height, width, groups, channels per
+    group): keras-hub SAM 3's pixel decoder). Merged axes hold the same values
+    in the same order: the same differences.
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    readers = graph.consumers(graph_def)
+    found = []
+    for node in graph_def.node:
+        operands = graph.data_inputs(node)
+        if node.op == "Square":
+            difference = graph.producer(operands[0], nodes)
+            if difference is None or difference.op != "Sub" or len(readers.get(graph.canonical(operands[0]),
+                                                                                 ())) != 1:
+                continue
+            operands = graph.data_inputs(difference)
+        elif node.op != "SquaredDifference":
+            continue
+        if tf.as_dtype(node.attr["T"].type).is_floating:
+            found.append((node, operands))
+    if not found:
+        return 0
+    shapes = graph.static_shapes(graph_def, [operand for _, operands in found for operand in operands])
+    rewritten = 0
+    for node, (x, y) in found:
+        x_shape, y_shape = shapes[x], shapes[y]
+        if not (x_shape.is_fully_defined() and y_shape.is_fully_defined()) or max(x_shape.rank, y_shape.rank) <= 4:
+            continue
+        folded = _in_four_axes(x_shape.as_list(), y_shape.as_list())
+        if folded is None:
+            continue
+        x_folded, y_folded, result = folded
+        output_shape = tf.broadcast_static_shape(x_shape, y_shape).as_list()
+
+        def in_four_axes(first, second):
+            return [tf.reshape(tf.math.squared_difference(tf.reshape(first, x_folded), tf.reshape(second, y_folded)),
+                               output_shape)]
+
+        dtype = tf.as_dtype(node.attr["T"].type)
+        (squared,) = graph.splice_many(graph_def, in_four_axes, [(x, dtype, x_shape), (y, dtype, y_shape)],
+                                       node.name + "/in_four_axes/", nodes)
+        graph.redirect(graph_def, node.name, squared)
+        rewritten += 1
+    return rewritten
+
+
 def zeros_like_as_multiplications(graph_def):
     """Rewrite a float ZerosLike(x) as Mul(x, 0): TFLite's ZEROS_LIKE has no int8 kernel, and Gemma's attention
     selected between its output and zeros_like of it in float. x is finite in an int8 model, so the product is
@@ -226,6 +295,47 @@ def one_hots_as_selections(graph_def):
         node.attr["T"].type = dtype
         del node.input[:]
         node.input.extend([equal.name, on_value, off_value] + controls)
+        rewritten += 1
+    return rewritten
+
+
+def _scattered_by_selection(tensor, indices, updates):
+    """tf.tensor_scatter_nd_update(tensor, indices, updates) as a SELECT_V2 of the updates gathered where an index
+    lands, the update's position among them scattered in int32 (a tensor's leading axes hold how many of
+    `indices`' last axis says)."""
+    indices = tf.cast(indices, tf.int32)
+    depth = tf.shape(indices)[-1]
+    flat_indices = tf.reshape(indices, tf.stack([-1, depth]))
+    count = tf.shape(flat_indices)[0]
+    leading = tf.shape(tensor)[:depth]
+    # duplicate indices, whose update TensorFlow leaves undefined, add up here: kept within the updates
+    positions = tf.minimum(tf.scatter_nd(flat_indices, tf.range(1, count + 1), leading), count)
+    rows = tf.reshape(updates, tf.concat([[count], tf.shape(tensor)[depth:]], 0))
+    gathered = tf.gather(rows, tf.maximum(positions - 1, 0))
+    landed = tf.reshape(positions > 0, tf.concat([leading, tf.ones([tf.rank(tensor) - depth], tf.int32)], 0))
+    return [tf.where(landed, gathered, tensor)]
+
+
+def scatter_updates_as_selections(graph_def):
+    """Rewrite a float TensorScatterUpdate (`keras.ops.scatter_update`) as a SELECT_V2 of the updates, gathered by
+    their positions scattered in int32; returns how many were.
+
+    TFLite's SCATTER_ND, which the converter lowers it to, takes no
+    quantized values: the QAT model of SAM 3's geometry encoder, which writes
+    its box embeddings after each prompt's text tokens, was refused. An int32
+    SCATTER_ND, an int8 GATHER (the updates' grid) and a SELECT_V2 compute the
+    same tensor.
+    """
+    rewritten = 0
+    for node in list(graph_def.node):
+        if node.op != "TensorScatterUpdate" or not tf.as_dtype(node.attr["T"].type).is_floating:
+            continue
+        tensor, indices, updates = graph.data_inputs(node)
+        dtype = tf.as_dtype(node.attr["T"].type)
+        (selected,) = graph.splice_many(graph_def, _scattered_by_selection, [
+            (tensor, dtype, None), (indices, tf.as_dtype(node.attr["Tindices"].type), None), (updates, dtype, None)],
+            node.name + "/as_selection/")
+        graph.redirect(graph_def, node.name, selected)
         rewritten += 1
     return rewritten
 
@@ -305,6 +415,37 @@ def fake_quants_read_by_every_reader(graph_def):
     return moved
 
 
+def _repeated(graph_def, nodes, chosen):
+    """The nodes `chosen(node)` selects that repeat another (the same op, the same tensors or equal constants
+    read, the same attributes), as lists, the first node of each the one repeated."""
+
+    def operand(name):
+        value = graph.constant_value(name, nodes)
+        return graph.resolve(name, nodes) if value is None else (value.dtype.str, value.shape)
+
+    groups = {}
+    for node in graph_def.node:
+        if chosen(node):
+            signature = (node.op, tuple(operand(name) for name in graph.data_inputs(node)),
+                         tuple(sorted((name, value.SerializeToString()) for name, value in node.attr.items()
+                                      if name != "_class")))
+            groups.setdefault(signature, []).append(node)
+    repeats = []
+    for group in groups.values():
+        kept = []
+        for node in group:  # constants of one shape compared by value only here
+            values = [graph.constant_value(name, nodes) for name in graph.data_inputs(node)]
+            same = next((first for first in kept if all(
+                (a is None) == (b is None) and (a is None or np.array_equal(a, b))
+                for a, b in zip(values, first[1]))), None)
+            if same is None:
+                kept.append((node, values, []))
+            else:
+                same[2].append(node)
+        repeats.extend([first, *others] for first, _, others in kept if others)
+    return repeats
+
+
 def repeated_fake_quants_merged(graph_def):
     """Point the readers of a FakeQuant that repeats another (the same tensor or an equal constant, the same
     range, the same attributes) at the first; returns how many moved.
@@ -313,32 +454,93 @@ def repeated_fake_quants_merged(graph_def):
     (Bart's encoder and decoder tokens) gave two FakeQuants of two equal tables, and TFLite gathered both
     lookups from a float table, between a DEQUANTIZE and a QUANTIZE.
     """
-    nodes = graph.nodes_by_name(graph_def)
-
-    def operand(name):
-        value = graph.constant_value(name, nodes)
-        return graph.resolve(name, nodes) if value is None else (value.dtype.str, value.shape)
-
-    groups = {}
-    for node in graph_def.node:
-        if node.op in FAKE_QUANT_OPS:
-            signature = (node.op, tuple(operand(name) for name in graph.data_inputs(node)),
-                         tuple(sorted((name, value.SerializeToString()) for name, value in node.attr.items())))
-            groups.setdefault(signature, []).append(node)
     moved = 0
-    for group in groups.values():
-        kept = []
-        for node in group:  # constants of one shape compared by value only here
-            values = [graph.constant_value(name, nodes) for name in graph.data_inputs(node)]
-            same = next((first for first, first_values in kept if all(
-                (a is None) == (b is None) and (a is None or np.array_equal(a, b))
-                for a, b in zip(values, first_values))), None)
-            if same is None:
-                kept.append((node, values))
-            else:
-                graph.redirect(graph_def, node.name, same.name)
-                moved += 1
+    for first, *others in _repeated(graph_def, graph.nodes_by_name(graph_def),
+                                    lambda node: node.op in FAKE_QUANT_OPS):
+        for node in others:
+            graph.redirect(graph_def, node.name, first.name)
+            moved += 1
     return moved
+
+
+def _range(fake_quant, nodes):
+    """A FakeQuant's (min, max, num_bits, narrow_range), or None where its min or max is not constant."""
+    if fake_quant.op == "FakeQuantWithMinMaxArgs":
+        low, high = graph.attribute(fake_quant, "min", -6.0), graph.attribute(fake_quant, "max", 6.0)
+    else:
+        low, high = (graph.constant_value(name, nodes) for name in graph.data_inputs(fake_quant)[1:3])
+        if low is None or high is None or low.size != 1 or high.size != 1:
+            return None
+        low, high = float(low.reshape(())), float(high.reshape(()))
+    return low, high, graph.attribute(fake_quant, "num_bits", 8), graph.attribute(fake_quant, "narrow_range", False)
+
+
+def _float_constant(graph_def, name, value):
+    """Add a float32 scalar Const named `name`; returns its name."""
+    constant = graph_def.node.add(name=name, op="Const")
+    constant.attr["dtype"].type = tf.float32.as_datatype_enum
+    constant.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, dtype=tf.float32, shape=[]))
+    return name
+
+
+def _fake_quant_node(graph_def, name, tensor, fake_quant_range):
+    """Add a FakeQuantWithMinMaxVars of `tensor` on (min, max, num_bits, narrow_range); returns its name."""
+    low, high, num_bits, narrow_range = fake_quant_range
+    node = graph_def.node.add(name=name, op="FakeQuantWithMinMaxVars")
+    node.input.extend([tensor, _float_constant(graph_def, f"{name}/min", low),
+                       _float_constant(graph_def, f"{name}/max", high)])
+    node.attr["num_bits"].i, node.attr["narrow_range"].b = num_bits, narrow_range
+    return name
+
+
+def repeated_computations_on_one_range(graph_def):
+    """Compute once what the graph computes more than once from the same operands where only FakeQuants read
+    each copy, onto a FakeQuant of the union of their ranges, which each of theirs reads; returns how many copies
+    went.
+
+    TFLite's converter computes such copies once, and an op whose result
+    FakeQuants on two ranges read it leaves float, between a DEQUANTIZE and a
+    QUANTIZE per range: the MEAN of two LayerNormalizations reading one
+    residual tensor (keras-hub Depth Anything's next block and its norm of an
+    intermediate output). Computed once onto the union of the ranges, the op
+    is int8, and each range's reader requantizes from it: where one range
+    holds the others (most often), its readers see what they saw, and the
+    others' half a step of the union's grid more at most.
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    readers = graph.consumers(graph_def)
+
+    def read_by_fake_quants_alone(node):
+        definition = op_def_registry.get(node.op)
+        if definition is None or definition.is_stateful or node.op in FAKE_QUANT_OPS or len(
+                definition.output_arg) != 1 or definition.output_arg[0].number_attr or not definition.input_arg:
+            return False
+        node_readers = readers.get(graph.canonical(node.name), ())
+        return bool(node_readers) and all(reader.op in FAKE_QUANT_OPS and position == 0
+                                          for reader, position in node_readers)
+
+    merged = 0
+    for group in _repeated(graph_def, nodes, read_by_fake_quants_alone):
+        fake_quants = [reader for node in group for reader, _ in readers[graph.canonical(node.name)]]
+        ranges = [_range(fake_quant, nodes) for fake_quant in fake_quants]
+        if None in ranges or len({bits_and_narrow[2:] for bits_and_narrow in ranges}) != 1:
+            continue
+        computed = group[0].name
+        low, high = min(low for low, *_ in ranges), max(high for _, high, *_ in ranges)
+        if len(set(ranges)) > 1:
+            computed = _fake_quant_node(graph_def, f"{computed}/on_every_range", computed, (low, high, *ranges[0][2:]))
+        for fake_quant, (own_low, own_high, *_) in zip(fake_quants, ranges):
+            fake_quant.input[0] = computed
+            # TFLite folds a FakeQuant of a FakeQuant's output into the inner one, and with it the outer range's
+            # clipping: a clip to a narrower range keeps it, an int8 MAXIMUM or MINIMUM on that range's scale
+            for op, bound, narrower in (("Maximum", own_low, own_low > low), ("Minimum", own_high, own_high < high)):
+                if computed != group[0].name and narrower:
+                    clip = graph_def.node.add(name=f"{fake_quant.name}/{op.lower()}_of_its_range", op=op)
+                    clip.attr["T"].type = tf.float32.as_datatype_enum
+                    clip.input.extend([fake_quant.input[0], _float_constant(graph_def, f"{clip.name}/bound", bound)])
+                    fake_quant.input[0] = clip.name
+        merged += len(group) - 1
+    return merged
 
 
 def one_table_per_lookup(graph_def):
@@ -701,11 +903,14 @@ def constant_lookups_folded(graph_def):
 # itself, so negations are turned into multiplications first; integer values
 # move to int32 after the lookups are folded, whose ids may be computed in float).
 GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, squares_as_multiplications,
-                zeros_like_as_multiplications, one_hots_as_selections, biases_before_reshapes,
+                squared_differences_in_four_axes,
+                zeros_like_as_multiplications, one_hots_as_selections, scatter_updates_as_selections,
+                biases_before_reshapes,
                 constant_lookups_folded, integer_valued.integer_arithmetic_in_int32,
                 integer_valued.quantized_integers_as_lookups)
 # And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.
-AFTER_REWRITE_PASSES = (additions_of_zeros_dropped, repeated_fake_quants_merged, one_table_per_lookup,
+AFTER_REWRITE_PASSES = (additions_of_zeros_dropped, repeated_computations_on_one_range,
+                        repeated_fake_quants_merged, one_table_per_lookup,
                         fake_quants_read_by_every_reader, fake_quants_of_constants_folded,
                         fake_quants_on_one_grid_merged, fake_quants_after_value_moving_ops,
                         stacks_as_concatenations, one_grid_operands_on_their_grid)

@@ -52,14 +52,6 @@ from . import graph
 _SCOPE = "/keras_gelu_builtins/"
 
 
-def _static_shapes(graph_def, tensors):
-    """{tensor name: tf.TensorShape} from TensorFlow's own shape inference over the graph."""
-    graph.drop_dangling_colocations(graph_def)  # an inlined graph's, which import refuses (one CPU needs none)
-    with tf.Graph().as_default() as scratch:
-        tf.compat.v1.import_graph_def(graph_def, name="")
-    return {name: scratch.get_tensor_by_name(graph.canonical(name)).shape for name in tensors}
-
-
 def _rolled(x, rolls):
     """x rolled by each (shift, axis) in turn; 0 <= shift < the axis's size, axis >= 0."""
     for shift, axis, size in rolls:
@@ -76,7 +68,7 @@ def _spelled_in_builtins(graph_def, found, spelling):
     if not found:
         return 0
     nodes = graph.nodes_by_name(graph_def)
-    shapes = _static_shapes(graph_def, [graph.data_inputs(node)[0] for node in found])
+    shapes = graph.static_shapes(graph_def, [graph.data_inputs(node)[0] for node in found])
     rewritten = 0
     for node in found:
         x = graph.data_inputs(node)[0]
@@ -215,7 +207,7 @@ def products_as_mul(graph_def):
     if not found:
         return 0
     nodes = graph.nodes_by_name(graph_def)
-    shapes = _static_shapes(graph_def, [operand for node in found for operand in graph.data_inputs(node)])
+    shapes = graph.static_shapes(graph_def, [operand for node in found for operand in graph.data_inputs(node)])
     rewritten = 0
     for node in found:
         operands = graph.data_inputs(node)

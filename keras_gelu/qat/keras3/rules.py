@@ -731,7 +731,7 @@ class MultiHeadAttentionRule(QuantizeRule):
         """Which scores count, (batch, heads or 1, query steps, value steps), as Keras combines them; None for
         all. A mask is given the heads' axis only where it has none (keras-hub's SAM3 text encoder hands one of
         (batch, 1, query steps, value steps)), as Keras's own expands it up to the scores' rank."""
-        keep = None if attention_mask is None else keras.ops.cast(attention_mask, "bool")
+        keep = None if attention_mask is None else attention.kept(attention_mask)
         if use_causal_mask:
             causal = layer._compute_causal_mask(query, value)
             keep = causal if keep is None else keras.ops.logical_and(keep, causal)
