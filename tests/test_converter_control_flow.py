@@ -157,6 +157,19 @@ def test_post_training_int8_of_a_loop_that_captures_a_computed_tensor_converts(t
     assert report.ops.get("WHILE") == 1 and report.ops.get("MAXIMUM", 0) >= 1 and report.verified
 
 
+def test_post_training_int8_of_a_map_over_computed_tensors_converts(tmp_path):
+    """tf.map_fn (keras.ops.map: D-FINE's per-image top-k gather) hands its elements to the loop as TensorLists,
+    variants its body hands on unchanged: max(v, v) of one failed the converter's import ("Value for attr 'T' of
+    variant is not in the list of allowed values"). Left as they are, the converter lowers them to tensors."""
+    def body(h):
+        _, indices = tf.math.top_k(tf.reduce_max(h, axis=-1, keepdims=True) * h, 3)
+        return tf.map_fn(lambda pair: tf.gather(pair[0], pair[1]), (exact_gelu(h), indices),
+                         fn_output_signature=tf.float32)
+
+    _, report = converters.convert(_saved_block(tmp_path, body), int8=True, calibration="random:4")
+    assert report.ops.get("WHILE") == 1 and report.verified, report.ops
+
+
 def test_an_exact_and_a_tanh_gelu_of_one_tensor_both_become_the_gelu_op(tmp_path):
     """tf.nn.gelu's two spellings share their first product, 0.5 x; the converter merged the two products and
     then fused only the tanh one, failing on an Erfc. The tanh replacement is now spelled x (0.5 (1 + tanh))."""

@@ -397,7 +397,11 @@ def test_a_subclassed_nested_model_is_quantized_through_its_layers_or_refused_by
     inputs = keras.Input((12,))
     qat = keras_gelu.qat.quantize_model(keras.Model(inputs, Residual(name="inner")(inputs)))
     assert isinstance(qat.get_layer("quant_inner").layer.dense, keras_gelu.qat.keras3.composite.QuantizeSublayer)
-    grouped = Residual(keras.layers.BatchNormalization(), name="inner")  # not after a Conv/Dense: no rule
+    class Opaque(keras.Model):  # a subclassed model of no sublayers: nothing to quantize it through
+        def call(self, x):
+            return keras.ops.softplus(x)
+
+    grouped = Residual(Opaque(), name="inner")
     with pytest.raises(ValueError, match=r"inner is a subclassed model.*Register a rule for Residual.*"
                                          r"keep_float=\['inner'\]"):
         keras_gelu.qat.quantize_model(keras.Model(inputs, grouped(inputs)))
@@ -709,6 +713,82 @@ def test_a_batch_normalization_that_cannot_fold_is_refused_by_name(build, reason
     with pytest.raises(ValueError, match=r"folds a BatchNormalization into the Conv/Dense right before it.*norm "
                                          r"has none such.*keep_float=\['norm'\]"):
         keras_gelu.qat.quantize_model(keras.Model(inputs, build(inputs)))
+
+
+@keras.saving.register_keras_serializable(package="test_keras3_qat")
+class _ConvNorm(keras.layers.Layer):
+    """keras-hub's HGNetV2 conv block, in small: padding, a bias-free Conv2D, BatchNormalization, ReLU and a max
+    pool in one layer's call; `residual` adds the convolution's output again, a second reader of it."""
+
+    def __init__(self, filters=6, residual=False, **kwargs):
+        super().__init__(**kwargs)
+        self.filters, self.residual = filters, residual
+        self.padding = keras.layers.ZeroPadding2D(((1, 1), (1, 1)))
+        self.convolution = keras.layers.Conv2D(filters, 3, use_bias=False)
+        self.normalization = keras.layers.BatchNormalization(epsilon=1e-5)
+        self.activation = keras.layers.ReLU()
+        self.pool = keras.layers.MaxPooling2D(2, strides=1)
+
+    def call(self, x, training=None):
+        hidden = self.convolution(self.padding(x))
+        normalized = self.normalization(hidden, training=training)
+        return self.pool(self.activation(normalized + hidden if self.residual else normalized))
+
+    def get_config(self):
+        return {**super().get_config(), "filters": self.filters, "residual": self.residual}
+
+
+def _with_trained_statistics(batch_norm, rng):
+    channels = batch_norm.gamma.shape[0]
+    batch_norm.set_weights([rng.uniform(0.5, 1.5, channels), rng.normal(0, 0.2, channels),
+                            rng.normal(0, 0.2, channels), rng.uniform(0.5, 2.0, channels)])
+
+
+def test_a_batch_normalization_inside_a_composite_folds_into_its_convolution_as_a_models_own_does(tmp_path, rng):
+    """A composite's BatchNormalization after its Conv2D (HGNetV2's blocks) folds into the convolution's kernel
+    and bias, as a functional model's does: the same int8 grids, the same QAT model's function, an integer .tflite
+    with no BatchNormalization arithmetic left (no MUL, ADD or RSQRT)."""
+    import tflite_helpers
+
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((9, 9, 3))
+    model = keras.Model(inputs, _ConvNorm(name="block")(inputs))
+    block = model.get_layer("block")
+    _with_trained_statistics(block.normalization, rng)
+    # the same layers as a functional model: the engine's own fold is the reference
+    layers = [keras.layers.ZeroPadding2D(((1, 1), (1, 1))), keras.layers.Conv2D(6, 3, use_bias=False),
+              keras.layers.BatchNormalization(epsilon=1e-5), keras.layers.ReLU(), keras.layers.MaxPooling2D(2, 1)]
+    reference = keras.Sequential([keras.Input((9, 9, 3))] + layers)
+    reference.set_weights(model.get_weights())
+    x = rng.uniform(-1, 1, size=(16, 9, 9, 3)).astype(np.float32)
+    qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
+    reference_qat = keras_gelu.qat.quantize_model(reference, calibration_data=x)
+    stand_ins = qat.get_layer("quant_block").layer
+    assert stand_ins.normalization.folded and stand_ins.convolution.folded_scaling is not None
+    low, high = _range_of(qat.get_layer("quant_block"), "output")
+    step = (high - low) / 255
+    # One grid per tensor in both; the kernels folded in float32 (rsqrt) against float64 (numpy) may round a
+    # value to the neighbouring step, no further.
+    assert np.max(np.abs(qat(x).numpy() - reference_qat(x).numpy())) <= step * 1.001
+    assert np.max(np.abs(qat(x).numpy() - model(x, training=False).numpy())) <= 10 * step  # int8 rounding
+    qat.save(tmp_path / "qat.keras")  # the fold is found again as the model loads
+    loaded = keras.saving.load_model(tmp_path / "qat.keras")
+    np.testing.assert_array_equal(loaded(x).numpy(), qat(x).numpy())
+    tflite_model, report = _converted(qat)
+    assert report.float_ops == {} and set(report.op_types["CONV_2D"]) == {"int8"}, report.op_types
+    assert not {"MUL", "ADD", "RSQRT"} & set(report.ops), report.ops
+    (scale,) = operators.output_scales(tflite_model)
+    assert np.max(np.abs(tflite_helpers.run(tflite_model, x)[0] - qat(x).numpy())) / scale <= QAT_INT8_STEPS
+
+
+def test_a_batch_normalization_inside_a_composite_that_cannot_fold_refuses_the_composite_by_name(rng):
+    """Its convolution's output read again (a residual): folding would change what that reader sees."""
+    inputs = keras.Input((9, 9, 3))
+    model = keras.Model(inputs, _ConvNorm(residual=True, name="block")(inputs))
+    with pytest.raises(ValueError, match=r"no rule for layer block \(_ConvNorm\).*keep_float=\['block'\]\. Its "
+                                         r"BatchNormalization \S+ folds only into a Conv/Dense sublayer"):
+        keras_gelu.qat.quantize_model(model)
+    assert "block" in keras_gelu.qat.quantize_model(model, keep_float="auto").kept_float
 
 
 def test_mobilenet_v2_folds_its_batch_norms_and_converts_to_integer_within_qat_int8_steps(rng):

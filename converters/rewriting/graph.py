@@ -456,6 +456,15 @@ def _inline_argument(function, position, serialized_value):
     return 1
 
 
+# The types Maximum takes. A TensorList handle (a variant: tf.map_fn's elements, read one per pass) is not among
+# them: a Maximum of one failed the converter's import ("Value for attr 'T' of variant is not in the list"). Left
+# as they are, the converter lowers them to plain tensors, and its calibrator ran through such loops (D-FINE's
+# three maps, tests/test_converter_control_flow.py).
+_MAXIMUM_TYPES = frozenset({types_pb2.DT_BFLOAT16, types_pb2.DT_HALF, types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE,
+                            types_pb2.DT_INT8, types_pb2.DT_UINT8, types_pb2.DT_INT16, types_pb2.DT_UINT16,
+                            types_pb2.DT_INT32, types_pb2.DT_UINT32, types_pb2.DT_INT64, types_pb2.DT_UINT64})
+
+
 def loop_invariants_recomputed(graph_def):
     """Make each While body compute its computed loop invariants as max(v, v) rather than hand them on unchanged.
 
@@ -477,6 +486,7 @@ def loop_invariants_recomputed(graph_def):
             handed_on = _handed_on(body)
             for position, operand in enumerate(data_inputs(node)):
                 if position < len(handed_on) and handed_on[position] \
+                        and body.signature.input_arg[position].type in _MAXIMUM_TYPES \
                         and _constant_operand(operand, holder, scope_nodes) is None:
                     rewritten += _recomputed(body, position)
     return rewritten

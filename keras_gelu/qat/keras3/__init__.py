@@ -57,19 +57,13 @@ def _check_rules(model, mode, exact_as, skipped):
         if isinstance(layer, UNCHANGED_VALUES) or layer.name in skipped or rule_or_composite(layer, mode, exact_as):
             continue
         if isinstance(layer, keras.Model):
-            raise refusal(layer, f"quantize_model quantizes Sequential and functional models, nested ones too; "
-                                 f"{layer.name} is a subclassed model, whose call() it cannot see into. Register a "
-                                 f"rule for {type(layer).__name__}, or keep it float with "
-                                 f"keep_float=[{layer.name!r}]. Received: layer={layer.name}")
+            raise refusals.no_rule(layer, subclassed_model=True)
         if isinstance(layer, keras.layers.BatchNormalization):
             raise refusal(
                 layer, f"quantize_model folds a BatchNormalization into the Conv/Dense right before it, with a linear "
                 f"activation and no other reader; {layer.name} has none such. Keep it float with "
                 f"keep_float=[{layer.name!r}], or register a rule. Received: layer={layer.name}")
-        raise refusal(
-            layer, f"quantize_model has no rule for layer {layer.name} ({type(layer).__name__}), nor for each of its "
-            f"sublayers: register one with keras_gelu.qat.register_rule({type(layer).__name__}, rule), or keep it "
-            f"float with keep_float=[{layer.name!r}]. Received: layer={layer.name}")
+        raise refusals.no_rule(layer, subclassed_model=False)
 
 
 def quantize(model, mode, exact_as, calibration_data, keep_float):

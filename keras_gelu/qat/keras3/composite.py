@@ -18,6 +18,13 @@ rounded value too (`fake_quants_read_by_every_reader` in
 then has a range on every tensor an op computes, save those that only move
 values (a reshape, a concatenation, which keep their inputs' grids).
 
+A BatchNormalization among the sublayers folds into the Conv/Dense sublayer
+whose output it reads, where nothing else reads that output (`folding`): the
+pairs are found at the composite's first call (symbolic, as the QAT model
+is built or loaded), from what its sublayers and intercepted operations read
+(`_Folds`); one that reads anything else is refused, as a BatchNormalization
+of the model's own that does not fold is.
+
 What the layer computes with keras.ops is ranged op by op as it runs
 (`operations`). Python operators chained on the backend's tensors with
 neither a sublayer nor a keras.ops call between them (an `(x + p) * s`)
@@ -29,14 +36,19 @@ out.
 import contextlib
 
 from keras_gelu.flavour import keras
+from keras_gelu.flavour import outside_any_trace
 from keras_gelu.inner_activations import set_slot
 from keras_gelu.inner_activations import sublayer_slots
 from keras_gelu.flavour import register_serializable
+from keras_gelu.qat.keras3 import folding
 from keras_gelu.qat.keras3 import operations
 from keras_gelu.qat.keras3 import ranges as ranges_module
+from keras_gelu.qat.keras3 import refusals
 from keras_gelu.qat.keras3 import splitting
 from keras_gelu.qat.keras3.keras_classes import training_of_the_call_under_way
 from keras_gelu.qat.keras3.rules import UNCHANGED_VALUES
+from keras_gelu.qat.keras3.rules import ConvolutionRule
+from keras_gelu.qat.keras3.rules import DenseRule
 from keras_gelu.qat.keras3.rules import QuantizeRule
 from keras_gelu.qat.keras3.rules import rule_for
 from keras_gelu.qat.keras3.wrapper import QuantizeWrapper
@@ -48,13 +60,62 @@ from keras_gelu.qat.keras3.wrapper import is_tensor
 _on_grid = []
 
 
+# What a BatchNormalization may fold into in each composite call under way (innermost last): a _Folds at the
+# composite's first call, None at the others.
+_folds = []
+
+
+class _Folds:
+    """One composite's first call: the outputs of its Conv/Dense sublayers (`produced`), how often each is read (by
+    a sublayer, an intercepted operation, or as the composite's output), and the input of each BatchNormalization
+    sublayer called (`scalings`)."""
+
+    def __init__(self):
+        self.produced = {}  # id(output) -> [output, its Conv/Dense stand-in, reads]
+        self.scalings = []  # (BatchNormalization stand-in, its input)
+
+    def read(self, values):
+        for value in values:
+            entry = self.produced.get(id(value))
+            if entry is not None and entry[0] is value:
+                entry[2] += 1
+
+    def settle(self, layer):
+        """Fold each BatchNormalization into the Conv/Dense stand-in whose every output here it alone read; refuse
+        `layer` where one read anything else."""
+        read_by = {id(value): scaling for scaling, value in self.scalings}
+        folds = {}  # id(BatchNormalization stand-in) -> (it, its Conv/Dense stand-in)
+        for scaling, value in self.scalings:
+            entry = self.produced.get(id(value))
+            producer = entry[1] if entry is not None and entry[0] is value else None
+            alone = producer is not None and all(reads == 1 and read_by.get(id(output)) is scaling
+                                                 for output, other, reads in self.produced.values()
+                                                 if other is producer)
+            if not alone or folds.setdefault(id(scaling), (scaling, producer))[1] is not producer \
+                    or not folding.pair_folds(producer.layer, scaling.layer, len(value.shape)):
+                raise refusals.no_rule(
+                    layer, isinstance(layer, keras.Model),
+                    f"Its BatchNormalization {scaling.layer.name} folds only into a Conv/Dense sublayer with a "
+                    f"linear activation right before it, whose output nothing else reads, and does not here. ")
+        for scaling, producer in folds.values():
+            # not tracked as the stand-in's sublayer: its variables are the BatchNormalization's stand-in's
+            object.__setattr__(producer, "folded_scaling", scaling.layer)
+            scaling.folded = True
+            with outside_any_trace():  # the kernel's range is the folded kernel's before any training step
+                for quantizer in producer.ranges.values():
+                    if hasattr(quantizer, "update"):
+                        quantizer.update()
+
+
 @contextlib.contextmanager
-def _composite_call(inputs):
+def _composite_call(inputs, first):
     _on_grid.append({id(tensor): tensor for tensor in keras.tree.flatten(inputs)})
+    _folds.append(_Folds() if first else None)
     try:
-        yield _on_grid[-1]
+        yield _on_grid[-1], _folds[-1]
     finally:
         _on_grid.pop()
+        _folds.pop()
 
 
 def _is_on_grid(tensor):
@@ -72,6 +133,8 @@ def _proxy(sublayer, mode, exact_as, apply=False):
     on the way); None where there is no rule for it. Without `apply`, nothing is made or changed."""
     if isinstance(sublayer, UNCHANGED_VALUES):
         return QuantizeSublayer(sublayer, KeepRule()) if apply else True
+    if type(sublayer) is keras.layers.BatchNormalization:  # folds into the Conv/Dense before it, or is refused
+        return QuantizeSublayer(sublayer, FoldedAwayRule()) if apply else True
     gelu = splitting.activation_layer_as_gelu(sublayer)
     if gelu is not None:  # Activation("gelu") as our GELU layer, with its rule
         return QuantizeSublayer(gelu, rule_for(gelu, mode, exact_as)) if apply else True
@@ -152,6 +215,9 @@ class QuantizeSublayer(QuantizeWrapper):
         super().__init__(layer, rule, **kwargs)
         self.activation = activation  # a fused activation split out of the sublayer, with its own rule
         self.input_ranges = None
+        # decided at the composite's first call (`_Folds`): the BatchNormalization folded into this Conv/Dense,
+        # and, for a BatchNormalization's stand-in, whether it is folded away
+        self.folded_scaling, self.folded = None, False
 
     def __getattr__(self, name):
         # The composite's own code reads its sublayers' attributes (keras-hub's Moonshine decoder, its attention's
@@ -182,11 +248,19 @@ class QuantizeSublayer(QuantizeWrapper):
         training = bool(kwargs["training"] if "training" in kwargs else training_of_the_call_under_way())
         values = [self.input_ranges[_argument_key(path)](value, training)
                   if _argument_key(path) in self.input_ranges else value for path, value in paths_and_values]
+        folds = _folds[-1] if _folds else None
+        if folds is not None:
+            folds.read(values)
         args, kwargs = keras.tree.pack_sequence_as((args, kwargs), values)
         inputs, kwargs = self.rule.call_arguments(self.layer, args, kwargs)
+        if folds is not None and isinstance(self.rule, FoldedAwayRule):
+            folds.scalings.append((self, inputs))
         outputs = super().__call__(inputs, **kwargs)
         if self.activation is not None:
             outputs = self.activation(outputs)
+        elif folds is not None and isinstance(self.rule, (ConvolutionRule, DenseRule)) \
+                and type(self.layer) in folding.FOLDS_INTO and is_tensor(outputs):
+            folds.produced[id(outputs)] = [outputs, self, 0]
         return _mark_on_grid(outputs)
 
     def get_config(self):
@@ -218,6 +292,19 @@ class KeepRule(QuantizeRule):
 
     def call(self, wrapper, layer, inputs, training, **kwargs):
         return layer(inputs, training=training, **kwargs)  # Keras passes `training` on where call() takes it
+
+
+@register_serializable
+class FoldedAwayRule(QuantizeRule):
+    """A composite's BatchNormalization, folded into the Conv/Dense sublayer before it (`_Folds`): its input,
+    which that sublayer computed with it, handed on. At the composite's first call, before the fold is decided,
+    the layer as it computes at inference."""
+
+    def build(self, wrapper, layer):
+        pass
+
+    def call(self, wrapper, layer, inputs, training, **kwargs):
+        return inputs if wrapper.folded else layer(inputs, training=False)
 
 
 @register_serializable
@@ -273,9 +360,12 @@ class CompositeRule(QuantizeRule):
     def call(self, wrapper, layer, inputs, training, **kwargs):
         positional = inputs[self._POSITIONAL] if isinstance(inputs, dict) and list(inputs) == [self._POSITIONAL] \
             else [inputs]
-        with _composite_call(positional) as on_grid:
-            with operations.intercepting(wrapper, training, on_grid):
+        with _composite_call(positional, first=wrapper.operation_ranges is None) as (on_grid, folds):
+            with operations.intercepting(wrapper, training, on_grid, folds):
                 outputs = layer(*positional, training=training, **kwargs)
+            if folds is not None:
+                folds.read(keras.tree.flatten(outputs))
+                folds.settle(layer)
             outputs = keras.tree.map_structure(
                 lambda output: output if not is_tensor(output) or _is_on_grid(output) or not is_float(output)
                 else wrapper.ranges["output"](output, training), outputs)

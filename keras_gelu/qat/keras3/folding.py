@@ -11,6 +11,14 @@ during QAT, the usual practice for a fine-tune after float training.
 A LayerScale (ConvNeXt's per-channel x * gamma after its second Dense) folds
 the same way, exactly: the kernel's columns and the bias times gamma. Its
 gamma then trains as part of the kernel, as the int8 model holds it.
+
+Inside a composite layer (keras-hub's HGNetV2 conv blocks: padding, Conv2D,
+BatchNormalization, activation in one layer's call) the layers cannot be
+rebuilt: the convolution's rule computes with the kernel and bias the
+BatchNormalization's frozen statistics give it (`folded_parameters`), from
+the two layers' own variables, which the converter folds into one constant
+each, and the BatchNormalization's stand-in hands its input on
+(`composite.FoldedAwayRule`).
 """
 
 import numpy as np
@@ -18,7 +26,7 @@ import numpy as np
 from keras_gelu.flavour import keras
 from keras_gelu.qat.keras3.keras_classes import LayerScale
 
-_FOLDS_INTO = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.DepthwiseConv1D,
+FOLDS_INTO = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.DepthwiseConv1D,
                keras.layers.DepthwiseConv2D, keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)
 
 
@@ -51,6 +59,56 @@ def _layer_scale_affine(layer_scale):
 CHANNEL_AFFINE = {keras.layers.BatchNormalization: _batch_norm_affine, LayerScale: _layer_scale_affine}
 
 
+def pair_folds(producer, scaling, rank):
+    """Whether `scaling` (a layer of CHANNEL_AFFINE) folds into `producer`, whose output it reads, of `rank`: a
+    Conv*/Dense with a linear activation, channels last, scaled along its output channels."""
+    return (type(producer) in FOLDS_INTO and type(scaling) in CHANNEL_AFFINE
+            and keras.activations.serialize(producer.activation) == "linear"
+            and getattr(producer, "data_format", "channels_last") == "channels_last"
+            and _channel_axis(scaling, rank) == rank - 1)
+
+
+def _channel_axis(scaling, rank):
+    axis = getattr(scaling, "axis", -1)
+    axis = axis[0] if isinstance(axis, (list, tuple)) and len(axis) == 1 else axis
+    return axis % rank if isinstance(axis, int) else None
+
+
+def _batch_norm_affine_tensors(batch_norm):
+    """_batch_norm_affine in the backend's ops, from the layer's variables: trained through (gamma, beta) and
+    folded by the converter, whose graph holds them as constants."""
+    ops = keras.ops
+    scale = ops.rsqrt(ops.cast(batch_norm.moving_variance, "float32") + batch_norm.epsilon)
+    if batch_norm.scale:
+        scale = scale * batch_norm.gamma
+    shift = -ops.cast(batch_norm.moving_mean, "float32") * scale
+    if batch_norm.center:
+        shift = shift + batch_norm.beta
+    return scale, shift
+
+
+def folded_parameters(layer, scaling=None):
+    """{name: tensor} of a Conv*/Dense `layer`'s kernels ("kernel", or a separable one's "depthwise_kernel" and
+    "pointwise_kernel") and "bias" (None where it has none), with the BatchNormalization `scaling` after it
+    folded in (its moving statistics frozen), or as they are without one."""
+    separable = isinstance(layer, (keras.layers.SeparableConv1D, keras.layers.SeparableConv2D))
+    names = ("depthwise_kernel", "pointwise_kernel") if separable else ("kernel",)
+    parameters = {name: getattr(layer, name) for name in names}
+    parameters["bias"] = layer.bias if layer.use_bias else None
+    if scaling is None:
+        return parameters
+    scale, shift = _batch_norm_affine_tensors(scaling)
+    name = names[-1]  # a separable convolution's output channels are its pointwise kernel's
+    kernel = parameters[name]
+    if isinstance(layer, (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)):
+        parameters[name] = kernel * keras.ops.reshape(scale, tuple(kernel.shape[-2:]))  # (in, multiplier)
+    else:
+        parameters[name] = kernel * scale
+    bias = parameters["bias"]
+    parameters["bias"] = shift if bias is None else bias * scale + shift
+    return parameters
+
+
 def scales_to_fold(model, keep_float=()):
     """{name of the layer folded into: the BatchNormalization or LayerScale after it}, for every one that folds."""
     folds = {}
@@ -58,11 +116,9 @@ def scales_to_fold(model, keep_float=()):
         if type(layer) not in CHANNEL_AFFINE or layer.name in keep_float:
             continue
         producer = _producer(layer)
-        if (type(producer) not in _FOLDS_INTO or producer.name in keep_float
-                or keras.activations.serialize(producer.activation) != "linear"
+        if (type(producer) not in FOLDS_INTO or producer.name in keep_float
                 or len(producer._inbound_nodes) != 1 or len(producer._outbound_nodes) != 1
-                or getattr(producer, "data_format", "channels_last") != "channels_last"
-                or getattr(layer, "axis", -1) % len(producer.output.shape) != len(producer.output.shape) - 1):
+                or not pair_folds(producer, layer, len(producer.output.shape))):
             continue
         folds[producer.name] = layer
     return folds

@@ -115,8 +115,9 @@ class _Interception:
     """One composite call's interception: its wrapper (which owns the ranges), the tensors on a grid so far
     (id -> tensor), and how often each place in the code has been passed in this call."""
 
-    def __init__(self, wrapper, training, on_grid):
+    def __init__(self, wrapper, training, on_grid, reads=None):
         self.wrapper, self.training, self.on_grid = wrapper, training, on_grid
+        self.reads = reads  # told of each value an operation reads (`composite._Folds`), or None
         self.passes = {}
         self.constants = {}  # {shapes_too: {graph op name: computed from constants alone}}, see constant()
         self.from_weights = {}  # {id: tensor} computed from a weight, by an intercepted call
@@ -188,10 +189,11 @@ class _Interception:
 
 
 @contextlib.contextmanager
-def intercepting(wrapper, training, on_grid):
+def intercepting(wrapper, training, on_grid, reads=None):
     """Within the block, this thread's keras.ops calls are ranged for `wrapper` (a QuantizeWrapper whose
-    `operation_ranges` is None before its first call); `on_grid`: {id: tensor} of the values on a grid."""
-    _states().append(_Interception(wrapper, training, on_grid))
+    `operation_ranges` is None before its first call); `on_grid`: {id: tensor} of the values on a grid;
+    `reads`, if given, has its `read(values)` told what each operation reads, its shape aside."""
+    _states().append(_Interception(wrapper, training, on_grid, reads))
     _install()
     try:
         yield
@@ -232,6 +234,8 @@ def _intercepted(name, function):
         place = _place(name)
         state.passes[place] = count = state.passes.get(place, 0) + 1
         flat = keras.tree.flatten((args, kwargs))
+        if state.reads is not None and name not in _SHAPE_ONLY:
+            state.reads.read(flat)
         outputs = ranged_call(state, f"{place}#{count}", flat, args, kwargs)
         if any(isinstance(value, keras.Variable) or id(value) in state.from_weights for value in flat):
             state.from_weights.update((id(output), output) for output in keras.tree.flatten(outputs))

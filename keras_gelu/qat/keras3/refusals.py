@@ -26,6 +26,23 @@ def refusal(layer, message):
     return NoInt8Rule(message)
 
 
+def no_rule(layer, subclassed_model, why=""):
+    """The NoInt8Rule for a layer without a rule, none for each of its sublayers either (`why`: which, and why,
+    a sentence), named for keep_float by the model's layer holding it; `subclassed_model`: whether it is one,
+    whose call() quantize_model sees into only through the sublayers."""
+    holders = getattr(_state, "quantizing", None)
+    kept = holders[0] if holders else layer.name
+    kind = type(layer).__name__
+    if subclassed_model:
+        return refusal(layer, f"quantize_model quantizes Sequential and functional models, nested ones too; "
+                              f"{layer.name} is a subclassed model, whose call() it cannot see into. Register a "
+                              f"rule for {kind}, or keep it float with keep_float=[{kept!r}]. {why}"
+                              f"Received: layer={layer.name}")
+    return refusal(layer, f"quantize_model has no rule for layer {layer.name} ({kind}), nor for each of its "
+                          f"sublayers: register one with keras_gelu.qat.register_rule({kind}, rule), or keep it "
+                          f"float with keep_float=[{kept!r}]. {why}Received: layer={layer.name}")
+
+
 @contextlib.contextmanager
 def quantizing(layer):
     """While a wrapper builds or calls `layer`: a refusal made inside is about the outermost such layer."""

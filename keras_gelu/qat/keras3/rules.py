@@ -41,6 +41,7 @@ from keras_gelu.flavour import register_serializable
 from keras_gelu.layers import GELU
 from keras_gelu.layers import LearnableGELU
 from keras_gelu.qat.keras3 import attention
+from keras_gelu.qat.keras3 import folding
 from keras_gelu.qat.keras3.keras_classes import LayerScale
 from keras_gelu.qat.keras3.refusals import refusal
 
@@ -170,18 +171,25 @@ class DenseRule(QuantizeRule):
 
     def build(self, wrapper, layer):
         _check_fused_activation(layer)
-        wrapper.add_weight_range("kernel", layer.kernel)
+        wrapper.add_weight_range("kernel", lambda: _parameters(wrapper, layer)["kernel"])
         wrapper.add_activation_range("output")
 
     def call(self, wrapper, layer, inputs, training, **kwargs):
+        parameters = _parameters(wrapper, layer)
         # the kernel's rows, not the input's last axis: a reshape to [b, s, -1] leaves that unknown (keras-hub's ESM)
         rows = inputs if len(inputs.shape) == 2 else keras.ops.reshape(inputs, (-1, layer.kernel.shape[0]))
-        outputs = keras.ops.matmul(rows, wrapper.ranges["kernel"](layer.kernel, training))
-        if layer.use_bias:
-            outputs = outputs + layer.bias
+        outputs = keras.ops.matmul(rows, wrapper.ranges["kernel"](parameters["kernel"], training))
+        if parameters["bias"] is not None:
+            outputs = outputs + parameters["bias"]
         outputs = wrapper.ranges["output"](layer.activation(outputs), training)
         return outputs if len(inputs.shape) == 2 else _unflattened(outputs, inputs, len(inputs.shape) - 1,
                                                                    (layer.units,))
+
+
+def _parameters(wrapper, layer):
+    """A Conv*/Dense layer's kernels and bias as its rule computes with them: with the BatchNormalization after it
+    folded in where a composite's call folds one (`composite`: the wrapper's `folded_scaling`)."""
+    return folding.folded_parameters(layer, getattr(wrapper, "folded_scaling", None))
 
 
 def _unflattened(rows, inputs, leading_axes, free_shape):
@@ -390,16 +398,17 @@ class ConvolutionRule(QuantizeRule):
                                  f"one input and one output channel per group (depthwise, as DEPTHWISE_CONV_2D); "
                                  f"TFLite's runtimes have no other grouped convolution. Received: groups={groups}, "
                                  f"filters={layer.filters}, kernel shape={tuple(layer.kernel.shape)}")
+        parameter = lambda name: lambda: _parameters(wrapper, layer)[name]  # noqa: E731
         if self._separable(layer):
-            wrapper.add_weight_range("depthwise_kernel", layer.depthwise_kernel, axis=-2)
+            wrapper.add_weight_range("depthwise_kernel", parameter("depthwise_kernel"), axis=-2)
             wrapper.add_activation_range("depthwise")
-            wrapper.add_weight_range("pointwise_kernel", layer.pointwise_kernel, axis=-1)
+            wrapper.add_weight_range("pointwise_kernel", parameter("pointwise_kernel"), axis=-1)
         else:
             # A conv kernel is (..., in, out); a depthwise one (..., in, multiplier), and TFLite's
             # DEPTHWISE_CONV_2D has one output channel per (in, multiplier): per channel along `in` is exact
             # for multiplier 1, the only depthwise TFLite quantizes per channel.
             # A grouped depthwise kernel (ConvNeXt's) is (..., 1, out), per channel along `out` as a convolution's.
-            wrapper.add_weight_range("kernel", layer.kernel, axis=-2 if self._depthwise(layer) else -1)
+            wrapper.add_weight_range("kernel", parameter("kernel"), axis=-2 if self._depthwise(layer) else -1)
         wrapper.add_activation_range("output")
 
     @staticmethod
@@ -429,28 +438,27 @@ class ConvolutionRule(QuantizeRule):
             inputs = keras.ops.expand_dims(inputs, _width_axis(layer.data_format))
             strides, dilation_rate = strides * 2, dilation_rate + (1,)
 
-        def kernel(name, weight):
-            weight = keras.ops.expand_dims(weight, 1) if one_dimensional else weight
+        parameters = _parameters(wrapper, layer)
+
+        def kernel(name):
+            weight = keras.ops.expand_dims(parameters[name], 1) if one_dimensional else parameters[name]
             return wrapper.ranges[name](_spread_taps(weight, dilation_rate), training)
 
         convolve = dict(strides=strides, padding=padding, data_format=layer.data_format)
         if self._separable(layer):
-            outputs = keras.ops.depthwise_conv(inputs, kernel("depthwise_kernel", layer.depthwise_kernel),
-                                               **convolve)
-            outputs = keras.ops.conv(wrapper.ranges["depthwise"](outputs, training),
-                                     kernel("pointwise_kernel", layer.pointwise_kernel), strides=1,
-                                     padding="valid", data_format=layer.data_format)
+            outputs = keras.ops.depthwise_conv(inputs, kernel("depthwise_kernel"), **convolve)
+            outputs = keras.ops.conv(wrapper.ranges["depthwise"](outputs, training), kernel("pointwise_kernel"),
+                                     strides=1, padding="valid", data_format=layer.data_format)
         elif self._depthwise(layer):
-            outputs = keras.ops.depthwise_conv(inputs, kernel("kernel", layer.kernel), **convolve)
+            outputs = keras.ops.depthwise_conv(inputs, kernel("kernel"), **convolve)
         elif self._grouped_depthwise(layer):
-            outputs = keras.ops.depthwise_conv(inputs, keras.ops.swapaxes(kernel("kernel", layer.kernel), -2, -1),
-                                               **convolve)
+            outputs = keras.ops.depthwise_conv(inputs, keras.ops.swapaxes(kernel("kernel"), -2, -1), **convolve)
         else:
-            outputs = keras.ops.conv(inputs, kernel("kernel", layer.kernel), **convolve)
-        if layer.use_bias:
+            outputs = keras.ops.conv(inputs, kernel("kernel"), **convolve)
+        if parameters["bias"] is not None:
             bias_shape = [1] * len(outputs.shape)
             bias_shape[-1 if channels_last else 1] = -1
-            outputs = outputs + keras.ops.reshape(layer.bias, bias_shape)
+            outputs = outputs + keras.ops.reshape(parameters["bias"], bias_shape)
         outputs = wrapper.ranges["output"](layer.activation(outputs), training)
         return keras.ops.squeeze(outputs, _width_axis(layer.data_format)) if one_dimensional else outputs
 
