@@ -32,6 +32,8 @@ class Report:
     op_types: dict = dataclasses.field(default_factory=dict)  # {op: {output type: count}}
     float_ops: dict = dataclasses.field(default_factory=dict)  # what stayed float in an int8 model
     islands_made_integer: dict = dataclasses.field(default_factory=dict)  # a .tflite's float ops, {op: count}
+    # {op: count} of int8 outputs put on the finest grid their kernel takes (tflite/kernel_grids.py)
+    kernel_grids: dict = dataclasses.field(default_factory=dict)
     flex_ops: list = dataclasses.field(default_factory=list)
     size_bytes: int = 0
     verified: bool = False
@@ -125,6 +127,9 @@ class Report:
                 lines.append(f"float islands made integer: {counted(self.islands_made_integer)} "
                              "(exact integer spellings: a NEG as a MUL by -1, a comparison with a constant on "
                              "the grid as one of integers)")
+            if self.kernel_grids:
+                lines.append(f"outputs on the finest grid their kernel takes: {counted(self.kernel_grids)} "
+                             "(calibrated finer than the kernel rescales to; rescaled to their grid after)")
             lines.append("integer throughout" if not self.float_ops else "still float: " + ", ".join(
                 f"{name} {count}" for name, count in self.float_ops.items()))
         else:

@@ -58,16 +58,13 @@ WITHOUT_GELU = {
 # output steps and the rewritten graph's rounding envelope (DeiT, 32 steps against 21: its untrained class
 # tokens, rows of almost one value that each LayerNormalization divides by their spread), ops left float (Depth
 # Anything: two MEANs of one tensor merged by TFLite, each with its range), a TFLite refusal (SAM 3's
-# SCATTER_ND), and single cases (configs that do not round-trip, a scheduler that cannot export, a Sequential
-# called at another shape in training, D-FINE's near-zero integral and a decoder stack of two grids).
+# SCATTER_ND; SAM's concatenations of operands on ranges of their own), and single cases (configs that do not
+# round-trip, a scheduler that cannot export, D-FINE's near-zero integral and a decoder stack of two grids).
 _IN_THE_WRAPPER = r"Exception encountered when calling QuantizeWrapper\.call\(\)"
 _NO_EXPORT = r"cannot export the Keras model for conversion"
 _NO_RULE = r"quantize_model has no rule for layer"
 _PARITY = r"the \.tflite differs from the rewritten graph on output\(s\) .*\(\d+ int8 steps"
 _CONVERTER_FAILED = r"the TFLite converter failed"
-# LiteRT's SQUARED_DIFFERENCE aborts preparing an output scale far below its input's (SAM's mask downscaler
-# normalizes one channel: x - mean is 0, and calibration gives it a scale of 1e-8)
-_DIED = r"the conversion process died of SIGABRT"
 # integer, but not throughout (Depth Anything: two MEANs of one tensor, which TFLite merges, each on a range)
 _STILL_FLOAT = r"still float: "
 NOT_YET = {
@@ -80,7 +77,9 @@ NOT_YET = {
     "FluxBackbone": {"qat": r"Layer double_stream_block \(DoubleStreamBlock\) cannot be copied or saved from a config"},
     "Gemma3nBackbone": {"qat": r"`keras\.layers\.deserialize` was passed a `config` object that is not"},
     "SAM3PromptableConceptBackbone": {"qat int8": _STILL_FLOAT},
-    "SAMBackbone": {"int8": _DIED, "qat": r"Exception encountered when calling Sequential\.call\(\)"},
+    # the TFLite converter refuses a CONCATENATION (and then a SELECT) of operands each on a range of its own,
+    # in the prompt encoder's positional encodings: sines and cosines of constants, then of the points
+    "SAMBackbone": {"qat int8": _CONVERTER_FAILED},
     "StableDiffusion3Backbone": {"builtin": _NO_EXPORT, "int8": _NO_EXPORT, "qat": _IN_THE_WRAPPER},
 }
 # Families with every stage passing (46 of the 54; the sweep of 2026-12-04 (evening), integer throughout with

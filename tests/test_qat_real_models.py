@@ -464,3 +464,50 @@ def test_a_layer_whose_own_gelu_was_swapped_quantizes_saves_and_loads(tmp_path, 
     assert "quant_block/output_min" in names  # ... and the block's own `... + x[..., :4]` on a range
     qat.save(str(tmp_path / "qat.keras"))
     np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "qat.keras"))(x).numpy(), qat(x).numpy())
+
+
+def test_a_model_a_composite_holds_is_quantized_through_its_layers_at_the_shape_it_is_called_at(tmp_path, rng):
+    """A Sequential a composite holds, built at one shape and called at another, as keras-hub's SAM builds its
+    mask downscaler for masks of 4 times the image embedding and calls it at the masks' own size: each of its
+    layers is quantized with its rule (its convolutions' kernels on ranges), the model runs at the shape it is
+    called at, in a training step too (its __call__'s input check refused that shape), saves, loads and converts
+    integer throughout."""
+    import tflite_helpers
+
+    @keras.saving.register_keras_serializable(package="test_qat_real_models")
+    class Downscaled(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.downscaler = keras.Sequential([
+                keras.layers.Conv2D(4, 2, strides=2, name="reduce"), keras.layers.LayerNormalization(name="norm"),
+                keras.layers.Activation("gelu", name="gelu"), keras.layers.Conv2D(3, 1, name="project")],
+                name="downscaler")
+
+        def build(self, input_shape):
+            self.downscaler.build((None, 16, 16, 1))
+
+        def call(self, x):
+            return self.downscaler(x) + 1.0
+
+    keras.utils.set_random_seed(37)
+    inputs = keras.Input((8, 8, 1), name="mask")
+    model = keras.Model(inputs, Downscaled(name="block")(inputs))
+    x = rng.normal(size=(16, 8, 8, 1)).astype(np.float32)
+    qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
+    downscaler = qat.get_layer("quant_block").layer.downscaler
+    assert [stand_in.layer.name for stand_in in downscaler.stand_ins] == ["reduce", "norm", "gelu", "project"]
+    names = [variable.path for variable in qat.variables]
+    assert {"block/quant_downscaler/quant_reduce/kernel_min", "block/quant_downscaler/quant_project/kernel_min"} \
+        <= set(names), names
+    # calibrated, untrained: the QAT model computes the float one within int8 rounding
+    expected, computed = model(x).numpy().ravel(), qat(x).numpy().ravel()
+    assert expected @ computed / (np.linalg.norm(expected) * np.linalg.norm(computed)) >= INT8_COSINE
+    qat.compile(keras.optimizers.Adam(1e-3), "mse")
+    qat.train_on_batch(x, rng.normal(size=(16, 4, 4, 3)).astype(np.float32))
+    assert all(np.isfinite(variable.numpy()).all() for variable in qat.variables)
+    qat.save(str(tmp_path / "qat.keras"))
+    np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "qat.keras"))(x).numpy(), qat(x).numpy())
+    tflite_model, report = converters.convert(qat, int8=True)
+    assert report.float_ops == {}, report.op_types
+    values, qat_values = tflite_helpers.run(tflite_model, x)[0].ravel(), qat(x).numpy().ravel()
+    assert values @ qat_values / (np.linalg.norm(values) * np.linalg.norm(qat_values)) >= INT8_COSINE

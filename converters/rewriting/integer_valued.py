@@ -299,15 +299,24 @@ def _fake_quantized(values, node, nodes):
     where its range is not one constant pair."""
     bits, narrow = graph.attribute(node, "num_bits", 8), graph.attribute(node, "narrow_range", False)
     if node.op == "FakeQuantWithMinMaxArgs":
-        return tf.quantization.fake_quant_with_min_max_args(
+        return _evaluated(lambda: tf.quantization.fake_quant_with_min_max_args(
             values, min=graph.attribute(node, "min", -6.0), max=graph.attribute(node, "max", 6.0), num_bits=bits,
-            narrow_range=narrow).numpy()
+            narrow_range=narrow))
     low, high = (graph.constant_value(name, nodes) for name in graph.data_inputs(node)[1:3])
     if low is None or high is None or low.size != 1 or high.size != 1:
         return None
-    return tf.quantization.fake_quant_with_min_max_vars(
-        values, np.float32(low.reshape(())), np.float32(high.reshape(())), num_bits=bits,
-        narrow_range=narrow).numpy()
+    return _evaluated(lambda: tf.quantization.fake_quant_with_min_max_vars(
+        values, np.float32(low.reshape(())), np.float32(high.reshape(())), num_bits=bits, narrow_range=narrow))
+
+
+def _evaluated(computation):
+    """computation()'s value, computed in a graph of its own: the pass also runs on a control-flow body (a
+    branch of keras.ops.cond: SAM's prompt encoder) within the default graph that imports the library, where
+    an op is symbolic and has no value."""
+    with tf.Graph().as_default() as scratch:
+        result = computation()
+        with tf.compat.v1.Session(graph=scratch) as session:
+            return session.run(result)
 
 
 def _integer_span(nudged_low, nudged_high, factors):

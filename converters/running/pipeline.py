@@ -32,6 +32,7 @@ from ..rewriting import tf_ops_as_builtins
 from ..tflite import deduplication
 from ..tflite import equivalent_ops
 from ..tflite import float_islands
+from ..tflite import kernel_grids
 from ..tflite import operators
 from ..tflite import signatures
 from ..tflite import validation
@@ -415,6 +416,8 @@ def _converted(serialized, source, requested, options, int8_setup, target, repor
             tflite_model, report.target["renamed_ops"] = equivalent_ops.for_target(tflite_model, target.ops)
     if options.int8:
         tflite_model, report.islands_made_integer = float_islands.made_integer(tflite_model)
+        # before any interpreter prepares it: a grid finer than its kernel rescales to aborts the process
+        tflite_model, report.kernel_grids = kernel_grids.made_acceptable(tflite_model)
     report.ops = operators.op_histogram(tflite_model)
     if "GELU" in report.ops and vocabulary.conversion_mode(options.mode, options.int8).exact_as:
         # A mode that spells exact GELU in builtins promises no GELU op: the converter fused one we did not find.

@@ -41,6 +41,7 @@ from keras_gelu.inner_activations import set_slot
 from keras_gelu.inner_activations import sublayer_slots
 from keras_gelu.flavour import register_serializable
 from keras_gelu.qat.keras3 import folding
+from keras_gelu.qat.keras3 import nesting
 from keras_gelu.qat.keras3 import operations
 from keras_gelu.qat.keras3 import ranges as ranges_module
 from keras_gelu.qat.keras3 import refusals
@@ -185,7 +186,13 @@ def composite_rule(layer, mode, exact_as):
     """A CompositeRule for `layer` where it is a composite layer: sublayers, each with a rule (or composite in
     turn, or keeping values), and the keras.ops its call computes with (`operations`). A layer of keras.ops
     alone (an RMS normalization, a LayerScale, a positional embedding) is one with no sublayers; a
-    subclassed model and a BatchNormalization that does not fold are refused with reasons of their own."""
+    subclassed model and a BatchNormalization that does not fold are refused with reasons of their own. A
+    Sequential or functional model it holds is quantized through its layers (`NestedModelRule`)."""
+    graph = nesting.graph_of(layer)
+    if graph is not None:
+        layers = _graph_layers(graph)
+        return NestedModelRule(mode, exact_as) if layers is not None and all(
+            _proxy(sublayer, mode, exact_as) for sublayer in layers) else None
     slots = sublayer_slots(layer)
     if not slots:
         return None if isinstance(layer, (keras.Model, keras.layers.BatchNormalization)) else \
@@ -362,7 +369,7 @@ class CompositeRule(QuantizeRule):
             else [inputs]
         with _composite_call(positional, first=wrapper.operation_ranges is None) as (on_grid, folds):
             with operations.intercepting(wrapper, training, on_grid, folds):
-                outputs = layer(*positional, training=training, **kwargs)
+                outputs = self.computed(wrapper, layer, positional, training, **kwargs)
             if folds is not None:
                 folds.read(keras.tree.flatten(outputs))
                 folds.settle(layer)
@@ -371,5 +378,51 @@ class CompositeRule(QuantizeRule):
                 else wrapper.ranges["output"](output, training), outputs)
         return outputs
 
+    def computed(self, wrapper, layer, positional, training, **kwargs):
+        """The layer's outputs, its stand-ins in place: its own call."""
+        return layer(*positional, training=training, **kwargs)
+
     def get_config(self):
         return {"mode": self.mode, "exact_as": self.exact_as}
+
+
+def _graph_layers(graph):
+    """The layers a functional graph (a model, a Sequential's inner one) calls, in its order; None where it calls
+    an operation that is not a layer, which has no rule."""
+    operations_called = [operation for operation in graph.operations
+                         if not isinstance(operation, keras.layers.InputLayer)]
+    return operations_called if all(isinstance(operation, keras.layers.Layer)
+                                    for operation in operations_called) else None
+
+
+@register_serializable
+class NestedModelRule(CompositeRule):
+    """A Sequential or functional model a composite holds (keras-hub's SAM: its prompt encoder's mask
+    downscaler), quantized through its layers: each stands in with its rule (`wrapper.stand_ins`, in the graph's
+    order), and the graph runs through them. The model itself is left as it is (its layers are the stand-ins'),
+    so that its config is the float one. Run as Functional.call runs it, without the input check its __call__
+    makes: a composite may call its model at another shape than the one it was built at (SAM builds the
+    downscaler at 4 times the image embedding and calls it at the masks' own size), which the model's layers,
+    convolutions and normalizations, take as the float model's do."""
+
+    def build(self, wrapper, layer):
+        wrapper.stand_ins = [_proxy(sublayer, self.mode, self.exact_as, apply=True)
+                             for sublayer in _graph_layers(nesting.graph_of(layer))]
+        wrapper.add_activation_range("output")
+
+    def layer_config(self, layer):
+        return QuantizeRule.layer_config(self, layer)
+
+    def build_by_calling(self, layer, inputs, **kwargs):
+        with operations.suspended():
+            layer(inputs, **kwargs)
+
+    def computed(self, wrapper, layer, positional, training, **kwargs):
+        graph = nesting.graph_of(layer)
+        stand_ins = {id(sublayer): stand_in
+                     for sublayer, stand_in in zip(_graph_layers(graph), wrapper.stand_ins)}
+        # a model's call takes one structure of inputs, the composite's first argument; `training` reaches the
+        # stand-ins through Keras's call context, as it reaches a functional model's layers
+        outputs = graph._run_through_graph(graph._standardize_inputs(positional[0]),
+                                           operation_fn=lambda operation: stand_ins[id(operation)])
+        return outputs[0] if isinstance(outputs, (list, tuple)) and len(outputs) == 1 else outputs

@@ -20,7 +20,7 @@ from keras_gelu import layer_configs
 from keras_gelu.swapping import is_rebuildable
 
 
-def _graph(layer):
+def graph_of(layer):
     """The functional graph a nested model runs: itself, a Sequential's inner functional model, or None for
     what is not a model built from layers (a layer, a subclassed model, an unbuilt Sequential)."""
     if isinstance(layer, keras.Sequential):
@@ -31,7 +31,7 @@ def _graph(layer):
 
 
 def has_nested_models(model, keep_float=()):
-    return any(_graph(layer) is not None for layer in model.layers if layer.name not in keep_float)
+    return any(graph_of(layer) is not None for layer in model.layers if layer.name not in keep_float)
 
 
 def flattened(model, keep_float=()):
@@ -46,7 +46,7 @@ def flattened(model, keep_float=()):
     def copy_of(operation, within):
         if id(operation) in made:
             return made[id(operation)][1]
-        if _graph(operation) is not None and operation.name not in keep_float:
+        if graph_of(operation) is not None and operation.name not in keep_float:
             copy = operation  # run through in call(), never called itself
         else:
             name = operation.name
@@ -59,7 +59,7 @@ def flattened(model, keep_float=()):
         return copy
 
     def call(operation, *args, **kwargs):
-        graph = _graph(operation)
+        graph = graph_of(operation)
         if graph is None or operation.name in keep_float:
             return operation(*args, **kwargs)
         # A model's call takes one structure of inputs; `training` and masks reach its layers through Keras's
