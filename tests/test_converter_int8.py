@@ -441,6 +441,21 @@ def test_comparisons_of_a_quantized_tensor_with_constants_on_its_grid_are_intege
 
 
 @pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
+def test_a_chain_of_float_functions_read_by_nothing_else_becomes_one_lookup_of_the_int8_slice_it_read(tmp_path):
+    """The float ops of a chain made a lookup go, and with them the DEQUANTIZE they read: the lookup reads the int8
+    tensor before it (a slice, which nothing else reads), which stays."""
+    import tensorflow as tf
+
+    def chained(x):
+        return {"y": _fake_quant(tf.math.log(tf.math.sin(_fake_quant(x, -3.0, 3.0)[:, 1:]) * 0.5 + 1.0), -0.7, 0.42)}
+
+    _, report = _converted_graph(tmp_path, chained, (4, 9))
+    assert report.float_ops == {} and report.islands_made_integer == {"SIN": 1}, report.op_types
+    # a step: the table rounds a tie away from zero where TFLite's QUANTIZE rounds it to even
+    assert report.fidelity[0]["steps"] <= 1.0 + 1e-5, report.fidelity
+
+
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
 def test_a_float_function_of_an_int8_tensor_is_looked_up_in_a_table_of_its_256_results(tmp_path, rng):
     """COS, SIN, EXP, FLOOR, ... have no int8 kernel in TFLite: between a DEQUANTIZE and a QUANTIZE they were
     float islands (a rotary table computed from positions at run time), and so was a CAST of a quantized count
@@ -452,7 +467,7 @@ def test_a_float_function_of_an_int8_tensor_is_looked_up_in_a_table_of_its_256_r
 
     functions = {"cos": tf.math.cos, "sin": tf.math.sin, "exp": tf.math.exp, "floor": tf.math.floor}
     ranges = {"cos": (-1.0, 1.0), "sin": (-1.0, 1.0), "exp": (0.0, 20.0), "floor": (-4.0, 3.0),
-              "negated": (-3.0, 3.0)}
+              "negated": (-3.0, 3.0), "chained": (-0.7, 0.42)}
 
     class Functions(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32)])
@@ -461,8 +476,12 @@ def test_a_float_function_of_an_int8_tensor_is_looked_up_in_a_table_of_its_256_r
             outputs = {name: tf.quantization.fake_quant_with_min_max_vars(function(angle), *ranges[name])
                        for name, function in functions.items()}
             # a float-valued count back to int32, a mask computed as float to bool
+            # chains of them, each op the next one's input (SAM 3's inverse sigmoid: a LOG times a constant)
+            chained = tf.math.log(tf.math.sin(angle) * 0.5 + 1.0)
             return {**outputs, "truncated": tf.cast(angle, tf.int32), "nonzero": tf.cast(angle, tf.bool),
-                    "negated": tf.quantization.fake_quant_with_min_max_vars(-1.0 * angle, -3.0, 3.0)}
+                    "negated": tf.quantization.fake_quant_with_min_max_vars(-1.0 * angle, -3.0, 3.0),
+                    "chained": tf.quantization.fake_quant_with_min_max_vars(chained, *ranges["chained"]),
+                    "counted": tf.cast(tf.floor(angle * 2.0), tf.int32)}
 
     tf.saved_model.save(Functions(), str(tmp_path / "functions"))
     x = rng.uniform(-3.5, 3.5, size=(8, 64)).astype(np.float32)
@@ -471,7 +490,7 @@ def test_a_float_function_of_an_int8_tensor_is_looked_up_in_a_table_of_its_256_r
     tflite_model, report = converters.convert(str(tmp_path / "functions"), int8=True, inputs=str(tmp_path / "x.npz"))
     # (TFLite 2.21 has an int8 EXP of its own)
     assert report.float_ops == {} and {"COS", "SIN", "FLOOR", "CAST"} <= set(report.islands_made_integer)
-    assert {"GATHER", "CAST"} <= set(report.ops) and not {"COS", "SIN", "FLOOR"} & set(report.ops)
+    assert {"GATHER", "CAST"} <= set(report.ops) and not {"COS", "SIN", "FLOOR", "LOG"} & set(report.ops)
     expected = Functions()(tf.constant(x))
     outputs = verify.run_signature(tflite_model, "serving_default", {"x": x})
     for name, (low, high) in ranges.items():
@@ -479,3 +498,4 @@ def test_a_float_function_of_an_int8_tensor_is_looked_up_in_a_table_of_its_256_r
         assert np.max(np.abs(outputs[name] - expected[name].numpy())) <= step * 1.001, name
     np.testing.assert_array_equal(outputs["truncated"], expected["truncated"].numpy())
     np.testing.assert_array_equal(outputs["nonzero"], expected["nonzero"].numpy())
+    np.testing.assert_array_equal(outputs["counted"], expected["counted"].numpy())

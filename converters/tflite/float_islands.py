@@ -18,6 +18,7 @@ import numpy as np
 from tensorflow.lite.python import schema_py_generated as schema
 
 from . import flatbuffer_model
+from .operators import op_name
 
 _INTEGER = (schema.TensorType.INT8, schema.TensorType.INT16)
 
@@ -182,13 +183,15 @@ _WITH_A_CONSTANT = {"MUL": lambda x, c: x * c, "ADD": lambda x, c: x + c, "MAXIM
 
 
 def _lookups_as_integer(model):
-    """Each DEQUANTIZE -> f -> QUANTIZE, f one of _ELEMENTWISE on an int8 tensor (or of _WITH_A_CONSTANT, its
-    other operand a float constant of one value), made a lookup in a table of f's 256 int8 results: CAST to
-    int32, ADD 128, GATHER; returns {op: count}. An int8 input has 256
-    values, and f of each, rounded onto the output's grid, is what the float island computes; the table
-    rounds half away from zero where TFLite's QUANTIZE rounds half to even, a step at an exact tie. A rotary
-    table computed at run time from positions (keras-hub's Gemma 4: COS and SIN of an int8 angle) was a float
-    island."""
+    """Each DEQUANTIZE -> f1 -> ... -> fn -> QUANTIZE, every f one of _ELEMENTWISE of the one before (or of
+    _WITH_A_CONSTANT, its other operand a float constant of one value), or with a CAST to int32 or bool in the
+    QUANTIZE's place, made a lookup in a table of the chain's 256 results: CAST to int32, ADD 128, GATHER;
+    returns {the first op: count}. An int8 input has 256 values, and the chain of each, rounded onto the
+    output's grid, is what the float island computes; the table rounds half away from zero where TFLite's
+    QUANTIZE rounds half to even, a step at an exact tie. A rotary table computed at run time from positions
+    (keras-hub's Gemma 4: COS and SIN of an int8 angle) was a float island, and so was an inverse sigmoid's LOG
+    and its product with a constant (SAM 3's box refinement). An op of a chain that other ops read too stays
+    for them, and goes where the lookups leave it unread."""
     dequantize, quantize = schema.BuiltinOperator.DEQUANTIZE, schema.BuiltinOperator.QUANTIZE
     cast = schema.BuiltinOperator.CAST
     functions = {getattr(schema.BuiltinOperator, name): name for name in (*_ELEMENTWISE, *_WITH_A_CONSTANT)}
@@ -197,44 +200,82 @@ def _lookups_as_integer(model):
         operators = subgraph.operators or []
         producer, consumers = _producers_and_consumers(operators)
         outputs = set(subgraph.outputs)
-        dropped, replaced = set(), {}
+        replaced, left = {}, []  # left: the ops a lookup stopped reading
+
+        def link(position):
+            """(the float tensor the op at `position` computes from, its function), or (None, None)."""
+            return _operand_and_function(model, subgraph, operators[position],
+                                         functions.get(_code(model, operators[position])))
+
         for position, operator in enumerate(operators):
             code = _code(model, operator)
-            name = functions.get(code) or ("CAST" if code == cast else None)
-            floats_in, function = _operand_and_function(model, subgraph, operator, name)
-            if floats_in is None or len(operator.outputs) != 1:
+            if code not in (quantize, cast) or len(operator.inputs) != 1 or len(operator.outputs) != 1:
                 continue
-            (floats_out,) = operator.outputs
-            before, after = producer.get(floats_in), consumers[floats_out]
-            if before is None or _code(model, operators[before]) != dequantize or floats_in in outputs:
+            (floats_out,), (result,) = operator.inputs, operator.outputs
+            if subgraph.tensors[floats_out].type != schema.TensorType.FLOAT32:
+                continue
+            chain, chained, tensor = [], [], floats_out
+            while tensor not in outputs and producer.get(tensor) is not None:
+                operand, function = link(producer[tensor])
+                if operand is None or len(operators[producer[tensor]].outputs) != 1:
+                    break
+                chain.insert(0, producer[tensor])
+                chained.insert(0, function)
+                tensor = operand
+            before = producer.get(tensor)
+            if before is None or _code(model, operators[before]) != dequantize or tensor in outputs or (
+                    not chain and code == quantize):
                 continue
             (integer_in,) = operators[before].inputs
             grid_in = _per_tensor_grid(subgraph.tensors[integer_in])
             if grid_in is None:
                 continue
-            if name == "CAST":  # to int32, truncated (a float-valued count back to int32), or to bool (!= 0)
-                result_type = subgraph.tensors[floats_out].type
-                if result_type not in _CAST_TABLES:
+            computed = _composed(chained)
+            if code == cast:  # to int32, truncated (a float-valued count back to int32), or to bool (!= 0)
+                if subgraph.tensors[result].type not in _CAST_TABLES:
                     continue
-                table, last = _table(_CAST_TABLES[result_type], grid_in, None), position
+                table = _table(lambda values, to=_CAST_TABLES[subgraph.tensors[result].type]: to(computed(values)),
+                               grid_in, None)
             else:
-                if len(after) != 1 or _code(model, operators[after[0]]) != quantize or floats_out in outputs:
-                    continue
-                (integer_out,) = operators[after[0]].outputs
-                grid_out = _per_tensor_grid(subgraph.tensors[integer_out])
+                grid_out = _per_tensor_grid(subgraph.tensors[result])
                 if grid_out is None:
                     continue
-                table, last, floats_out = _table(function, grid_in, grid_out), after[0], integer_out
-            operators_made = _lookup(model, subgraph, integer_in, floats_out, table)
-            consumers[floats_in].remove(position)
-            if not consumers[floats_in]:  # COS and SIN read one DEQUANTIZE
-                dropped.add(before)
-            if last != position:
-                dropped.add(position)
-            replaced[last] = operators_made
-            made[name] += 1
-        _rebuild(subgraph, dropped, replaced)
+                table = _table(computed, grid_in, grid_out)
+            replaced[position] = _lookup(model, subgraph, integer_in, result, table)
+            consumers[floats_out].remove(position)
+            consumers[integer_in].append(position)  # the lookup reads the int8 tensor now
+            left.append(producer[floats_out])
+            made[op_name(model, operators[chain[0]] if chain else operator)] += 1
+        _rebuild(subgraph, _unread(operators, producer, consumers, outputs, left), replaced)
     return made
+
+
+def _unread(operators, producer, consumers, outputs, left):
+    """The positions of the operators among `left` whose every output nothing reads any longer (the float ops
+    before a lookup now reading the int8 tensor), and of those they read, followed back likewise."""
+    unread = set()
+    pending = list(left)
+    while pending:
+        position = pending.pop()
+        operator = operators[position]
+        if position in unread or any(consumers[index] or index in outputs for index in operator.outputs):
+            continue
+        unread.add(position)
+        for index in operator.inputs:
+            if index >= 0 and position in consumers[index]:
+                consumers[index].remove(position)
+                if index in producer and not consumers[index]:
+                    pending.append(producer[index])
+    return unread
+
+
+def _composed(functions):
+    """The functions applied in turn, each result in float32, as a float island computes them."""
+    def computed(values):
+        for function in functions:
+            values = np.asarray(function(values)).astype(np.float32)
+        return values
+    return computed
 
 
 def _operand_and_function(model, subgraph, operator, name):
