@@ -450,8 +450,31 @@ def test_a_chain_of_float_functions_read_by_nothing_else_becomes_one_lookup_of_t
         return {"y": _fake_quant(tf.math.log(tf.math.sin(_fake_quant(x, -3.0, 3.0)[:, 1:]) * 0.5 + 1.0), -0.7, 0.42)}
 
     _, report = _converted_graph(tmp_path, chained, (4, 9))
-    assert report.float_ops == {} and report.islands_made_integer == {"SIN": 1}, report.op_types
-    # a step: the table rounds a tie away from zero where TFLite's QUANTIZE rounds it to even
+    assert report.float_ops == {} and report.islands_made_integer == {"SIN": 1, "MUL": 1, "ADD": 1, "LOG": 1}, (
+        report.op_types, report.islands_made_integer)
+    # the table holds what the island's own kernels compute: the .tflite's output is the graph's within rounding
+    assert report.fidelity[0]["steps"] <= 1.0 + 1e-5, report.fidelity
+
+
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
+def test_a_float_island_of_several_paths_from_one_int8_tensor_becomes_one_lookup(tmp_path):
+    """keras-hub SAM 3's ROI align samples bilinearly: y's fraction, y - float(y_low), y_low = int(y) clipped to
+    the last row, and y itself selected on the clipped one (SELECT(y_low >= top, y, y)). A CAST and a SUB in
+    float, of int32 and int8 values all computed from y: a function of y's 256 values, computed by the island's
+    own kernels into the table, so the .tflite gives what the graph gives within rounding."""
+    import tensorflow as tf
+
+    def fraction(x):
+        y = _fake_quant(x, 0.0, 9.0)
+        low = tf.cast(y, tf.int32)
+        top = tf.greater_equal(low, 6)
+        low = tf.where(top, 6, low)
+        y = tf.where(top, y, y)
+        return {"y": _fake_quant(y - tf.cast(low, tf.float32), 0.0, 3.0)}
+
+    _, report = _converted_graph(tmp_path, fraction, (4, 16))
+    assert report.float_ops == {} and {"SUB", "CAST"} <= set(report.islands_made_integer), (
+        report.op_types, report.islands_made_integer)
     assert report.fidelity[0]["steps"] <= 1.0 + 1e-5, report.fidelity
 
 

@@ -415,7 +415,8 @@ def _converted(serialized, source, requested, options, int8_setup, target, repor
         if target.ops is not None:
             tflite_model, report.target["renamed_ops"] = equivalent_ops.for_target(tflite_model, target.ops)
     if options.int8:
-        tflite_model, report.islands_made_integer = float_islands.made_integer(tflite_model)
+        tflite_model, report.islands_made_integer = float_islands.made_integer(
+            tflite_model, parity.interpreter_class()[0])
         # before any interpreter prepares it: a grid finer than its kernel rescales to aborts the process
         tflite_model, report.kernel_grids = kernel_grids.made_acceptable(tflite_model)
     report.ops = operators.op_histogram(tflite_model)

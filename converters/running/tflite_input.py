@@ -192,7 +192,8 @@ def convert(data, path, options):
     rewritten = tflite_gelus.rewrite(data, options.mode, report.exact_as, table, form_steps)
     tflite_model = rewritten.tflite_model
     if quantized:  # the stock converter's float NEG (Keras 3's LayerNormalization), which no integer target runs
-        tflite_model, report.islands_made_integer = float_islands.made_integer(tflite_model)
+        tflite_model, report.islands_made_integer = float_islands.made_integer(
+            tflite_model, parity.interpreter_class()[0])
     report.gelus = rewritten.gelus
     report.leftover_erf = rewritten.flex_erf
     if not rewritten.gelus and not rewritten.flex_erf:

@@ -169,83 +169,60 @@ def _integer_constant(model, subgraph, values, float_tensor, integer_tensor):
                      flatbuffer_model.tensor_name(float_tensor) + "/keras_gelu_on_grid", quantization)
 
 
-# A float CAST's result, by its type: what each of 256 int8 values becomes (bool: a mask computed as float)
-_CAST_TABLES = {schema.TensorType.INT32: lambda values: np.trunc(values).astype(np.int32),
-                schema.TensorType.BOOL: lambda values: values != 0}
-# Elementwise functions TFLite computes in float only, as numpy computes them in float32
-_ELEMENTWISE = {"COS": np.cos, "SIN": np.sin, "FLOOR": np.floor, "CEIL": np.ceil, "ROUND": np.round,
-                "EXP": np.exp, "LOG": np.log, "SQRT": np.sqrt, "ABS": np.abs, "SIGN": np.sign}
-# Binary ops that the stock converter leaves in float with a float constant operand (DINOv3's rotated half,
-# x * -1), as functions of the tensor operand x and the constant c
-_WITH_A_CONSTANT = {"MUL": lambda x, c: x * c, "ADD": lambda x, c: x + c, "MAXIMUM": np.maximum,
-                    "MINIMUM": np.minimum, "SUB": (lambda x, c: x - c, lambda x, c: c - x),
-                    "DIV": (lambda x, c: x / c, lambda x, c: c / x)}
+# Ops each element of whose result is computed from the same element of their operands alone (a constant of one
+# value broadcast): a region of them computed from one int8 tensor computes a function of its 256 values. GATHER
+# is one where it looks an element up in a constant table (a lookup made here, or by the converter).
+_ELEMENTWISE = frozenset({
+    "ABS", "ADD", "CAST", "CEIL", "COS", "DEQUANTIZE", "DIV", "EQUAL", "EXP", "FLOOR", "FLOOR_DIV", "FLOOR_MOD",
+    "GATHER", "GREATER", "GREATER_EQUAL", "LESS", "LESS_EQUAL", "LOG", "LOGICAL_AND", "LOGICAL_NOT", "LOGICAL_OR",
+    "LOGISTIC", "MAXIMUM", "MINIMUM", "MUL", "NEG", "NOT_EQUAL", "POW", "QUANTIZE", "ROUND", "RSQRT", "SELECT",
+    "SELECT_V2", "SIGN", "SIN", "SQRT", "SQUARE", "SUB", "TANH"})
+# The types a region's result may take where it leaves as an integer or a mask (a CAST in the QUANTIZE's place)
+_TABLE_TYPES = (schema.TensorType.INT8, schema.TensorType.INT32, schema.TensorType.BOOL)
 
 
-def _lookups_as_integer(model):
-    """Each DEQUANTIZE -> f1 -> ... -> fn -> QUANTIZE, every f one of _ELEMENTWISE of the one before (or of
-    _WITH_A_CONSTANT, its other operand a float constant of one value), or with a CAST to int32 or bool in the
-    QUANTIZE's place, made a lookup in a table of the chain's 256 results: CAST to int32, ADD 128, GATHER;
-    returns {the first op: count}. An int8 input has 256 values, and the chain of each, rounded onto the
-    output's grid, is what the float island computes; the table rounds half away from zero where TFLite's
-    QUANTIZE rounds half to even, a step at an exact tie. A rotary table computed at run time from positions
-    (keras-hub's Gemma 4: COS and SIN of an int8 angle) was a float island, and so was an inverse sigmoid's LOG
-    and its product with a constant (SAM 3's box refinement). An op of a chain that other ops read too stays
-    for them, and goes where the lookups leave it unread."""
-    dequantize, quantize = schema.BuiltinOperator.DEQUANTIZE, schema.BuiltinOperator.QUANTIZE
-    cast = schema.BuiltinOperator.CAST
-    functions = {getattr(schema.BuiltinOperator, name): name for name in (*_ELEMENTWISE, *_WITH_A_CONSTANT)}
+def _lookups_as_integer(model, interpreter):
+    """Each float island computed from one int8 tensor by elementwise ops alone (DEQUANTIZE, COS, LOG, MUL by a
+    constant, a CAST to int32, a comparison with a constant, a SELECT_V2 between constants, ...), up to a
+    QUANTIZE or a CAST to int32 or bool, made a lookup in a table of its 256 results: CAST to int32, ADD 128,
+    GATHER; returns {op: count} of the float ops the lookups replace. The table is what the island computes
+    for each of the int8 tensor's 256 values, computed by `interpreter` (a LiteRT Interpreter class) running
+    the island's own ops on them: the same kernels, the same roundings. Rotary tables computed at run time from
+    positions (keras-hub Gemma 4: COS and SIN of an int8 angle), an inverse sigmoid's LOG times a constant and a
+    bilinear sampling's fraction y - float(clip(int(y))) (SAM 3's box refinement, its ROI align) were float
+    islands. An op of an island that other ops read too stays for them, and goes where the lookups leave it
+    unread."""
     made = collections.Counter()
     for subgraph in model.subgraphs or ():
         operators = subgraph.operators or []
         producer, consumers = _producers_and_consumers(operators)
         outputs = set(subgraph.outputs)
         replaced, left = {}, []  # left: the ops a lookup stopped reading
-
-        def link(position):
-            """(the float tensor the op at `position` computes from, its function), or (None, None)."""
-            return _operand_and_function(model, subgraph, operators[position],
-                                         functions.get(_code(model, operators[position])))
-
         for position, operator in enumerate(operators):
-            code = _code(model, operator)
-            if code not in (quantize, cast) or len(operator.inputs) != 1 or len(operator.outputs) != 1:
+            name = op_name(model, operator)
+            if name not in ("QUANTIZE", "CAST") or len(operator.inputs) != 1 or len(operator.outputs) != 1:
                 continue
             (floats_out,), (result,) = operator.inputs, operator.outputs
-            if subgraph.tensors[floats_out].type != schema.TensorType.FLOAT32:
+            if subgraph.tensors[floats_out].type != schema.TensorType.FLOAT32 or floats_out in outputs \
+                    or subgraph.tensors[result].type not in _TABLE_TYPES:
                 continue
-            chain, chained, tensor = [], [], floats_out
-            while tensor not in outputs and producer.get(tensor) is not None:
-                operand, function = link(producer[tensor])
-                if operand is None or len(operators[producer[tensor]].outputs) != 1:
-                    break
-                chain.insert(0, producer[tensor])
-                chained.insert(0, function)
-                tensor = operand
-            before = producer.get(tensor)
-            if before is None or _code(model, operators[before]) != dequantize or tensor in outputs or (
-                    not chain and code == quantize):
+            region = _region(model, subgraph, producer, floats_out)
+            if region is None:
                 continue
-            (integer_in,) = operators[before].inputs
-            grid_in = _per_tensor_grid(subgraph.tensors[integer_in])
-            if grid_in is None:
+            source, positions = region
+            if not np.array_equal(subgraph.tensors[source].shape, subgraph.tensors[result].shape):
+                continue  # (a constant of more axes broadcast the island's result)
+            table = _island_table(model, subgraph, sorted(positions) + [position], source, result, interpreter)
+            if table is None:
                 continue
-            computed = _composed(chained)
-            if code == cast:  # to int32, truncated (a float-valued count back to int32), or to bool (!= 0)
-                if subgraph.tensors[result].type not in _CAST_TABLES:
-                    continue
-                table = _table(lambda values, to=_CAST_TABLES[subgraph.tensors[result].type]: to(computed(values)),
-                               grid_in, None)
-            else:
-                grid_out = _per_tensor_grid(subgraph.tensors[result])
-                if grid_out is None:
-                    continue
-                table = _table(computed, grid_in, grid_out)
-            replaced[position] = _lookup(model, subgraph, integer_in, result, table)
+            replaced[position] = _lookup(model, subgraph, source, result, table)
             consumers[floats_out].remove(position)
-            consumers[integer_in].append(position)  # the lookup reads the int8 tensor now
+            consumers[source].append(position)  # the lookup reads the int8 tensor now
             left.append(producer[floats_out])
-            made[op_name(model, operators[chain[0]] if chain else operator)] += 1
+            made.update(op_name(model, operators[at]) for at in [*positions, position]  # the float ops
+                        if op_name(model, operators[at]) not in ("DEQUANTIZE", "QUANTIZE") and any(
+                            subgraph.tensors[index].type == schema.TensorType.FLOAT32
+                            for index in [*operators[at].inputs, *operators[at].outputs] if index >= 0))
         _rebuild(subgraph, _unread(operators, producer, consumers, outputs, left), replaced)
     return made
 
@@ -269,40 +246,114 @@ def _unread(operators, producer, consumers, outputs, left):
     return unread
 
 
-def _composed(functions):
-    """The functions applied in turn, each result in float32, as a float island computes them."""
-    def computed(values):
-        for function in functions:
-            values = np.asarray(function(values)).astype(np.float32)
-        return values
-    return computed
+def _region(model, subgraph, producer, tensor):
+    """(the int8 tensor, quantized per tensor, that `tensor` is computed from by elementwise ops alone, with
+    constants of one value; the positions of those ops), or None; the region holds a DEQUANTIZE: an island.
+    Its int8 tensors are where it starts, save those computed in it from the others (SAM 3's ROI align reads y,
+    and SELECT(y_low >= top, y, y), y_low computed from y)."""
+    positions, sources = set(), set()
+
+    def walk(pending, expanded=None):
+        """Take the ops computing `pending` into the region, back to int8 tensors (but `expanded`); False where
+        one is not elementwise."""
+        while pending:
+            tensor = pending.pop()
+            if _is_constant(model, subgraph.tensors[tensor]):
+                continue
+            if tensor != expanded and _per_tensor_grid(subgraph.tensors[tensor]) is not None:
+                sources.add(tensor)
+                continue
+            position = producer.get(tensor)
+            if position is None:  # a model input
+                return False
+            if position in positions:
+                continue
+            operator = subgraph.operators[position]
+            name = op_name(model, operator)
+            if name not in _ELEMENTWISE or len(operator.outputs) != 1:
+                return False
+            inputs = [index for index in operator.inputs if index >= 0]
+            if name == "GATHER":  # a lookup of each element in a constant table
+                table = subgraph.tensors[inputs[0]]
+                if not _is_constant(model, table) or len(table.shape) != 1 or \
+                        getattr(operator.builtinOptions, "axis", 0) != 0:
+                    return False
+                inputs = inputs[1:]
+            elif any(_is_constant(model, subgraph.tensors[index]) and _size(subgraph.tensors[index]) != 1
+                     for index in inputs):
+                return False
+            positions.add(position)
+            pending.extend(inputs)
+        return True
+
+    if not walk([tensor]):
+        return None
+    while len(sources) > 1:  # the one computed last may be computed from the others
+        latest = max(sources, key=lambda source: producer.get(source, -1))
+        sources.discard(latest)
+        if not walk([latest], expanded=latest):
+            return None
+    if len(sources) != 1 or not any(op_name(model, subgraph.operators[position]) == "DEQUANTIZE"
+                                    for position in positions):
+        return None
+    return next(iter(sources)), positions
 
 
-def _operand_and_function(model, subgraph, operator, name):
-    """(the float operand an op of `name` computes from, the op as a function of it: None for a CAST, whose
-    table is by its type), or (None, None) for an op _lookups_as_integer does not take."""
-    if name in _WITH_A_CONSTANT:
-        return _of_the_tensor_operand(model, subgraph, operator, name)
-    if name is None or len(operator.inputs) != 1:
-        return None, None
-    return operator.inputs[0], _ELEMENTWISE.get(name)
+def _is_constant(model, tensor):
+    return tensor.buffer > 0 and model.buffers[tensor.buffer].data is not None and len(
+        model.buffers[tensor.buffer].data) > 0
 
 
-def _of_the_tensor_operand(model, subgraph, operator, name):
-    """(the non-constant operand of a binary op whose other operand is a float constant of one value, the op as a
-    function of it), or (None, None)."""
-    if len(operator.inputs) != 2:
-        return None, None
-    for side in (0, 1):
-        constant = _float_constant(model, subgraph.tensors[operator.inputs[1 - side]])
-        if constant is not None and constant.size == 1 and _float_constant(
-                model, subgraph.tensors[operator.inputs[side]]) is None:
-            value = np.float32(constant[0])
-            function = _WITH_A_CONSTANT[name]
-            if isinstance(function, tuple):  # not symmetric: which operand the constant is
-                function = function[side]
-            return operator.inputs[side], lambda x, function=function: function(x, value)
-    return None, None
+def _size(tensor):
+    return int(np.prod(tensor.shape)) if tensor.shape is not None else 0
+
+
+def _island_table(model, subgraph, positions, source, result, interpreter):
+    """What the operators at `positions` (in order, the last writing `result`) compute from each of the int8
+    `source` tensor's 256 values: a model of them alone, on a vector of the 256, run by `interpreter`; None
+    where it does not run."""
+    island = schema.ModelT()
+    island.version, island.operatorCodes = model.version, model.operatorCodes
+    island.buffers, tensors, indices = [schema.BufferT()], [], {}
+
+    def copied(index):
+        if index < 0 or index in indices:
+            return indices.get(index, index)
+        original = subgraph.tensors[index]
+        tensor = schema.TensorT()
+        tensor.type, tensor.name, tensor.quantization = original.type, original.name, original.quantization
+        if _is_constant(model, original):
+            tensor.shape = original.shape
+            island.buffers.append(model.buffers[original.buffer])
+            tensor.buffer = len(island.buffers) - 1
+        else:
+            tensor.shape, tensor.buffer = np.array([256], np.int32), 0
+        tensors.append(tensor)
+        indices[index] = len(tensors) - 1
+        return indices[index]
+
+    island_subgraph = schema.SubGraphT()
+    island_subgraph.inputs = [copied(source)]
+    island_subgraph.operators = []
+    for position in positions:
+        original = subgraph.operators[position]
+        operator = schema.OperatorT()
+        operator.opcodeIndex = original.opcodeIndex
+        operator.builtinOptionsType, operator.builtinOptions = original.builtinOptionsType, original.builtinOptions
+        operator.inputs = [copied(index) for index in original.inputs]
+        operator.outputs = [copied(index) for index in original.outputs]
+        island_subgraph.operators.append(operator)
+    island_subgraph.outputs = [copied(result)]
+    island_subgraph.tensors = tensors
+    island.subgraphs = [island_subgraph]
+    try:
+        runner = interpreter(model_content=flatbuffer_model.as_bytes(island, 0))
+        runner.allocate_tensors()
+        runner.set_tensor(runner.get_input_details()[0]["index"], np.arange(-128, 128).astype(np.int8))
+        runner.invoke()
+        return np.asarray(runner.get_tensor(runner.get_output_details()[0]["index"])).reshape(256)
+    except (RuntimeError, ValueError):  # an op the runtime refuses on a vector: the island stays as it is
+        return None
 
 
 def _per_tensor_grid(tensor):
@@ -312,21 +363,6 @@ def _per_tensor_grid(tensor):
             or len(quantization.scale) != 1 or not float(quantization.scale[0]) > 0):
         return None
     return float(quantization.scale[0]), int(quantization.zeroPoint[0])
-
-
-def _table(function, grid_in, grid_out):
-    """function's result for each int8 input -128..127, as the float island computes it in float32: on the
-    int8 grid `grid_out`, or as the function gives it (int32, bool) where that is None."""
-    scale_in, zero_in = grid_in
-    inputs = (np.float32(scale_in) * (np.arange(-128, 128) - zero_in).astype(np.float32)).astype(np.float32)
-    with np.errstate(all="ignore"):
-        results = function(inputs)
-    if grid_out is None:  # the function's own integer or bool results
-        return results
-    results = results.astype(np.float32).astype(np.float64)
-    scale_out, zero_out = grid_out
-    steps = np.where(np.isnan(results), zero_out, results / scale_out + zero_out)
-    return np.clip(np.sign(steps) * np.floor(np.abs(steps) + 0.5), -128, 127).astype(np.int8)
 
 
 def _constant(model, subgraph, values, tensor_type, name, quantization=None):
@@ -383,13 +419,15 @@ def _rebuild(subgraph, dropped, replaced):
                               if position not in dropped for made in replaced.get(position, [operator])]
 
 
-def made_integer(tflite_model):
+def made_integer(tflite_model, interpreter):
     """(the .tflite with every float island above that has an exact integer spelling made integer,
-    {op: count} of those made integer); the flatbuffer read and written once, whatever the passes make."""
+    {op: count} of those made integer); the flatbuffer read and written once, whatever the passes make.
+    `interpreter`: a LiteRT Interpreter class, which computes the lookups' tables."""
     model = flatbuffer_model.as_object(tflite_model)
     made = {}
-    for made_integer_in in (_negations_as_integer, _comparisons_as_integer, _lookups_as_integer):
+    for made_integer_in in (_negations_as_integer, _comparisons_as_integer):
         made.update(made_integer_in(model))
+    made.update(_lookups_as_integer(model, interpreter))
     if not made:
         return tflite_model, {}
     flatbuffer_model.drop_unused_codes(model)
