@@ -1,10 +1,18 @@
 """Int8 outputs calibrated finer than their kernel rescales to (`converters/tflite/kernel_grids.py`).
 
-The model: the squared difference of a one-channel tensor and its mean over channels, as a normalization of
-one channel computes its variance (keras-hub's SAM normalizes its one-channel mask so), which is 0 on every
-sample: the stock converter's calibration gives the SQUARED_DIFFERENCE a scale of about 1e-8, which LiteRT's
-kernel refuses with an abort. Each interpreter that may abort runs in a process of its own: an abort is a
-signal, not an exception.
+LiteRT's kernel. The model: the squared difference of a one-channel tensor and its mean over channels, as a
+normalization of one channel computes its variance (keras-hub's SAM normalizes its one-channel mask so), which is
+0 on every sample: the stock converter's calibration gives the SQUARED_DIFFERENCE a scale of about 1e-8, which
+LiteRT's kernel refuses with an abort.
+
+XNNPACK's, which LiteRT applies by default. The model: x plus a softmax over nine bins of almost equal logits
+times a symmetric projection, as D-FINE's box integral computes, about 1e-7 here: the stock converter's
+calibration gives the projection's FULLY_CONNECTED an output scale of about 1e-8, a requantization scale
+s_in s_w / s_out in the thousands, which XNNPACK refuses (256 or more), and LiteRT's delegate fails to create
+its runtime: an error here (a RuntimeError, which the converter reports as "not verified"), a double free and an
+abort in D-FINE's decoder (tests/test_every_family.py), whose subgraph a small model did not reproduce.
+
+Each interpreter that may abort runs in a process of its own: an abort is a signal, not an exception.
 """
 
 import subprocess
@@ -32,7 +40,8 @@ _ALLOCATES = ("import sys\nfrom ai_edge_litert.interpreter import Interpreter\n"
 
 
 def _allocates(tflite_model):
-    """The return code of a fresh process preparing every op of the model: 0, or -6 where a kernel aborts."""
+    """The return code of a fresh process preparing every op of the model: 0, -6 where a kernel aborts, 1 where
+    it raises (XNNPACK's delegate failing to create its runtime)."""
     return subprocess.run([sys.executable, "-c", _ALLOCATES], input=tflite_model, capture_output=True,
                           timeout=120).returncode
 
@@ -111,3 +120,124 @@ def test_the_converter_computes_such_an_output_on_its_kernels_grid_and_says_so(o
     tflite_model, report = converters.convert(model, int8=True, calibration=samples_path, inputs=samples_path)
     assert report.kernel_grids == {"SQUARED_DIFFERENCE": 1}
     assert report.verified and "finest grid their kernel takes" in report.to_text()
+
+
+_BINS = 9
+
+
+@pytest.fixture(scope="module")
+def box_integral():
+    """(float model, samples, the stock converter's post-training int8 .tflite of it)."""
+    rng = np.random.default_rng(7)
+    inputs = keras.Input((8,))
+    logits = keras.layers.Dense(_BINS)
+    integral = keras.layers.Dense(1, use_bias=False)  # a symmetric projection: 0 for a uniform softmax
+    outputs = inputs + integral(keras.ops.softmax(logits(inputs), axis=-1))
+    model = keras.Model(inputs, outputs)
+    logits.set_weights([rng.normal(scale=1e-6, size=(8, _BINS)).astype(np.float32), np.zeros(_BINS, np.float32)])
+    integral.set_weights([np.linspace(-1, 1, _BINS, dtype=np.float32)[:, None]])
+    samples = rng.normal(size=(8, 8)).astype(np.float32)
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: ([samples[index:index + 1]] for index in range(len(samples)))
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    return model, samples, converter.convert()
+
+
+def _requantization_scales(tflite_model, op):
+    """XNNPACK's requantization scale of each `op` in the main subgraph (activation, weights: its first two
+    inputs), in graph order, as it computes it: s_in times the largest s_w, over s_out, in float32."""
+    model = flatbuffer_model.as_object(tflite_model)
+    subgraph = model.subgraphs[0]
+    found = []
+    for operator in subgraph.operators:
+        if operators.op_name(model, operator) == op:
+            activation, weights = (subgraph.tensors[index].quantization.scale for index in operator.inputs[:2])
+            output = subgraph.tensors[operator.outputs[0]].quantization.scale[0]
+            found.append(float(np.float32(activation[0]) * np.float32(max(weights)) / np.float32(output)))
+    return found
+
+
+def _without_delegates(tflite_model, samples):
+    """The int8 bytes of the model's output before its DEQUANTIZE, on LiteRT's own kernels (no XNNPACK)."""
+    try:
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    except ImportError:
+        Interpreter, OpResolverType = tf.lite.Interpreter, tf.lite.experimental.OpResolverType
+    interpreter = Interpreter(model_content=tflite_model, experimental_preserve_all_tensors=True,
+                              experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    (detail,) = interpreter.get_input_details()
+    interpreter.resize_tensor_input(detail["index"], samples.shape)
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(detail["index"], samples)
+    interpreter.invoke()
+    model = flatbuffer_model.as_object(tflite_model)
+    subgraph = model.subgraphs[0]
+    (dequantize,) = [operator for operator in subgraph.operators if operators.op_name(model, operator) == "DEQUANTIZE"]
+    return interpreter.get_tensor(dequantize.inputs[0])
+
+
+def test_a_fully_connected_output_finer_than_xnnpack_takes_runs_on_the_finest_grid_it_takes(box_integral):
+    model, samples, stock = box_integral
+    _, projection = _requantization_scales(stock, "FULLY_CONNECTED")  # the logits', then the projection's
+    assert projection >= 256, projection  # the calibration of an output that is almost 0 on every sample
+    assert _allocates(stock) != 0  # XNNPACK's delegate cannot create its runtime
+    widened, made = kernel_grids.made_acceptable(stock)
+    assert made == {"FULLY_CONNECTED": 1}
+    assert _allocates(widened) == 0
+    assert 255 < _requantization_scales(widened, "FULLY_CONNECTED")[1] < 256
+    assert tflite_helpers.ops(widened)["QUANTIZE"] == tflite_helpers.ops(stock)["QUANTIZE"] + 1
+    # every accumulator unit but 0 is past the clamp on both grids, and the projection has one weight scale:
+    # on LiteRT's kernels, which take both, the bytes are the stock model's
+    np.testing.assert_array_equal(_without_delegates(widened, samples), _without_delegates(stock, samples))
+    (output_scale,) = operators.output_scales(widened)
+    # within one output step of the float model (x plus about 1e-7): x rounded onto its input grid, then onto the
+    # ADD's, with XNNPACK's kernels
+    difference = np.abs(tflite_helpers.run(widened, samples)[0] - model(samples).numpy())
+    assert np.max(difference) <= output_scale, np.max(difference) / output_scale
+    assert kernel_grids.made_acceptable(widened) == (widened, {})
+
+
+@pytest.fixture(scope="module")
+def convolutions():
+    """The stock converter's post-training int8 .tflite of a CONV_2D, a DEPTHWISE_CONV_2D and a TRANSPOSE_CONV,
+    each with weights per output channel (a fixed batch: XNNPACK takes a TRANSPOSE_CONV of a constant shape)."""
+    inputs = keras.Input((6, 6, 3), batch_size=1)
+    hidden = keras.layers.Conv2D(4, 3, padding="same")(inputs)
+    hidden = keras.layers.DepthwiseConv2D(3, padding="same")(hidden)
+    model = keras.Model(inputs, keras.layers.Conv2DTranspose(4, 3, padding="same")(hidden))
+    samples = np.random.default_rng(5).normal(size=(8, 1, 6, 6, 3)).astype(np.float32)
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: ([sample] for sample in samples)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    return converter.convert()
+
+
+@pytest.mark.parametrize("op", ["FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D", "TRANSPOSE_CONV"])
+def test_the_smallest_scale_is_xnnpacks_own_bound(box_integral, convolutions, op):
+    """XNNPACK's smallest scale prepares, the float32 below it does not (each op's scales set on it; the
+    convolutions' weights per channel: the largest channel's scale bounds it)."""
+    tflite_model = kernel_grids.made_acceptable(box_integral[2])[0] if op == "FULLY_CONNECTED" else convolutions
+    model = flatbuffer_model.as_object(tflite_model)
+    subgraph = model.subgraphs[0]
+    (*_, last) = [operator for operator in subgraph.operators if operators.op_name(model, operator) == op]
+    activation, weights = (last.inputs[2], last.inputs[1]) if op == "TRANSPOSE_CONV" else last.inputs[:2]
+    weight_scales = [float(scale) for scale in subgraph.tensors[weights].quantization.scale]
+    assert op == "FULLY_CONNECTED" or len(set(weight_scales)) > 1
+    smallest = kernel_grids.smallest_scale(op, [float(subgraph.tensors[activation].quantization.scale[0]),
+                                                *weight_scales])
+    below = float(np.nextafter(np.float32(smallest), np.float32(0)))
+    position = -1 if op == "FULLY_CONNECTED" else 0
+    assert _allocates(_with_output_scale(tflite_model, op, position, smallest)) == 0
+    assert _allocates(_with_output_scale(tflite_model, op, position, below)) != 0
+    assert kernel_grids.made_acceptable(_with_output_scale(tflite_model, op, position, below))[1] == {op: 1}
+
+
+def test_the_converter_computes_a_box_integral_on_xnnpacks_grid_and_says_so(box_integral, tmp_path):
+    model, samples, _ = box_integral
+    np.savez(tmp_path / "samples.npz", samples)
+    samples_path = str(tmp_path / "samples.npz")
+    _, report = converters.convert(model, int8=True, calibration=samples_path, inputs=samples_path)
+    assert report.kernel_grids == {"FULLY_CONNECTED": 1}
+    assert report.verified

@@ -1,5 +1,6 @@
 """Int8 outputs on a grid finer than their op's kernel can rescale to, computed on the finest one it takes
-(`made_acceptable`).
+(`made_acceptable`). Two kernels bound the rescale: LiteRT's own (ADD, SUB, SQUARED_DIFFERENCE) and XNNPACK's,
+which LiteRT applies by default (FULLY_CONNECTED and the convolutions).
 
 LiteRT's int8 ADD, SUB and SQUARED_DIFFERENCE compute in fixed point: each
 input shifted left and rescaled to units of 2 max(input scales) / 2^shift,
@@ -20,6 +21,16 @@ rescale by any multiplier) puts it back on the grid every reader of the
 original tensor expects, a reshape or a concatenation that only moves its
 bytes among them: what the op computed is what the tiny grid would have held,
 rounded once onto it.
+
+XNNPACK's FULLY_CONNECTED, CONV_2D, DEPTHWISE_CONV_2D (a convolution of one group per channel there) and
+TRANSPOSE_CONV refuse a requantization scale s_in s_w / s_out of 256 or more (per output channel), and LiteRT's
+delegate, which does not check it, fails to create its runtime: an error in a small model, a double free in
+xnn_delete_subgraph (an abort) in D-FINE's decoder. D-FINE's box integral, a
+softmax times a symmetric projection, about 1e-6 in a tiny random model, calibrates to an output scale of 8e-9,
+a requantization scale of 15,600. The accumulator counts whole units of s_in s_w: on a grid of 256 steps a unit
+or more, every unit but 0 is past the clamp at 127 steps, so the finest grid XNNPACK takes (just under 256 steps
+a unit) holds what the tiny grid does, and its QUANTIZE gives the same bytes (with per-channel weight scales, a
+channel whose scale is under half the largest is rounded twice: within a step of the grid the op writes).
 """
 
 import collections
@@ -34,6 +45,14 @@ from . import flatbuffer_model
 # double (tensorflow/lite/kernels/add.cc, sub.cc (PrepareGeneralSubOp), squared_difference.cc; int8 and uint8:
 # int16's ADD and SUB rescale so only off their power-of-two path, with a shift of 15)
 _RESCALES = {"ADD": (20, 1), "SUB": (20, 1), "SQUARED_DIFFERENCE": (7, 2)}
+# {op: (index of its activation input, of its weights)}: XNNPACK computes float32(s_in * s_w) / s_out in float32
+# and refuses 256 or more (src/operators/fully-connected-nc.c, setup_scale_params_qs8 and _qx8_qcyw;
+# convolution-nhwc.c, init_requantization_scale_qu8 and _qx8_qc8w, depthwise included; deconvolution-nhwc.c);
+# LiteRT's delegate checks the scales of ADD, SUB, MUL and QUANTIZE itself and leaves those it would refuse to
+# LiteRT's kernels, and its int8 BATCH_MATMUL, whose XNNPACK bounds at 255, ran at every scale (ai-edge-litert 2.3)
+_XNNPACK_REQUANTIZED = {"FULLY_CONNECTED": (0, 1), "CONV_2D": (0, 1), "DEPTHWISE_CONV_2D": (0, 1),
+                        "TRANSPOSE_CONV": (2, 1)}
+_XNNPACK_BOUND = np.float32(256)
 _EIGHT_BIT = (schema.TensorType.INT8, schema.TensorType.UINT8)
 
 
@@ -45,8 +64,26 @@ def accepted(numerator, factor, scale):
     return 0.0 < multiplier < 1.0 - 2.0 ** -32
 
 
+def accepted_by_xnnpack(product, scale):
+    """Whether XNNPACK takes a requantization scale of float32 `product` (s_in times the largest s_w) over
+    `scale`: below 256, in float32 as it computes it."""
+    return bool(np.float32(product) / np.float32(scale) < _XNNPACK_BOUND)
+
+
+def _product(input_scale, weight_scales):
+    return np.float32(input_scale) * np.float32(max(weight_scales))
+
+
 def smallest_scale(op, input_scales):
-    """The smallest float32 output scale `op`'s int8 kernel accepts for inputs at `input_scales`."""
+    """The smallest float32 output scale `op`'s int8 kernel accepts for inputs at `input_scales` (for the ops
+    XNNPACK bounds: the activation's scale, then the weights' scales)."""
+    if op in _XNNPACK_REQUANTIZED:
+        input_scale, *weight_scales = input_scales
+        product = _product(input_scale, weight_scales)
+        scale = np.float32(product / _XNNPACK_BOUND)
+        while not accepted_by_xnnpack(product, scale):  # one or two float32 steps at most
+            scale = np.nextafter(scale, np.float32(np.inf))
+        return float(scale)
     shift, power = _RESCALES[op]
     numerator = float(np.float32(2) * np.float32(max(input_scales))) ** power
     factor = 2 ** (shift * power)
@@ -77,6 +114,47 @@ def _tensor_on_grid(subgraph, like, scale, zero_point):
     return len(subgraph.tensors) - 1
 
 
+def _weight_scales(tensor):
+    """The scales of an 8-bit weight tensor, per tensor or per channel, or None."""
+    quantization = tensor.quantization
+    if tensor.type not in _EIGHT_BIT or quantization is None or quantization.scale is None \
+            or not len(quantization.scale) or not all(float(scale) > 0 for scale in quantization.scale):
+        return None
+    return [float(scale) for scale in quantization.scale]
+
+
+def _refused_scales(name, operator, subgraph):
+    """(the scales `smallest_scale` takes, the output's (scale, zero point)) where `name`'s kernel refuses the
+    operator's 8-bit output scale; else None."""
+    if len(operator.outputs) != 1:
+        return None
+    output = _scale_and_zero_point(subgraph.tensors[operator.outputs[0]])
+    if output is None:
+        return None
+    if name in _XNNPACK_REQUANTIZED:
+        activation, weights = (operator.inputs[position] if position < len(operator.inputs) else -1
+                               for position in _XNNPACK_REQUANTIZED[name])
+        if activation < 0 or weights < 0:
+            return None
+        grid, weight_scales = _scale_and_zero_point(subgraph.tensors[activation]), \
+            _weight_scales(subgraph.tensors[weights])
+        if grid is None or weight_scales is None or accepted_by_xnnpack(_product(grid[0], weight_scales),
+                                                                        output[0]):
+            return None
+        return (grid[0], *weight_scales), output
+    if len(operator.inputs) != 2:
+        return None
+    grids = [_scale_and_zero_point(subgraph.tensors[index]) for index in operator.inputs]
+    if any(grid is None for grid in grids):
+        return None
+    (scale_1, _), (scale_2, _) = grids
+    shift, power = _RESCALES[name]
+    numerator = float(np.float32(2) * np.float32(max(scale_1, scale_2))) ** power
+    if accepted(numerator, 2 ** (shift * power), output[0]):
+        return None
+    return (scale_1, scale_2), output
+
+
 def _requantize(model, source, target):
     """A QUANTIZE from one 8-bit tensor to another of the same type: a rescale onto target's grid."""
     operator = schema.OperatorT()
@@ -88,28 +166,21 @@ def _requantize(model, source, target):
 
 
 def _widened(model):
-    """Each op of _RESCALES whose 8-bit output scale its kernel refuses, writing a tensor on the smallest scale it
-    takes, which a QUANTIZE rescales into the original output; {op: count}."""
-    codes = {getattr(schema.BuiltinOperator, name): name for name in _RESCALES}
+    """Each op of _RESCALES or _XNNPACK_REQUANTIZED whose 8-bit output scale its kernel refuses, writing a tensor
+    on the smallest scale it takes, which a QUANTIZE rescales into the original output; {op: count}."""
+    codes = {getattr(schema.BuiltinOperator, name): name for name in (*_RESCALES, *_XNNPACK_REQUANTIZED)}
     made = collections.Counter()
     for subgraph in model.subgraphs or ():
         rebuilt, changed = [], False
         for operator in subgraph.operators or []:
             rebuilt.append(operator)
             name = codes.get(flatbuffer_model.builtin_code(model.operatorCodes[operator.opcodeIndex]))
-            if name is None or len(operator.inputs) != 2 or len(operator.outputs) != 1:
+            refused = None if name is None else _refused_scales(name, operator, subgraph)
+            if refused is None:
                 continue
-            grids = [_scale_and_zero_point(subgraph.tensors[index]) for index in (*operator.inputs,
-                                                                                   *operator.outputs)]
-            if any(grid is None for grid in grids):
-                continue
-            (scale_1, _), (scale_2, _), (scale_out, zero_out) = grids
-            shift, power = _RESCALES[name]
-            numerator = float(np.float32(2) * np.float32(max(scale_1, scale_2))) ** power
-            if accepted(numerator, 2 ** (shift * power), scale_out):
-                continue
+            input_scales, (_, zero_out) = refused
             (output,) = operator.outputs
-            wider = _tensor_on_grid(subgraph, output, smallest_scale(name, (scale_1, scale_2)), zero_out)
+            wider = _tensor_on_grid(subgraph, output, smallest_scale(name, input_scales), zero_out)
             operator.outputs = [wider]
             rebuilt.append(_requantize(model, wider, output))
             made[name] += 1
@@ -120,8 +191,9 @@ def _widened(model):
 
 
 def made_acceptable(tflite_model):
-    """(the .tflite with every 8-bit ADD, SUB and SQUARED_DIFFERENCE output its kernel would abort on computed on
-    the finest grid the kernel takes, {op: count} of those); the bytes as they were where there is none."""
+    """(the .tflite with every 8-bit output its kernel would refuse (an ADD, SUB or SQUARED_DIFFERENCE LiteRT's
+    kernel would abort on, a FULLY_CONNECTED or convolution XNNPACK would not run) computed on the finest grid
+    the kernel takes, {op: count} of those); the bytes as they were where there is none."""
     model = flatbuffer_model.as_object(tflite_model)
     made = _widened(model)
     if not made:
