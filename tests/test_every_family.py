@@ -75,7 +75,6 @@ NOT_YET = {
     "DeiTBackbone": {"qat int8": _PARITY},
     "FluxBackbone": {"qat": r"Layer double_stream_block \(DoubleStreamBlock\) cannot be copied or saved from a config"},
     "Gemma3nBackbone": {"qat": r"`keras\.layers\.deserialize` was passed a `config` object that is not"},
-    "SAM3PromptableConceptBackbone": {"qat int8": _STILL_FLOAT},
     # the TFLite converter refuses a CONCATENATION (and then a SELECT) of operands each on a range of its own,
     # in the prompt encoder's positional encodings: sines and cosines of constants, then of the points
     "SAMBackbone": {"qat int8": _CONVERTER_FAILED},
@@ -90,7 +89,7 @@ PASSING = {"AlbertBackbone", "BLIP2Backbone", "BartBackbone", "BertBackbone", "B
            "FalconBackbone", "GPT2Backbone", "GPTNeoXBackbone", "Gemma3Backbone", "Gemma4Backbone", "GemmaBackbone",
            "GptOssBackbone", "MetaCLIP2Backbone", "MetaCLIP2TextEncoder", "MetaCLIP2VisionEncoder", "MiTBackbone",
            "MobileNetV5Backbone", "MoonshineBackbone", "PARSeqBackbone", "PaliGemmaBackbone", "RobertaBackbone",
-           "SegFormerBackbone", "SigLIPBackbone", "SigLIPTextEncoder", "SigLIPVisionEncoder",
+           "SAM3PromptableConceptBackbone", "SegFormerBackbone", "SigLIPBackbone", "SigLIPTextEncoder", "SigLIPVisionEncoder",
            "SwinTransformerBackbone", "T5Gemma2Backbone", "T5GemmaBackbone", "ViTBackbone", "ViTDetBackbone",
            "VideoPrismBackbone", "WhisperBackbone", "XLMRobertaBackbone", "XLNetBackbone"}
 # Families with a GELU whose outcomes the sweep has yet to record: none since that sweep.

@@ -56,11 +56,8 @@ def one_channel():
     inputs = keras.Input((4, 4, 1))
     model = keras.Model(inputs, Variance()(inputs))
     samples = np.random.default_rng(31).normal(size=(8, 4, 4, 1)).astype(np.float32)
-    converter = tf.lite.TFLiteConverter.from_keras_model(model)
-    converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    converter.representative_dataset = lambda: ([samples[index:index + 1]] for index in range(len(samples)))
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    return model, samples, converter.convert()
+    return model, samples, tflite_helpers.stock_int8(tf.lite.TFLiteConverter.from_keras_model(model),
+                                                     samples[:, None])
 
 
 def _output_scales(tflite_model, op):
@@ -137,11 +134,8 @@ def box_integral():
     logits.set_weights([rng.normal(scale=1e-6, size=(8, _BINS)).astype(np.float32), np.zeros(_BINS, np.float32)])
     integral.set_weights([np.linspace(-1, 1, _BINS, dtype=np.float32)[:, None]])
     samples = rng.normal(size=(8, 8)).astype(np.float32)
-    converter = tf.lite.TFLiteConverter.from_keras_model(model)
-    converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    converter.representative_dataset = lambda: ([samples[index:index + 1]] for index in range(len(samples)))
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    return model, samples, converter.convert()
+    return model, samples, tflite_helpers.stock_int8(tf.lite.TFLiteConverter.from_keras_model(model),
+                                                     samples[:, None])
 
 
 def _requantization_scales(tflite_model, op):
@@ -160,17 +154,8 @@ def _requantization_scales(tflite_model, op):
 
 def _without_delegates(tflite_model, samples):
     """The int8 bytes of the model's output before its DEQUANTIZE, on LiteRT's own kernels (no XNNPACK)."""
-    try:
-        from ai_edge_litert.interpreter import Interpreter, OpResolverType
-    except ImportError:
-        Interpreter, OpResolverType = tf.lite.Interpreter, tf.lite.experimental.OpResolverType
-    interpreter = Interpreter(model_content=tflite_model, experimental_preserve_all_tensors=True,
-                              experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-    (detail,) = interpreter.get_input_details()
-    interpreter.resize_tensor_input(detail["index"], samples.shape)
-    interpreter.allocate_tensors()
-    interpreter.set_tensor(detail["index"], samples)
-    interpreter.invoke()
+    interpreter = tflite_helpers.invoked_keeping_every_tensor(tflite_model, samples,
+                                                              "BUILTIN_WITHOUT_DEFAULT_DELEGATES")
     model = flatbuffer_model.as_object(tflite_model)
     subgraph = model.subgraphs[0]
     (dequantize,) = [operator for operator in subgraph.operators if operators.op_name(model, operator) == "DEQUANTIZE"]
@@ -207,11 +192,7 @@ def convolutions():
     hidden = keras.layers.DepthwiseConv2D(3, padding="same")(hidden)
     model = keras.Model(inputs, keras.layers.Conv2DTranspose(4, 3, padding="same")(hidden))
     samples = np.random.default_rng(5).normal(size=(8, 1, 6, 6, 3)).astype(np.float32)
-    converter = tf.lite.TFLiteConverter.from_keras_model(model)
-    converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    converter.representative_dataset = lambda: ([sample] for sample in samples)
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    return converter.convert()
+    return tflite_helpers.stock_int8(tf.lite.TFLiteConverter.from_keras_model(model), samples)
 
 
 @pytest.mark.parametrize("op", ["FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D", "TRANSPOSE_CONV"])

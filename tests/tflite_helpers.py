@@ -56,10 +56,9 @@ _EXACT_OPS = {  # the float function of each int8 op the rounding check knows, o
 }
 
 
-def op_rounding_steps(tflite_model, array, op_names):
-    """For each int8 op named in `op_names` (of _EXACT_OPS), in graph order: (name, the largest difference in
-    output steps between its output and its exact function on its own int8 inputs, rounded to its output
-    grid). 0-1 for every op means the graph is the ops it should be, each rounding once. Reference kernels."""
+def invoked_keeping_every_tensor(tflite_model, array, resolver="BUILTIN_REF"):
+    """An interpreter of `tflite_model` (ai-edge-litert's, else TensorFlow's) that ran once on `array`, every
+    tensor kept, with the op resolver named `resolver` (the reference kernels by default)."""
     try:
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
     except ImportError:
@@ -67,12 +66,31 @@ def op_rounding_steps(tflite_model, array, op_names):
 
         Interpreter, OpResolverType = tf.lite.Interpreter, tf.lite.experimental.OpResolverType
     interpreter = Interpreter(model_content=tflite_model, experimental_preserve_all_tensors=True,
-                              experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+                              experimental_op_resolver_type=getattr(OpResolverType, resolver))
     (detail,) = interpreter.get_input_details()
     interpreter.resize_tensor_input(detail["index"], array.shape)
     interpreter.allocate_tensors()
     interpreter.set_tensor(detail["index"], verify.input_value(detail, array))
     interpreter.invoke()
+    return interpreter
+
+
+def stock_int8(converter, samples):
+    """The stock converter's post-training int8 .tflite from `converter` (a tf.lite.TFLiteConverter), calibrated
+    on each of `samples` (a batch each)."""
+    import tensorflow as tf
+
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: ([sample] for sample in samples)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    return converter.convert()
+
+
+def op_rounding_steps(tflite_model, array, op_names):
+    """For each int8 op named in `op_names` (of _EXACT_OPS), in graph order: (name, the largest difference in
+    output steps between its output and its exact function on its own int8 inputs, rounded to its output
+    grid). 0-1 for every op means the graph is the ops it should be, each rounding once. Reference kernels."""
+    interpreter = invoked_keeping_every_tensor(tflite_model, array)
     tensors = {tensor["index"]: tensor for tensor in interpreter.get_tensor_details()}
 
     def dequantized(index):
