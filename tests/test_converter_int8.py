@@ -279,7 +279,7 @@ def test_axes_merged_where_they_broadcast_alike_give_the_same_squared_difference
     folded = int8._in_four_axes(x_shape, y_shape)
     if folded is None:
         return
-    x_folded, y_folded, _ = folded
+    x_folded, y_folded = folded
     rng = np.random.default_rng(len(axes))
     x, y = rng.normal(size=x_shape).astype(np.float32), rng.normal(size=y_shape).astype(np.float32)
     expected = np.square(x - y)

@@ -168,8 +168,8 @@ def squares_as_multiplications(graph_def):
 
 
 def _in_four_axes(first, second):
-    """(the two shapes, and their broadcast's, with adjacent axes merged where each operand is whole or broadcast
-    alike), of at most four axes; None where more remain."""
+    """The two shapes with adjacent axes merged where each operand is whole or broadcast alike, of at most four
+    axes; None where more remain."""
     rank = max(len(first), len(second))
     first, second = [1] * (rank - len(first)) + list(first), [1] * (rank - len(second)) + list(second)
     merged = []  # [kind, first's size, second's size]; an axis of size 1 in both merges with any
@@ -181,7 +181,7 @@ def _in_four_axes(first, second):
             merged.append([kind, a, b])
     if len(merged) > 4:
         return None
-    return [a for _, a, _ in merged], [b for _, _, b in merged], [max(a, b) for _, a, b in merged]
+    return [a for _, a, _ in merged], [b for _, _, b in merged]
 
 
 def squared_differences_in_four_axes(graph_def):
@@ -221,7 +221,7 @@ def squared_differences_in_four_axes(graph_def):
         folded = _in_four_axes(x_shape.as_list(), y_shape.as_list())
         if folded is None:
             continue
-        x_folded, y_folded, result = folded
+        x_folded, y_folded = folded
         output_shape = tf.broadcast_static_shape(x_shape, y_shape).as_list()
 
         def in_four_axes(first, second):
