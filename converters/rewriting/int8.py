@@ -890,7 +890,8 @@ def one_grid_operands_on_the_results_range(graph_def):
     its image grid), a FakeQuant of a FakeQuant's output. Onto the result's
     range, each is what TFLite makes of an int8 op's operand: the result's
     rounding of the operand's input, which differs from its rounding of the
-    operand's rounding by a step of the coarser grid at most.
+    operand's rounding by a step of the coarser grid at most, clipped to the
+    operand's range where that is narrower (an int8 MAXIMUM or MINIMUM).
     """
     nodes = graph.nodes_by_name(graph_def)
     readers = graph.consumers(graph_def)
@@ -919,14 +920,26 @@ def one_grid_operands_on_the_results_range(graph_def):
             if not alone or producer is None or producer.op not in FAKE_QUANT_OPS or _range(producer, nodes) is None \
                     or _on_one_grid(producer.name, result.name, nodes):
                 continue
-            inner = graph.data_inputs(producer)[0]
-            while graph.producer(inner, nodes) is not None and graph.producer(inner, nodes).op in FAKE_QUANT_OPS \
-                    and len(read_by(inner)) == 1:
-                inner = graph.data_inputs(graph.producer(inner, nodes))[0]
-            if not (_pinned(graph.data_inputs(producer)[0], graph_def, nodes, stateless)):
+            if not _pinned(graph.data_inputs(producer)[0], graph_def, nodes, stateless):
                 continue
-            reader.input[reader_position] = _fake_quant_node(
-                graph_def, f"{node.name}/operand_{position}_on_the_results_range", inner, _range(result, nodes))
+            ranges, inner = [_range(producer, nodes)], graph.data_inputs(producer)[0]
+            while getattr(graph.producer(inner, nodes), "op", None) in FAKE_QUANT_OPS and len(read_by(inner)) == 1 \
+                    and _range(graph.producer(inner, nodes), nodes) is not None:
+                ranges.append(_range(graph.producer(inner, nodes), nodes))
+                inner = graph.data_inputs(graph.producer(inner, nodes))[0]
+            result_range = _range(result, nodes)
+            name = f"{node.name}/operand_{position}_on_the_results_range"
+            operand = _fake_quant_node(graph_def, name, inner, result_range)
+            # the operand's ranges clip where the result's would not (a cosine's range of [0, 1] as the QAT model
+            # learned it): an int8 MAXIMUM or MINIMUM on the result's scale keeps their clipping
+            low, high = max(low for low, *_ in ranges), min(high for _, high, *_ in ranges)
+            for op, bound, narrower in (("Maximum", low, low > result_range[0]), ("Minimum", high, high < result_range[1])):
+                if narrower:
+                    clip = graph_def.node.add(name=f"{name}/{op.lower()}", op=op)
+                    clip.attr["T"].type = tf.float32.as_datatype_enum
+                    clip.input.extend([operand, _float_constant(graph_def, f"{clip.name}/bound", bound)])
+                    operand = clip.name
+            reader.input[reader_position] = operand
             moved += 1
     return moved
 
