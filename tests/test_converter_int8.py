@@ -267,6 +267,51 @@ def test_rounded_updates_scattered_at_computed_rows_convert_integer_to_the_same_
     assert report.fidelity[0]["steps"] <= 1.0 + 1e-5, report.fidelity
 
 
+
+def _sines_and_cosines_concatenated(tf, h):  # keras-hub SAM's positional encoding of its prompts' points
+    return tf.concat([_fake_quant(tf.sin(h), -0.85, 0.85), _fake_quant(tf.cos(h), 0.0, 1.0)], -1), (-0.85, 1.0)
+
+
+def _sigmoid_concatenated(tf, h):  # D-FINE's reference points: a LOGISTIC requantized off its fixed 1/256 grid
+    return tf.concat([_fake_quant(tf.sigmoid(h), 0.0, 0.87635), _fake_quant(h * 0.25, -0.75, 0.75)], -1), (-0.75, 0.877)
+
+
+def _range_of_a_range_concatenated(tf, h):
+    return tf.concat([_fake_quant(_fake_quant(h * 0.5, -1.5, 1.5), -1.4, 1.4), _fake_quant(h * 0.25, -0.75, 0.75)],
+                     -1), (-1.45, 1.45)
+
+
+def _sines_and_cosines_selected(tf, h):
+    return tf.where(h > 0, _fake_quant(tf.sin(h), -0.85, 0.85), _fake_quant(tf.cos(h), 0.0, 1.0)), (-0.85, 1.0)
+
+
+def _sine_and_cosine_maximum(tf, h):
+    return tf.maximum(_fake_quant(tf.sin(h), -0.85, 0.85), _fake_quant(tf.cos(h), 0.0, 1.0)), (-0.85, 1.0)
+
+
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
+@pytest.mark.parametrize("operands", [_sines_and_cosines_concatenated, _sigmoid_concatenated,
+                                      _range_of_a_range_concatenated, _sines_and_cosines_selected,
+                                      _sine_and_cosine_maximum], ids=lambda function: function.__name__[1:])
+def test_one_scale_operands_on_ranges_tflite_cannot_drop_convert_to_the_graphs_values(tmp_path, operands):
+    """TFLite holds a CONCATENATION's, SELECT_V2's or MAXIMUM's operands on its result's scale, dropping the range
+    of an operand an int8 op computes; it refused the others ("quantization parameters violate the same scale
+    constraint"): a float op's QUANTIZE (keras-hub SAM's sines and cosines), a requantization of LOGISTIC's fixed
+    scale (D-FINE's sigmoid), a FakeQuant of a FakeQuant's output. On the result's range, they convert."""
+    import tensorflow as tf
+
+    def function(x):
+        joined, (low, high) = operands(tf, _fake_quant(x, -3.0, 3.0))
+        return {"y": _fake_quant(joined, low, high)}
+
+    _, report = _converted_graph(tmp_path, function, (2, 16))
+    # against the source graph: the result's rounding of an operand's input, where the graph rounds the operand's
+    # rounding, differs by a step of the coarser grid at most; the LOGISTIC's own 1/256 grid, rounded to the
+    # result's, a step more
+    assert report.drift[0]["steps"] <= 2.0 + 1e-5, report.drift
+    assert report.float_ops.keys() <= {"SIN", "COS", "QUANTIZE", "DEQUANTIZE"}, report.op_types
+
+
 @given(st.lists(st.tuples(st.integers(1, 3), st.booleans(), st.booleans()), min_size=5, max_size=7))
 def test_axes_merged_where_they_broadcast_alike_give_the_same_squared_differences(axes):
     """Each axis (size, whether x has it whole, whether y has): where four axes or fewer are left once adjacent

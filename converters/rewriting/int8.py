@@ -690,7 +690,7 @@ def fake_quants_on_one_grid_merged(graph_def):
 
 # Ops that move their first input's values and compute none: TFLite holds their int8 output on their input's
 # scale (the same-scale constraint of RESHAPE, TRANSPOSE, STRIDED_SLICE, GATHER, ...).
-_VALUE_MOVING = ("Identity", "Reshape", "Transpose", "StridedSlice", "Slice", "ExpandDims", "Squeeze", "GatherV2",
+_VALUE_MOVING = ("Identity", "StopGradient", "Reshape", "Transpose", "StridedSlice", "Slice", "ExpandDims", "Squeeze", "GatherV2",
                  "Tile", "BroadcastTo")
 
 
@@ -856,6 +856,94 @@ def one_grid_operands_on_their_grid(graph_def):
     return added
 
 
+# The moved operands of each _ONE_GRID op by position among its data inputs (a condition is not moved).
+_MOVED_OPERANDS = {"ConcatV2": slice(0, -1), "Pack": slice(None), "Select": slice(1, 3), "SelectV2": slice(1, 3),
+                   "Maximum": slice(None), "Minimum": slice(None)}
+# Ops whose int8 result's scale TFLite does not choose from the FakeQuant that reads it: float kernels (the
+# FakeQuant is a QUANTIZE of their float result), fixed output scales (LOGISTIC's 1/256, TANH's 1/128,
+# SOFTMAX's), and a Cast to float (a QUANTIZE of it).
+_PINNING = ("Sin", "Cos", "Floor", "Ceil", "Round", "Erf", "Log", "Sqrt", "Cast", "Sigmoid", "Tanh", "Softmax",
+            "LogSoftmax")
+
+
+def _pinned(tensor, graph_def, nodes, stateless):
+    """Whether TFLite holds the int8 FakeQuant of `tensor` on that FakeQuant's own scale, whatever reads it."""
+    producer = graph.producer(tensor, nodes)
+    if producer is None or producer.op in FAKE_QUANT_OPS + _PINNING:
+        return True  # (a FakeQuant of a FakeQuant's output is folded into a requantization TFLite keeps)
+    return graph.constant_subgraph_value(tensor, graph_def, nodes, stateless) is not None
+
+
+def one_grid_operands_on_the_results_range(graph_def):
+    """Where an op that TFLite holds on one scale with its operands (a concatenation, a selection, a maximum or
+    minimum) is read by one FakeQuant, and an operand is a FakeQuant's output on a range of its own that TFLite
+    cannot change, read by nothing else, fake-quantize that operand's input on the result's range instead;
+    returns how many operands were.
+
+    TFLite gives such an op one scale, taken from the FakeQuants around it,
+    and drops the range of an operand an int8 op computes (its MUL or ADD
+    computes onto the result's scale). It refuses ("quantization parameters
+    violate the same scale constraint") an operand whose range it cannot
+    drop: a QUANTIZE of a float op's result (keras-hub SAM's sines and
+    cosines of its prompts' points), a requantization of LOGISTIC's fixed
+    scale, a constant it folds from constants (SAM's sines and cosines of
+    its image grid), a FakeQuant of a FakeQuant's output. Onto the result's
+    range, each is what TFLite makes of an int8 op's operand: the result's
+    rounding of the operand's input, which differs from its rounding of the
+    operand's rounding by a step of the coarser grid at most, clipped to the
+    operand's range where that is narrower (an int8 MAXIMUM or MINIMUM).
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    readers = graph.consumers(graph_def)
+    stateless = _Stateless()
+
+    def read_by(tensor):
+        return [reader for reader, _ in readers.get(graph.canonical(tensor), ()) if reader.op not in _SHAPE_READERS]
+
+    moved = 0
+    for node in list(graph_def.node):
+        if node.op not in _MOVED_OPERANDS:
+            continue
+        reading = read_by(node.name)
+        if len(reading) != 1 or reading[0].op not in FAKE_QUANT_OPS or _range(reading[0], nodes) is None:
+            continue
+        result = reading[0]
+        data = [position for position, name in enumerate(node.input) if not name.startswith("^")]
+        for position in data[_MOVED_OPERANDS[node.op]]:
+            reader, reader_position, tensor, alone = node, position, node.input[position], True
+            while True:  # down the ops that move values, to the FakeQuant they move
+                producer = graph.producer(tensor, nodes)
+                alone = alone and len(read_by(tensor)) == 1
+                if producer is None or producer.op not in _VALUE_MOVING or graph.split_tensor_name(tensor)[1]:
+                    break
+                reader, reader_position, tensor = producer, 0, producer.input[0]
+            if not alone or producer is None or producer.op not in FAKE_QUANT_OPS or _range(producer, nodes) is None \
+                    or _on_one_grid(producer.name, result.name, nodes):
+                continue
+            if not _pinned(graph.data_inputs(producer)[0], graph_def, nodes, stateless):
+                continue
+            ranges, inner = [_range(producer, nodes)], graph.data_inputs(producer)[0]
+            while getattr(graph.producer(inner, nodes), "op", None) in FAKE_QUANT_OPS and len(read_by(inner)) == 1 \
+                    and _range(graph.producer(inner, nodes), nodes) is not None:
+                ranges.append(_range(graph.producer(inner, nodes), nodes))
+                inner = graph.data_inputs(graph.producer(inner, nodes))[0]
+            result_range = _range(result, nodes)
+            name = f"{node.name}/operand_{position}_on_the_results_range"
+            operand = _fake_quant_node(graph_def, name, inner, result_range)
+            # the operand's ranges clip where the result's would not (a cosine's range of [0, 1] as the QAT model
+            # learned it): an int8 MAXIMUM or MINIMUM on the result's scale keeps their clipping
+            low, high = max(low for low, *_ in ranges), min(high for _, high, *_ in ranges)
+            for op, bound, narrower in (("Maximum", low, low > result_range[0]), ("Minimum", high, high < result_range[1])):
+                if narrower:
+                    clip = graph_def.node.add(name=f"{name}/{op.lower()}", op=op)
+                    clip.attr["T"].type = tf.float32.as_datatype_enum
+                    clip.input.extend([operand, _float_constant(graph_def, f"{clip.name}/bound", bound)])
+                    operand = clip.name
+            reader.input[reader_position] = operand
+            moved += 1
+    return moved
+
+
 # Ops whose value a constant lookup's indices may be computed with (keras.ops.take's arange and its wrap).
 _CONSTANT_INDEX_OPS = ("Const", "Identity", "Range", "Cast", "Reshape", "ExpandDims", "Less", "AddV2", "Add",
                        "SelectV2", "Shape", "StridedSlice", "Pack", "Fill", "Sub", "Mul")
@@ -913,7 +1001,8 @@ AFTER_REWRITE_PASSES = (additions_of_zeros_dropped, repeated_computations_on_one
                         repeated_fake_quants_merged, one_table_per_lookup,
                         fake_quants_read_by_every_reader, fake_quants_of_constants_folded,
                         fake_quants_on_one_grid_merged, fake_quants_after_value_moving_ops,
-                        stacks_as_concatenations, one_grid_operands_on_their_grid)
+                        stacks_as_concatenations, one_grid_operands_on_their_grid,
+                        one_grid_operands_on_the_results_range)
 
 
 def input_grid(x_name, nodes):
