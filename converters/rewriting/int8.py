@@ -493,6 +493,20 @@ def _fake_quant_node(graph_def, name, tensor, fake_quant_range):
     return name
 
 
+def _clipped(graph_def, name, tensor, own_range, wider_range):
+    """`tensor` clipped to `own_range`'s (min, max) where it is narrower than `wider_range`'s: an int8 MAXIMUM or
+    MINIMUM on the wider range's scale. TFLite folds a FakeQuant of a FakeQuant's output into the inner one, and
+    with it the outer range's clipping, which this keeps. Returns the clipped tensor's name."""
+    for op, bound, narrower in (("Maximum", own_range[0], own_range[0] > wider_range[0]),
+                                ("Minimum", own_range[1], own_range[1] < wider_range[1])):
+        if narrower:
+            clip = graph_def.node.add(name=f"{name}/{op.lower()}", op=op)
+            clip.attr["T"].type = tf.float32.as_datatype_enum
+            clip.input.extend([tensor, _float_constant(graph_def, f"{clip.name}/bound", bound)])
+            tensor = clip.name
+    return tensor
+
+
 def repeated_computations_on_one_range(graph_def):
     """Compute once what the graph computes more than once from the same operands where only FakeQuants read
     each copy, onto a FakeQuant of the union of their ranges, which each of theirs reads; returns how many copies
@@ -529,16 +543,9 @@ def repeated_computations_on_one_range(graph_def):
         low, high = min(low for low, *_ in ranges), max(high for _, high, *_ in ranges)
         if len(set(ranges)) > 1:
             computed = _fake_quant_node(graph_def, f"{computed}/on_every_range", computed, (low, high, *ranges[0][2:]))
-        for fake_quant, (own_low, own_high, *_) in zip(fake_quants, ranges):
-            fake_quant.input[0] = computed
-            # TFLite folds a FakeQuant of a FakeQuant's output into the inner one, and with it the outer range's
-            # clipping: a clip to a narrower range keeps it, an int8 MAXIMUM or MINIMUM on that range's scale
-            for op, bound, narrower in (("Maximum", own_low, own_low > low), ("Minimum", own_high, own_high < high)):
-                if computed != group[0].name and narrower:
-                    clip = graph_def.node.add(name=f"{fake_quant.name}/{op.lower()}_of_its_range", op=op)
-                    clip.attr["T"].type = tf.float32.as_datatype_enum
-                    clip.input.extend([fake_quant.input[0], _float_constant(graph_def, f"{clip.name}/bound", bound)])
-                    fake_quant.input[0] = clip.name
+        for fake_quant, own_range in zip(fake_quants, ranges):
+            fake_quant.input[0] = computed if computed == group[0].name else _clipped(
+                graph_def, f"{fake_quant.name}/of_its_range", computed, own_range, (low, high))
         merged += len(group) - 1
     return merged
 
@@ -932,14 +939,8 @@ def one_grid_operands_on_the_results_range(graph_def):
             operand = _fake_quant_node(graph_def, name, inner, result_range)
             # the operand's ranges clip where the result's would not (a cosine's range of [0, 1] as the QAT model
             # learned it): an int8 MAXIMUM or MINIMUM on the result's scale keeps their clipping
-            low, high = max(low for low, *_ in ranges), min(high for _, high, *_ in ranges)
-            for op, bound, narrower in (("Maximum", low, low > result_range[0]), ("Minimum", high, high < result_range[1])):
-                if narrower:
-                    clip = graph_def.node.add(name=f"{name}/{op.lower()}", op=op)
-                    clip.attr["T"].type = tf.float32.as_datatype_enum
-                    clip.input.extend([operand, _float_constant(graph_def, f"{clip.name}/bound", bound)])
-                    operand = clip.name
-            reader.input[reader_position] = operand
+            own_range = (max(low for low, *_ in ranges), min(high for _, high, *_ in ranges))
+            reader.input[reader_position] = _clipped(graph_def, name, operand, own_range, result_range)
             moved += 1
     return moved
 
