@@ -350,12 +350,18 @@ def test_a_group_normalization_variance_of_images_converts_integer(tmp_path):
     assert report.float_ops == {} and report.op_types["SQUARED_DIFFERENCE"] == {"int8": 1}, report.op_types
 
 
-def test_an_addition_of_a_bias_rounded_to_zeros_between_two_ranges_on_one_grid_leaves_one_range():
-    """keras-hub Depth Anything's last LayerNormalization, one training step in: its beta's range is [0, 0], and
-    the ranges before and after adding it nudge to grids 1.4e-6 of a step apart. TFLite folded the addition and
-    the requantization with it, and refused the STRIDED_SLICE reading the second range, on the first's scale.
-    The int8 passes leave the slice reading the first range, whose values are those of the graph within a
-    thousandth of a step."""
+# the range after the addition: one training step in, or where quantize_model calibrated the ranges (its scale
+# 4.5e-5 finer), and how far apart, in steps of the first, the two grids are at most
+@pytest.mark.parametrize("shifted_range, steps_apart", [
+    ((-2.2888407707214355, 2.067617893218994), 1e-3),
+    ((-2.2939560413360596 * (1 + 4.5e-5), 2.0625088214874268 * (1 + 4.5e-5)), 0.012)])
+def test_an_addition_of_a_bias_rounded_to_zeros_between_two_ranges_on_one_grid_leaves_one_range(shifted_range,
+                                                                                                 steps_apart):
+    """keras-hub Depth Anything's last LayerNormalization: its beta's range is [0, 0], and the ranges before and
+    after adding it nudge to grids 1.4e-6 of a step apart after a training step, 0.012 of a step apart where
+    they were calibrated. TFLite folded the addition and the requantization with it, and refused the
+    STRIDED_SLICE reading the second range, on the first's scale. The int8 passes leave the slice reading the
+    first range, whose values are those of the graph within that fraction of a step."""
     import tensorflow as tf
 
     from keras_gelu.converters.rewriting import graph
@@ -365,8 +371,7 @@ def test_an_addition_of_a_bias_rounded_to_zeros_between_two_ranges_on_one_grid_l
     with tf.Graph().as_default() as built:
         x = tf.compat.v1.placeholder(tf.float32, (2, 5, 8), name="x")
         normalized = _fake_quant(x, -2.2939560413360596, 2.0625088214874268)
-        shifted = _fake_quant(normalized + _fake_quant(tf.constant(beta), 0.0, 0.0), -2.2888407707214355,
-                              2.067617893218994)
+        shifted = _fake_quant(normalized + _fake_quant(tf.constant(beta), 0.0, 0.0), *shifted_range)
         tf.identity(shifted[:, 1:], name="y")
     graph_def = graph.with_passes(built.as_graph_def(), int8.AFTER_REWRITE_PASSES)
     nodes = graph.nodes_by_name(graph_def)
@@ -379,7 +384,7 @@ def test_an_addition_of_a_bias_rounded_to_zeros_between_two_ranges_on_one_grid_l
             tf.compat.v1.import_graph_def(body, name="")
             with tf.compat.v1.Session(graph=scratch) as session:
                 outputs.append(session.run("y:0", {"x:0": samples}))
-    assert np.max(np.abs(outputs[0] - outputs[1])) <= 1e-3 * 4.3566 / 255
+    assert np.max(np.abs(outputs[0] - outputs[1])) <= steps_apart * 4.3566 / 255
 
 
 # --- flags and errors -----------------------------------------------------------
