@@ -19,6 +19,7 @@ from tensorflow.lite.python import schema_py_generated as schema
 
 from . import flatbuffer_model
 from .operators import op_name
+from .operators import per_tensor_grid
 
 _INTEGER = (schema.TensorType.INT8, schema.TensorType.INT16)
 
@@ -98,10 +99,9 @@ def _negations_as_integer(model):
 
 def _float_constant(model, tensor):
     """The values of a float32 constant tensor, or None."""
-    data = model.buffers[tensor.buffer].data if tensor.buffer < len(model.buffers) else None
-    if tensor.type != schema.TensorType.FLOAT32 or data is None or not len(data):
+    if tensor.type != schema.TensorType.FLOAT32 or not _is_constant(model, tensor):
         return None
-    return np.frombuffer(bytes(data), np.float32)
+    return np.frombuffer(bytes(model.buffers[tensor.buffer].data), np.float32)
 
 
 def _on_grid(values, scale, zero_point, integer_type):
@@ -260,7 +260,7 @@ def _region(model, subgraph, producer, tensor):
             tensor = pending.pop()
             if _is_constant(model, subgraph.tensors[tensor]):
                 continue
-            if tensor != expanded and _per_tensor_grid(subgraph.tensors[tensor]) is not None:
+            if tensor != expanded and per_tensor_grid(subgraph.tensors[tensor]) is not None:
                 sources.add(tensor)
                 continue
             position = producer.get(tensor)
@@ -300,8 +300,9 @@ def _region(model, subgraph, producer, tensor):
 
 
 def _is_constant(model, tensor):
-    return tensor.buffer > 0 and model.buffers[tensor.buffer].data is not None and len(
-        model.buffers[tensor.buffer].data) > 0
+    """Whether a tensor holds data of its own (buffer 0 is the empty one every computed tensor points at)."""
+    data = model.buffers[tensor.buffer].data if 0 < tensor.buffer < len(model.buffers) else None
+    return data is not None and len(data) > 0
 
 
 def _size(tensor):
@@ -356,15 +357,6 @@ def _island_table(model, subgraph, positions, source, result, interpreter):
         return None
 
 
-def _per_tensor_grid(tensor):
-    """(scale, zero point) of an int8 tensor quantized per tensor, or None."""
-    quantization = tensor.quantization
-    if (tensor.type != schema.TensorType.INT8 or quantization is None or quantization.scale is None
-            or len(quantization.scale) != 1 or not float(quantization.scale[0]) > 0):
-        return None
-    return float(quantization.scale[0]), int(quantization.zeroPoint[0])
-
-
 def _constant(model, subgraph, values, tensor_type, name, quantization=None):
     """A constant tensor of `values` (a numpy array of the type's own dtype) in the subgraph: its index."""
     buffer = schema.BufferT()
@@ -392,7 +384,7 @@ def _lookup(model, subgraph, integer_in, integer_out, table):
     offset = _constant(model, subgraph, np.array([128], np.int32), schema.TensorType.INT32, f"{name}/offset")
     if table.dtype == np.int8:
         values = _constant(model, subgraph, table, schema.TensorType.INT8, f"{name}/table",
-                           _grid(*_per_tensor_grid(subgraph.tensors[integer_out])))
+                           _grid(*per_tensor_grid(subgraph.tensors[integer_out])))
     else:
         values = _constant(model, subgraph, table, subgraph.tensors[integer_out].type, f"{name}/table")
     cast = schema.OperatorT()

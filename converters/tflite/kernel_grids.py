@@ -39,6 +39,7 @@ import numpy as np
 from tensorflow.lite.python import schema_py_generated as schema
 
 from . import flatbuffer_model
+from .operators import per_tensor_grid
 
 # {op: (left shift, power)}: the kernel's output multiplier is (2 max(s1, s2))^power / (2^(shift * power) s_out),
 # 2 max(s1, s2) computed in float32 and 2^(shift * power) s_out too (int times float in C++), the division in
@@ -93,15 +94,6 @@ def smallest_scale(op, input_scales):
     return float(scale)
 
 
-def _scale_and_zero_point(tensor):
-    """(scale, zero point) of an 8-bit tensor quantized per tensor, or None."""
-    quantization = tensor.quantization
-    if (tensor.type not in _EIGHT_BIT or quantization is None or quantization.scale is None
-            or len(quantization.scale) != 1 or not float(quantization.scale[0]) > 0):
-        return None
-    return float(quantization.scale[0]), int(quantization.zeroPoint[0])
-
-
 def _tensor_on_grid(subgraph, like, scale, zero_point):
     """A new activation tensor shaped and typed as subgraph.tensors[like], on the grid (scale, zero_point)."""
     original = subgraph.tensors[like]
@@ -128,7 +120,7 @@ def _refused_scales(name, operator, subgraph):
     operator's 8-bit output scale; else None."""
     if len(operator.outputs) != 1:
         return None
-    output = _scale_and_zero_point(subgraph.tensors[operator.outputs[0]])
+    output = per_tensor_grid(subgraph.tensors[operator.outputs[0]], _EIGHT_BIT)
     if output is None:
         return None
     if name in _XNNPACK_REQUANTIZED:
@@ -136,7 +128,7 @@ def _refused_scales(name, operator, subgraph):
                                for position in _XNNPACK_REQUANTIZED[name])
         if activation < 0 or weights < 0:
             return None
-        grid, weight_scales = _scale_and_zero_point(subgraph.tensors[activation]), \
+        grid, weight_scales = per_tensor_grid(subgraph.tensors[activation], _EIGHT_BIT), \
             _weight_scales(subgraph.tensors[weights])
         if grid is None or weight_scales is None or accepted_by_xnnpack(_product(grid[0], weight_scales),
                                                                         output[0]):
@@ -144,7 +136,7 @@ def _refused_scales(name, operator, subgraph):
         return (grid[0], *weight_scales), output
     if len(operator.inputs) != 2:
         return None
-    grids = [_scale_and_zero_point(subgraph.tensors[index]) for index in operator.inputs]
+    grids = [per_tensor_grid(subgraph.tensors[index], _EIGHT_BIT) for index in operator.inputs]
     if any(grid is None for grid in grids):
         return None
     (scale_1, _), (scale_2, _) = grids

@@ -55,6 +55,15 @@ def operators(tflite_model):
     return result
 
 
+def per_tensor_grid(tensor, types=(schema.TensorType.INT8,)):
+    """(scale, zero point) of a tensor (a TensorT) of one of `types` quantized per tensor, or None."""
+    quantization = tensor.quantization
+    if (tensor.type not in types or quantization is None or quantization.scale is None
+            or len(quantization.scale) != 1 or not float(quantization.scale[0]) > 0):
+        return None
+    return float(quantization.scale[0]), int(quantization.zeroPoint[0])
+
+
 def output_scales(tflite_model):
     """The int8 scale of each output of the main subgraph (read before a final DEQUANTIZE), or None."""
     model = flatbuffer_model.as_object(tflite_model)
