@@ -312,6 +312,52 @@ def test_one_scale_operands_on_ranges_tflite_cannot_drop_convert_to_the_graphs_v
     assert report.float_ops.keys() <= {"SIN", "COS", "QUANTIZE", "DEQUANTIZE"}, report.op_types
 
 
+# Ranges as calibration data set them: a result's, and its operand's a millionth apart from it
+_SIGMOID_RANGE, _STACKED_RANGE = (0.0, 0.8759698867797852), (0.0, 0.8759714365005493)
+_ENCODER_RANGE = (-2.452040910720825, 1.5306025743484497)
+_BRANCH_RANGE = tuple(bound * (1 - 1.08e-5) for bound in _ENCODER_RANGE)
+
+
+def _sigmoid_stacked(tf, h, columns_needed):  # D-FINE's reference points, calibrated
+    sigmoid = _fake_quant(tf.sigmoid(h), *_SIGMOID_RANGE)
+    held = tf.stop_gradient(sigmoid)  # (the points each decoder layer refines)
+    refined = _fake_quant(tf.sigmoid(_fake_quant(h * 0.5, -1.5, 1.5)), 0.0, 0.87687)
+    return {"y": (tf.stack([held, held], axis=-1), _STACKED_RANGE),
+            "z": (tf.stack([sigmoid, refined], axis=-1), (0.0, 0.87687))}
+
+
+def _branch_result_concatenated(tf, h, columns_needed):  # SAM 3's box embeddings, calibrated: a cond's result
+    embedded = tf.cond(tf.shape(h)[1] >= columns_needed,  # (a shape: the converter folds it and inlines a branch)
+                       lambda: _fake_quant(_fake_quant(h * 0.4, -1.2, 1.2) + 0.2, *_BRANCH_RANGE),
+                       lambda: tf.zeros(tf.shape(h)))
+    zeros = _fake_quant(tf.zeros(tf.shape(h)), *_ENCODER_RANGE)
+    return {"y": (tf.concat([_fake_quant(embedded, *_ENCODER_RANGE), zeros], 1), _ENCODER_RANGE)}
+
+
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
+@pytest.mark.parametrize("operands, columns_needed", [
+    (_sigmoid_stacked, 0), (_branch_result_concatenated, 1), (_branch_result_concatenated, 17)],
+    ids=["sigmoid_stacked", "branch_result_concatenated", "the_other_branch_taken"])
+def test_one_scale_operands_a_millionth_off_the_results_scale_convert_to_the_graphs_values(tmp_path, operands,
+                                                                                          columns_needed):
+    """TFLite compares scales exactly: it refused ("quantization parameters violate the same scale constraint")
+    a stack of a sigmoid's range a millionth off the stack's, where another stack reads the sigmoid too (D-FINE,
+    calibrated), and a concatenation of a `cond`'s result on the concatenation's range, where the branch that
+    computes it ends in a FakeQuant of its own 1e-5 off it, and the converter, folding the `cond`, folds that
+    range into the outer one (SAM 3, calibrated). Onto the result's range, they convert, whichever branch the
+    `cond` takes."""
+    import tensorflow as tf
+
+    def function(x):
+        joined = operands(tf, _fake_quant(x, -3.0, 3.0), columns_needed)
+        return {name: _fake_quant(tensor, *result_range) for name, (tensor, result_range) in joined.items()}
+
+    _, report = _converted_graph(tmp_path, function, (2, 16))
+    assert report.float_ops == {}, report.op_types
+    # against the source graph: each value is the result's rounding of one a twentieth of a step off its grid
+    assert all(output["steps"] <= 1.0 + 1e-5 for output in report.drift), report.drift
+
+
 @given(st.lists(st.tuples(st.integers(1, 3), st.booleans(), st.booleans()), min_size=5, max_size=7))
 def test_axes_merged_where_they_broadcast_alike_give_the_same_squared_differences(axes):
     """Each axis (size, whether x has it whole, whether y has): where four axes or fewer are left once adjacent

@@ -260,6 +260,14 @@ _CONTROL_FLOW_CALLS = {
 }
 
 
+def branches(node):
+    """The functions an If or Case node runs one of, in order; none for any other node."""
+    if node.op not in _CONTROL_FLOW_CALLS or node.op.endswith("While"):
+        return []
+    return [function.name for key in _CONTROL_FLOW_CALLS[node.op][0] for value in [node.attr[key]]
+            for function in (value.list.func if value.HasField("list") else [value.func])]
+
+
 def _function_tensor_source(name, body_nodes):
     """In a FunctionDef body: through Identity nodes, the argument or node output a tensor name comes from."""
     while True:
@@ -642,11 +650,37 @@ def retype_floats_to_float32(graph_def):
     return promoted, changed
 
 
+# Constants larger than this are weights, never the shapes and axes that importing a graph infers from.
+_WEIGHT_BYTES = 1024
+
+
+def without_weights(graph_def):
+    """graph_def with each weight replaced by a Placeholder of its dtype and shape: what importing it infers
+    (shapes, the tensors a converter reads) is the same, without a copy of the weights.
+
+    Importing the weights too held all of them once more: a third of the
+    TFLite converter's extra peak memory, and the time of a copy of every
+    weight wherever an int8 pass asked a shape (every LayerNormalization).
+    """
+    skeleton = tf.compat.v1.GraphDef()
+    skeleton.versions.CopyFrom(graph_def.versions)
+    skeleton.library.CopyFrom(graph_def.library)
+    for node in graph_def.node:
+        tensor = node.attr["value"].tensor if node.op == "Const" else None
+        if tensor is None or len(tensor.tensor_content) <= _WEIGHT_BYTES:
+            skeleton.node.add().CopyFrom(node)
+            continue
+        placeholder = skeleton.node.add(name=node.name, op="Placeholder", device=node.device)
+        placeholder.attr["dtype"].type = tensor.dtype
+        placeholder.attr["shape"].shape.CopyFrom(tensor.tensor_shape)
+    return skeleton
+
+
 def static_shapes(graph_def, tensors):
     """{tensor name: tf.TensorShape} from TensorFlow's own shape inference over the graph."""
     drop_dangling_colocations(graph_def)  # an inlined graph's, which import refuses (one CPU needs none)
     with tf.Graph().as_default() as scratch:
-        tf.compat.v1.import_graph_def(graph_def, name="")
+        tf.compat.v1.import_graph_def(without_weights(graph_def), name="")
     return {name: scratch.get_tensor_by_name(canonical(name)).shape for name in tensors}
 
 

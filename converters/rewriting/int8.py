@@ -660,7 +660,11 @@ def additions_of_zeros_dropped(graph_def):
 
 def _on_one_grid(first, second, nodes, steps=1e-3):
     """Whether FakeQuant tensors first and second round to one grid, up to `steps` of a step of it."""
-    first_grid, second_grid = input_grid(first, nodes), input_grid(second, nodes)
+    return _within_steps(input_grid(first, nodes), input_grid(second, nodes), steps)
+
+
+def _within_steps(first_grid, second_grid, steps):
+    """Whether two grids (or None) are `steps` of a step of the second apart at most, value for value."""
     return first_grid is not None and second_grid is not None and np.max(
         np.abs(first_grid - second_grid)) <= steps * float(second_grid[1] - second_grid[0])
 
@@ -879,6 +883,18 @@ _PINNING = ("Sin", "Cos", "Floor", "Ceil", "Round", "Erf", "Log", "Sqrt", "Cast"
             "LogSoftmax")
 
 
+def _one_scale_ops(graph_def, nodes, readers):
+    """(op, its result's FakeQuant) for each op that TFLite holds on one scale with its operands (a
+    concatenation, a selection, a maximum or minimum) whose result one FakeQuant of a constant range reads."""
+    for node in list(graph_def.node):
+        if node.op not in _MOVED_OPERANDS:
+            continue
+        reading = [reader for reader, _ in readers.get(graph.canonical(node.name), ())
+                   if reader.op not in _SHAPE_READERS]
+        if len(reading) == 1 and reading[0].op in FAKE_QUANT_OPS and _range(reading[0], nodes) is not None:
+            yield node, reading[0]
+
+
 def _pinned(tensor, graph_def, nodes, stateless):
     """Whether TFLite holds the int8 FakeQuant of `tensor` on that FakeQuant's own scale, whatever reads it."""
     producer = graph.producer(tensor, nodes)
@@ -914,13 +930,7 @@ def one_grid_operands_on_the_results_range(graph_def):
         return [reader for reader, _ in readers.get(graph.canonical(tensor), ()) if reader.op not in _SHAPE_READERS]
 
     moved = 0
-    for node in list(graph_def.node):
-        if node.op not in _MOVED_OPERANDS:
-            continue
-        reading = read_by(node.name)
-        if len(reading) != 1 or reading[0].op not in FAKE_QUANT_OPS or _range(reading[0], nodes) is None:
-            continue
-        result = reading[0]
+    for node, result in _one_scale_ops(graph_def, nodes, readers):
         data = [position for position, name in enumerate(node.input) if not name.startswith("^")]
         for position in data[_MOVED_OPERANDS[node.op]]:
             reader, reader_position, tensor, alone = node, position, node.input[position], True
@@ -948,6 +958,80 @@ def one_grid_operands_on_the_results_range(graph_def):
             own_range = (max(low for low, *_ in ranges), min(high for _, high, *_ in ranges))
             reader.input[reader_position] = _clipped(graph_def, name, operand, own_range, result_range)
             moved += 1
+    return moved
+
+
+def _moved_onto(graph_def, nodes, fake_quant, to_range):
+    """Give `fake_quant` `to_range` where its own range is another whose grid is within _MERGED_WITHIN_STEPS of a
+    step of that one's (its new constants join `nodes`); whether it was moved."""
+    if fake_quant.op != "FakeQuantWithMinMaxVars":
+        return False
+    own = _range(fake_quant, nodes)
+    if own is None or own == to_range or own[2:] != to_range[2:] or not _within_steps(
+            _grid(*own), _grid(*to_range), _MERGED_WITHIN_STEPS):
+        return False
+    for position, bound, value in ((1, "min", to_range[0]), (2, "max", to_range[1])):
+        fake_quant.input[position] = _float_constant(graph_def, f"{fake_quant.name}/{bound}_on_one_grid", value)
+        nodes[fake_quant.input[position]] = graph_def.node[-1]
+    return True
+
+
+def _branch_results_moved_onto(graph_def, conditional, index, to_range):
+    """Give the FakeQuant that each of `conditional`'s functions computes its result `index` with `to_range`
+    where _moved_onto does; returns how many were."""
+    library = {function.signature.name: function for function in graph_def.library.function}
+    moved = 0
+    with graph.functions_known(graph_def.library):
+        for name in dict.fromkeys(graph.branches(conditional)):
+            if name not in library:
+                continue
+            body, outputs, control_outputs = graph.function_as_graph(library[name], library)
+            body_nodes = graph.nodes_by_name(body)
+            result = graph.producer(outputs[index], body_nodes)
+            if result is not None and _moved_onto(body, body_nodes, result, to_range):
+                library[name].CopyFrom(graph.graph_as_function(body, library[name], outputs, control_outputs))
+                moved += 1
+    return moved
+
+
+def near_grids_onto_the_results_range(graph_def):
+    """Where an op that TFLite holds on one scale with its operands (a concatenation, a selection, a maximum or
+    minimum) is read by one FakeQuant, give the FakeQuants its operands come from (through ops that move
+    values, FakeQuants on the result's range and a conditional's result) the result's range where their grids
+    are within _MERGED_WITHIN_STEPS of a step of its grid; returns how many FakeQuants were moved.
+
+    TFLite compares scales exactly, and refuses ("quantization parameters
+    violate the same scale constraint") an operand on a scale it cannot drop
+    a millionth apart from the result's: with calibration data, D-FINE stacks
+    a sigmoid's FakeQuant, 2e-6 apart; SAM 3 concatenates a `cond`'s result,
+    whose scale TFLite takes from the last FakeQuant of the branch computing
+    it, 1e-5 apart. The values move by a twentieth of a step at most, as
+    where fake_quants_on_one_grid_merged merges. A conditional inside a
+    function body is not crossed (its functions here are copies).
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    readers = graph.consumers(graph_def)
+    moved = 0
+    for node, result in _one_scale_ops(graph_def, nodes, readers):
+        result_range = _range(result, nodes)
+        data = [name for name in node.input if not name.startswith("^")]
+        for tensor in data[_MOVED_OPERANDS[node.op]]:
+            while True:  # down the ops that move values and the FakeQuants on the result's range
+                name, index = graph.split_tensor_name(graph.resolve(tensor, nodes))
+                producer = nodes.get(name)
+                if producer is None:
+                    break
+                if graph.branches(producer):
+                    moved += _branch_results_moved_onto(graph_def, producer, index, result_range)
+                    break
+                if producer.op in FAKE_QUANT_OPS:
+                    if _moved_onto(graph_def, nodes, producer, result_range):
+                        moved += 1
+                    elif _range(producer, nodes) != result_range:
+                        break
+                elif producer.op not in _VALUE_MOVING or index:
+                    break
+                tensor = graph.data_inputs(producer)[0]
     return moved
 
 
@@ -1009,7 +1093,7 @@ AFTER_REWRITE_PASSES = (additions_of_zeros_dropped, repeated_computations_on_one
                         fake_quants_read_by_every_reader, fake_quants_of_constants_folded,
                         fake_quants_on_one_grid_merged, fake_quants_after_value_moving_ops,
                         stacks_as_concatenations, one_grid_operands_on_their_grid,
-                        one_grid_operands_on_the_results_range)
+                        one_grid_operands_on_the_results_range, near_grids_onto_the_results_range)
 
 
 def input_grid(x_name, nodes):
@@ -1024,15 +1108,13 @@ def input_grid(x_name, nodes):
         node = graph.producer(graph.data_inputs(node)[0], nodes)
     if node is None or node.op not in FAKE_QUANT_OPS:
         return None
-    if node.op == "FakeQuantWithMinMaxArgs":
-        low, high = graph.attribute(node, "min", -6.0), graph.attribute(node, "max", 6.0)
-    else:
-        low, high = (graph.constant_value(name, nodes) for name in node.input[1:3])
-        if low is None or high is None or low.size != 1 or high.size != 1:
-            return None  # per-channel ranges: not a GELU's input
-        low, high = float(low.reshape(())), float(high.reshape(()))
-    bits = graph.attribute(node, "num_bits", 8)
-    narrow = graph.attribute(node, "narrow_range", False)
+    fake_quant_range = _range(node, nodes)  # (None for per-channel ranges: not a GELU's input)
+    return None if fake_quant_range is None else _grid(*fake_quant_range)
+
+
+def _grid(low, high, bits, narrow):
+    """The values a FakeQuant of range (low, high), `bits` wide, rounds to, nudged as TensorFlow does (zero
+    exactly representable); None for an empty range."""
     quant_min, quant_max = (1 if narrow else 0), 2 ** bits - 1
     scale = np.float32((high - low) / (quant_max - quant_min))
     if scale <= 0:

@@ -45,31 +45,8 @@ from . import verify as parity
 # A full garbage collection takes about 0.2 s with TensorFlow loaded, as long as converting a small
 # model; it pays off only where the weights are large.
 _COLLECT_ABOVE_BYTES = 64 * 2**20
-# Constants larger than this are weights, never the shapes and axes that importing a graph infers from.
-_WEIGHT_BYTES = 1024
 # A protocol buffer's size limit, and with it a frozen GraphDef's.
 _PROTOBUF_LIMIT = 2**31 - 1
-
-
-def _without_weights(graph_def):
-    """graph_def with each weight replaced by a Placeholder of its dtype and shape.
-
-    The converter reads only the input and output tensors of the graph we
-    import for it, and converts `graph_def` itself; importing the weights too
-    held all of them once more, a third of the converter's extra peak memory.
-    """
-    skeleton = tf.compat.v1.GraphDef()
-    skeleton.versions.CopyFrom(graph_def.versions)
-    skeleton.library.CopyFrom(graph_def.library)
-    for node in graph_def.node:
-        tensor = node.attr["value"].tensor if node.op == "Const" else None
-        if tensor is None or len(tensor.tensor_content) <= _WEIGHT_BYTES:
-            skeleton.node.add().CopyFrom(node)
-            continue
-        placeholder = skeleton.node.add(name=node.name, op="Placeholder", device=node.device)
-        placeholder.attr["dtype"].type = tensor.dtype
-        placeholder.attr["shape"].shape.CopyFrom(tensor.tensor_shape)
-    return skeleton
 
 
 class _SerializedGraph:
@@ -153,7 +130,7 @@ def _saved_model_converter(directory, signature):
 
 def serialized_for_converter(graph_def):
     """graph_def as to_tflite takes it, after which the caller may let graph_def and its weights go."""
-    return _SerializedGraph(_without_weights(graph_def), graph_def.SerializeToString())
+    return _SerializedGraph(graph.without_weights(graph_def), graph_def.SerializeToString())
 
 
 def to_tflite(graph_def, source, mode, float16_weights, int8=None):
