@@ -1,10 +1,12 @@
-"""Build every keras-hub Backbone family tiny and say which compute a GELU.
+"""Build every keras-hub Backbone family and keras.applications module tiny and say which compute a GELU.
 
 For each class that `tests/keras_hub_families.py` finds under keras_hub.models,
-this builds it from its tiny config, runs it once on the random inputs, traces
-its call and reads the graph for GELUs (see `keras_hub_families.gelu_forms`),
-then prints a markdown table (built or the one-line error, the GELU forms
-found, parameters, build seconds) and a summary line. Offline: no presets.
+and each keras.applications module's entry, this builds it from its tiny
+config, runs it once on the random inputs, traces its call and reads the graph
+for GELUs (see `keras_hub_families.gelu_forms`), then prints a markdown table
+(built or the one-line error, the GELU forms found, parameters, build seconds)
+and a summary line; then builds every keras.applications builder and names any
+whose answer is not its module's. Offline: no presets.
 
     KERAS_BACKEND=tensorflow python benchmarks/sweep_families.py [--only BertBackbone ViTBackbone ...]
     KERAS_BACKEND=tensorflow python benchmarks/sweep_families.py --stages [--only ...] [--sample N --seed S]
@@ -17,8 +19,10 @@ code; the table is appended to /tmp/sweep_stages.md family by family.
 
 "Built" means built, called and traced; a failure says at which of the three.
 Exits 1 if a class that is not in CANNOT_BUILD fails, a class has neither a
-config nor a reason, or a config names a class keras-hub no longer has, so that
-a keras-hub upgrade that adds, removes or breaks a family is noticed.
+config nor a reason, a config names a class keras-hub no longer has, or a
+keras.applications builder computes other GELU forms than its module's entry,
+so that a keras-hub or Keras upgrade that adds, removes or breaks a family is
+noticed.
 """
 
 import argparse
@@ -75,6 +79,31 @@ def sweep_one(class_name):
         keras.backend.clear_session()  # free the graph and the weights before the next family
         gc.collect()
     return row
+
+
+def builders_against_their_modules(rows):
+    """[(builder, its GELU forms, its module entry's)] for each keras.applications builder whose traced graph
+    answers otherwise than its module's entry: every builder built with the entry's weights, image side and
+    head (ConvNeXtXLarge's 350 M parameters included; about 3 minutes on 2 cores)."""
+    import keras
+
+    answers = {row["class"].rsplit(".", 1)[0]: row["gelu"] for row in rows
+               if row["class"].startswith(families.APPLICATIONS)}
+    entries = {name.rsplit(".", 1)[0]: name for name in families.TINY_CONFIGS if name.startswith(families.APPLICATIONS)}
+    differing = []
+    for builder, module in sorted(families.application_builders().items()):
+        if module not in answers:
+            continue
+        arguments = {key: value for key, value in families.TINY_CONFIGS[entries[module]].items()
+                     if key in ("weights", "input_shape", "classes")}
+        keras.utils.set_random_seed(families.SEED)
+        forms = families.gelu_forms(getattr(keras.applications, builder)(**arguments))
+        answer = ", ".join(sorted(forms)) if forms else "no"
+        if answer != answers[module]:
+            differing.append((builder, answer, answers[module]))
+        keras.backend.clear_session()
+        gc.collect()
+    return differing
 
 
 # --- --stages: every GELU family through the pipeline a user would take ---------------------------------------
@@ -347,14 +376,15 @@ def main():
         return 0
 
     started = time.perf_counter()
-    found = families.backbone_class_names()
+    found = families.family_names()
     unknown = set(arguments.only or ()) - set(found)
     if unknown:
-        parser.error(f"not Backbone classes of keras_hub.models: {', '.join(sorted(unknown))}")
+        parser.error(f"not Backbone classes of keras_hub.models nor keras.applications entries: "
+                     f"{', '.join(sorted(unknown))}")
     if arguments.stages:
         return stages_main(arguments, found)
     rows = [sweep_one(name) for name in (arguments.only or found)]
-    print("| Backbone class | Built | GELU | Params | Build s |")
+    print("| Family | Built | GELU | Params | Build s |")
     print("|---|---|---|---:|---:|")
     for row in rows:
         print(f"| {row['class']} | {row['status']} | {row['gelu']} | {row['params']} | {row['seconds']} |")
@@ -362,16 +392,20 @@ def main():
     built = [row for row in rows if row["status"] == "built"]
     with_gelu = [row["class"] for row in built if row["gelu"] != "no"]
     print()
-    print(f"{len(found)} Backbone classes found, {len(rows)} swept, {len(built)} built, "
-          f"{len(with_gelu)} compute a GELU ({time.perf_counter() - started:.0f} s)")
+    print(f"{len(found)} families found (Backbone classes, keras.applications modules), {len(rows)} swept, "
+          f"{len(built)} built, {len(with_gelu)} compute a GELU ({time.perf_counter() - started:.0f} s)")
     print(f"GELU: {', '.join(with_gelu)}")
     print(f"No GELU: {', '.join(row['class'] for row in built if row['gelu'] == 'no')}")
+    differing = builders_against_their_modules(rows)
+    for builder, answer, module_answer in differing:
+        print(f"keras.applications.{builder} computes GELU forms {answer}, its module's entry {module_answer}: "
+              "give it an entry of its own")
     unexpected = [row for row in rows if row["status"] != "built" and row["class"] not in families.CANNOT_BUILD]
     stale = set(families.TINY_CONFIGS) | set(families.CANNOT_BUILD)
     stale -= set(found)
     if stale:
         print(f"Configs for classes keras-hub no longer has: {', '.join(sorted(stale))}")
-    return 1 if unexpected or stale else 0
+    return 1 if unexpected or stale or differing else 0
 
 
 if __name__ == "__main__":

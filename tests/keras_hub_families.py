@@ -1,4 +1,5 @@
-"""Every keras-hub Backbone family, built tiny and offline, and whether it computes a GELU.
+"""Every keras-hub Backbone family and keras.applications module, built tiny and offline, and whether it computes
+a GELU.
 
 `TINY_CONFIGS` holds, for every `keras_hub.models.*Backbone` class (found by
 introspection, aliases included under their own attribute name), the smallest
@@ -20,6 +21,10 @@ instantiates specs depth first, so that nothing is built at import.
 
 `CANNOT_BUILD` names the classes that cannot be built from a config at all,
 each with the reason.
+
+keras.applications' builders (`application_builders`) are grouped by the
+module that holds them, one entry a module in `TINY_CONFIGS` (ConvNeXt's at
+depth 1 through its module's own constructor); `family_names` lists both kinds.
 
 `computes_gelu` decides by what the model computes, never by names: it traces
 the backbone's call with tf.function on TensorSpecs of the example inputs and
@@ -93,6 +98,13 @@ _T5GEMMA_ENCODER_DECODER = {
     "decoder_layer_types": ["full_attention"],
     "cross_attention_hidden_size": 16,
 }
+
+# keras.applications: every builder (a function of keras.applications that takes `weights`) belongs to the module
+# that holds it. A module's builders share its code and differ in widths and depths, not in activations, so one
+# entry per module, under its path here, answers for them (`application_builders` finds them all). Built with
+# no weights (nothing downloaded) and a head of 4 classes.
+APPLICATIONS = "keras.src.applications."
+_APPLICATION = {"weights": None, "input_shape": (32, 32, 3), "classes": 4}
 
 TINY_CONFIGS = {
     "AlbertBackbone": {
@@ -1152,6 +1164,24 @@ TINY_CONFIGS = {
         "stackwise_pooling": [False, True],
         "image_shape": (32, 32, 3),
     },
+    # keras.applications, one entry per module (see APPLICATIONS): ConvNeXt through its module's own constructor
+    # at depth 1 and small widths, the others as their smallest builder at the smallest image side it takes
+    APPLICATIONS + "convnext.ConvNeXt": {"depths": [1, 1, 1, 1], "projection_dims": [8, 16, 24, 32],
+                                         "name": "convnext", **_APPLICATION},
+    APPLICATIONS + "densenet.DenseNet121": _APPLICATION,
+    APPLICATIONS + "efficientnet.EfficientNetB0": _APPLICATION,
+    APPLICATIONS + "efficientnet_v2.EfficientNetV2B0": _APPLICATION,
+    APPLICATIONS + "inception_resnet_v2.InceptionResNetV2": {**_APPLICATION, "input_shape": (75, 75, 3)},
+    APPLICATIONS + "inception_v3.InceptionV3": {**_APPLICATION, "input_shape": (75, 75, 3)},
+    APPLICATIONS + "mobilenet.MobileNet": {**_APPLICATION, "alpha": 0.25},
+    APPLICATIONS + "mobilenet_v2.MobileNetV2": {**_APPLICATION, "alpha": 0.35},
+    APPLICATIONS + "mobilenet_v3.MobileNetV3Small": _APPLICATION,
+    APPLICATIONS + "nasnet.NASNetMobile": _APPLICATION,
+    APPLICATIONS + "resnet.ResNet50": _APPLICATION,
+    APPLICATIONS + "resnet_v2.ResNet50V2": _APPLICATION,
+    APPLICATIONS + "vgg16.VGG16": _APPLICATION,
+    APPLICATIONS + "vgg19.VGG19": _APPLICATION,
+    APPLICATIONS + "xception.Xception": {**_APPLICATION, "input_shape": (71, 71, 3)},
 }
 
 
@@ -1178,13 +1208,16 @@ def _keras_hub():
 
 
 def _resolve_class(name):
-    """A class of keras_hub.models, or one named by its dotted path under keras_hub.src.models."""
+    """A class of keras_hub.models, one named by its dotted path under keras_hub.src.models, or a keras.applications
+    builder by its path under APPLICATIONS."""
     import importlib
 
     if "." not in name:
         return getattr(_keras_hub().models, name)
     module_path, class_name = name.rsplit(".", 1)
-    return getattr(importlib.import_module(f"keras_hub.src.models.{module_path}"), class_name)
+    if not name.startswith(APPLICATIONS):
+        module_path = f"keras_hub.src.models.{module_path}"
+    return getattr(importlib.import_module(module_path), class_name)
 
 
 def _instantiate(value):
@@ -1285,6 +1318,22 @@ def backbone_class_names():
         and issubclass(getattr(models, name), models.Backbone)
         and getattr(models, name) is not models.Backbone
     )
+
+
+def application_builders():
+    """{name: the module that holds it} for every function of keras.applications that takes `weights`."""
+    import inspect
+
+    import keras
+
+    builders = {name: getattr(keras.applications, name) for name in dir(keras.applications)}
+    return {name: inspect.getmodule(builder).__name__ for name, builder in builders.items()
+            if inspect.isfunction(builder) and "weights" in inspect.signature(builder).parameters}
+
+
+def family_names():
+    """Every family to sweep: the keras-hub Backbone classes, then one entry per keras.applications module."""
+    return backbone_class_names() + sorted(name for name in TINY_CONFIGS if name.startswith(APPLICATIONS))
 
 
 # --- GELU evidence in a traced TensorFlow graph -----------------------------------------------------------------

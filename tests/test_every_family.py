@@ -1,10 +1,12 @@
-"""Every keras-hub backbone family, found by enumerating keras-hub rather than by naming families.
+"""Every keras-hub backbone family and keras.applications module, found by enumerating them rather than by
+naming families.
 
 `keras_hub_families` holds one table: a tiny config for every `keras_hub.models.*Backbone` (or the reason one
-cannot be built). Here:
+cannot be built) and for every module of keras.applications' builders. Here:
 
-* every Backbone class keras-hub exports has an entry: a family keras-hub adds fails this test until it is
-  given a config, so that no family goes unseen;
+* every Backbone class keras-hub exports, and every module a keras.applications builder lives in, has an
+  entry: a family keras-hub or Keras adds fails this test until it is given a config, so that no family goes
+  unseen;
 * a rotating subset of the families that compute a GELU and whose outcomes the sweep recorded
   (`KG_FAMILIES`, default 2, today's share: conftest.todays_share, every family within a month; `KG_SEED`
   repeats a draw, `KG_FAMILIES=all` (or KG_EVERY_CASE=1) takes every family, and `KG_FAMILIES=ViTBackbone,BertBackbone`
@@ -43,7 +45,8 @@ from keras_gelu import converters  # noqa: E402
 pytestmark = pytest.mark.legs("keras3")
 
 # Families whose traced graph holds no GELU in any form, as `benchmarks/sweep_families.py` found them with
-# keras-hub 0.32 (their default activations: ReLU, SiLU, ...).
+# keras-hub 0.32 and Keras 3.15 (their default activations: ReLU, SiLU, swish, ...): of keras.applications' 40
+# builders, only ConvNeXt's 5 compute one (erf), each built at its module entry's image side.
 WITHOUT_GELU = {
     "BASNetBackbone", "CSPNetBackbone", "DeepLabV3Backbone", "DenseNetBackbone", "EfficientNetBackbone",
     "HGNetV2Backbone", "Llama3Backbone", "LlamaBackbone", "MistralBackbone", "MixtralBackbone", "MobileNetBackbone",
@@ -51,13 +54,17 @@ WITHOUT_GELU = {
     "Qwen3_5MoeBackbone", "QwenBackbone", "QwenMoeBackbone", "RWKV7Backbone", "ResNetBackbone",
     "RetinaNetBackbone", "RoformerV2Backbone", "SmolLM3Backbone", "SmolLMBackbone", "T5Backbone", "VGGBackbone",
     "XceptionBackbone",
-}
+} | {keras_hub_families.APPLICATIONS + name for name in (
+    "densenet.DenseNet121", "efficientnet.EfficientNetB0", "efficientnet_v2.EfficientNetV2B0",
+    "inception_resnet_v2.InceptionResNetV2", "inception_v3.InceptionV3", "mobilenet.MobileNet",
+    "mobilenet_v2.MobileNetV2", "mobilenet_v3.MobileNetV3Small", "nasnet.NASNetMobile", "resnet.ResNet50",
+    "resnet_v2.ResNet50V2", "vgg16.VGG16", "vgg19.VGG19", "xception.Xception")}
 
 # {family: {stage: the one-line refusal it meets now}} for every family with a GELU, as the sweep of 2026-12-04
-# at 21:10 recorded them (all 54, this test's stages and bar); stages "builtin", "int8" (post-training,
+# at 21:10 recorded them (all 54 of keras-hub, this test's stages and bar); stages "builtin", "int8" (post-training,
 # calibrated on the family's inputs), "qat" (quantize_model without calibration data and a training step) and
 # "qat int8" (integer throughout, cosine 0.99 or more), and "qat calibrated" (the last two with calibration_data,
-# as one stage). What is left (5 families, with calibration data and without): int8 parity beyond the default 10
+# as one stage). What is left (5 of 55 families, with calibration data and without): int8 parity beyond the default 10
 # output steps and the rewritten graph's rounding envelope, on what tiny random weights make almost zero (DeiT,
 # 32 steps against 22: its class and distillation tokens are zeros, rows of the position embedding's small values
 # alone, whose variance LayerNormalization's int8 grid holds in a step or two; D-FINE's box integral, 1e-6), and
@@ -82,8 +89,8 @@ NOT_YET = {
     "StableDiffusion3Backbone": {"builtin": _NO_EXPORT, "int8": _NO_EXPORT, "qat": _IN_THE_WRAPPER,
                                  "qat calibrated": _IN_THE_WRAPPER},
 }
-# Families with every stage passing (49 of the 54, in that sweep: integer throughout with the inputs' shapes
-# fixed).
+# Families with every stage passing (49 of keras-hub's 54, in that sweep, and keras.applications' ConvNeXt, on its
+# own since: 50 of 55; integer throughout with the inputs' shapes fixed).
 PASSING = {"AlbertBackbone", "BLIP2Backbone", "BartBackbone", "BertBackbone", "BloomBackbone", "CLIPBackbone",
            "CLIPTextEncoder", "CLIPVisionEncoder", "DINOV2Backbone", "DINOV3Backbone", "DebertaV3Backbone",
            "DepthAnythingBackbone", "DistilBertBackbone", "ESM2Backbone", "ESMBackbone", "EdRecBackbone",
@@ -93,7 +100,8 @@ PASSING = {"AlbertBackbone", "BLIP2Backbone", "BartBackbone", "BertBackbone", "B
            "PaliGemmaBackbone", "RobertaBackbone", "SAM3PromptableConceptBackbone", "SAMBackbone", "SegFormerBackbone",
            "SigLIPBackbone", "SigLIPTextEncoder", "SigLIPVisionEncoder", "SwinTransformerBackbone", "T5Gemma2Backbone",
            "T5GemmaBackbone", "ViTBackbone", "ViTDetBackbone", "VideoPrismBackbone", "WhisperBackbone",
-           "XLMRobertaBackbone", "XLNetBackbone"}
+           "XLMRobertaBackbone", "XLNetBackbone",
+           keras_hub_families.APPLICATIONS + "convnext.ConvNeXt"}
 # Families with a GELU whose outcomes the sweep has yet to record: none since that sweep.
 NOT_RECORDED = set()
 
@@ -128,6 +136,14 @@ def test_every_backbone_keras_hub_exports_has_a_tiny_config_or_a_reason():
     # every family with a GELU is recorded (passing, or with its refusals) or named as not yet recorded
     assert set(NOT_YET) | PASSING | NOT_RECORDED == with_gelu, sorted((set(NOT_YET) | PASSING | NOT_RECORDED)
                                                                       ^ with_gelu)
+
+
+def test_every_keras_applications_builder_has_its_modules_tiny_entry():
+    modules = set(keras_hub_families.application_builders().values())
+    assert len(modules) >= 15  # Keras 3.15's count of modules (40 builders)
+    entries = {name.rsplit(".", 1)[0] for name in keras_hub_families.TINY_CONFIGS
+               if name.startswith(keras_hub_families.APPLICATIONS)}
+    assert modules == entries, f"one entry per module in tests/keras_hub_families.py: {sorted(modules ^ entries)}"
 
 
 def _first_line(error):
