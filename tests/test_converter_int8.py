@@ -334,10 +334,23 @@ def _branch_result_concatenated(tf, h, columns_needed):  # SAM 3's box embedding
     return {"y": (tf.concat([_fake_quant(embedded, *_ENCODER_RANGE), zeros], 1), _ENCODER_RANGE)}
 
 
+def _nested_branch_result_concatenated(tf, h, columns_needed):  # the same, a cond inside a cond's branch, reshaped
+    def inner():
+        return tf.cond(tf.shape(h)[0] >= 1,
+                       lambda: tf.reshape(_fake_quant(_fake_quant(h * 0.4, -1.2, 1.2) + 0.2, *_BRANCH_RANGE), (-1,)),
+                       lambda: tf.zeros([tf.size(h)]))
+
+    embedded = tf.cond(tf.shape(h)[1] >= columns_needed, inner, lambda: tf.zeros([tf.size(h)]))
+    zeros = _fake_quant(tf.zeros(tf.shape(h)), *_ENCODER_RANGE)
+    return {"y": (tf.concat([tf.reshape(_fake_quant(embedded, *_ENCODER_RANGE), tf.shape(h)), zeros], 1),
+                  _ENCODER_RANGE)}
+
+
 @pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
 @pytest.mark.parametrize("operands, columns_needed", [
-    (_sigmoid_stacked, 0), (_branch_result_concatenated, 1), (_branch_result_concatenated, 17)],
-    ids=["sigmoid_stacked", "branch_result_concatenated", "the_other_branch_taken"])
+    (_sigmoid_stacked, 0), (_branch_result_concatenated, 1), (_branch_result_concatenated, 17),
+    (_nested_branch_result_concatenated, 1)],
+    ids=["sigmoid_stacked", "branch_result_concatenated", "the_other_branch_taken", "nested_and_reshaped"])
 def test_one_scale_operands_a_millionth_off_the_results_scale_convert_to_the_graphs_values(tmp_path, operands,
                                                                                           columns_needed):
     """TFLite compares scales exactly: it refused ("quantization parameters violate the same scale constraint")
@@ -345,7 +358,7 @@ def test_one_scale_operands_a_millionth_off_the_results_scale_convert_to_the_gra
     calibrated), and a concatenation of a `cond`'s result on the concatenation's range, where the branch that
     computes it ends in a FakeQuant of its own 1e-5 off it, and the converter, folding the `cond`, folds that
     range into the outer one (SAM 3, calibrated). Onto the result's range, they convert, whichever branch the
-    `cond` takes."""
+    `cond` takes, and where the FakeQuant sits under a reshape, inside a second `cond`."""
     import tensorflow as tf
 
     def function(x):

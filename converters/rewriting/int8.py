@@ -976,29 +976,50 @@ def _moved_onto(graph_def, nodes, fake_quant, to_range):
     return True
 
 
-def _branch_results_moved_onto(graph_def, conditional, index, to_range):
-    """Give the FakeQuant that each of `conditional`'s functions computes its result `index` with `to_range`
-    where _moved_onto does; returns how many were."""
-    library = {function.signature.name: function for function in graph_def.library.function}
+def _moved_down_onto(holder, graph_def, nodes, tensor, to_range):
+    """Give the FakeQuants that `tensor` of graph_def comes from, through ops that move values, FakeQuants on
+    `to_range` and the branches of conditionals (functions of `holder`'s library), `to_range` where _moved_onto
+    does; returns how many were."""
     moved = 0
-    with graph.functions_known(graph_def.library):
+    while True:
+        name, index = graph.split_tensor_name(graph.resolve(tensor, nodes))
+        producer = nodes.get(name)
+        if producer is None:
+            return moved
+        if graph.branches(producer):
+            return moved + _branch_results_moved_onto(holder, producer, index, to_range)
+        if producer.op in FAKE_QUANT_OPS:
+            if _moved_onto(graph_def, nodes, producer, to_range):
+                moved += 1
+            elif _range(producer, nodes) != to_range:
+                return moved
+        elif producer.op not in _VALUE_MOVING or index:
+            return moved
+        tensor = graph.data_inputs(producer)[0]
+
+
+def _branch_results_moved_onto(holder, conditional, index, to_range):
+    """_moved_down_onto from each of `conditional`'s functions' result `index`, each function rebuilt in
+    `holder`'s library where it moved any; returns how many FakeQuants moved."""
+    library = {function.signature.name: function for function in holder.library.function}
+    moved = 0
+    with graph.functions_known(holder.library):
         for name in dict.fromkeys(graph.branches(conditional)):
             if name not in library:
-                continue
+                continue  # (inside a function body, whose library holds the functions it calls, not its branches)
             body, outputs, control_outputs = graph.function_as_graph(library[name], library)
-            body_nodes = graph.nodes_by_name(body)
-            result = graph.producer(outputs[index], body_nodes)
-            if result is not None and _moved_onto(body, body_nodes, result, to_range):
+            moved_here = _moved_down_onto(holder, body, graph.nodes_by_name(body), outputs[index], to_range)
+            if moved_here:
                 library[name].CopyFrom(graph.graph_as_function(body, library[name], outputs, control_outputs))
-                moved += 1
+                moved += moved_here
     return moved
 
 
 def near_grids_onto_the_results_range(graph_def):
     """Where an op that TFLite holds on one scale with its operands (a concatenation, a selection, a maximum or
     minimum) is read by one FakeQuant, give the FakeQuants its operands come from (through ops that move
-    values, FakeQuants on the result's range and a conditional's result) the result's range where their grids
-    are within _MERGED_WITHIN_STEPS of a step of its grid; returns how many FakeQuants were moved.
+    values, FakeQuants on the result's range and the branches of conditionals) the result's range where their
+    grids are within _MERGED_WITHIN_STEPS of a step of its grid; returns how many FakeQuants were moved.
 
     TFLite compares scales exactly, and refuses ("quantization parameters
     violate the same scale constraint") an operand on a scale it cannot drop
@@ -1006,32 +1027,17 @@ def near_grids_onto_the_results_range(graph_def):
     a sigmoid's FakeQuant, 2e-6 apart; SAM 3 concatenates a `cond`'s result,
     whose scale TFLite takes from the last FakeQuant of the branch computing
     it, 1e-5 apart. The values move by a twentieth of a step at most, as
-    where fake_quants_on_one_grid_merged merges. A conditional inside a
-    function body is not crossed (its functions here are copies).
+    where fake_quants_on_one_grid_merged merges. The walk enters conditionals
+    from the graph, nested ones too; from a function body's own one-scale
+    ops, it stops at a conditional (the body's library holds copies).
     """
     nodes = graph.nodes_by_name(graph_def)
     readers = graph.consumers(graph_def)
     moved = 0
     for node, result in _one_scale_ops(graph_def, nodes, readers):
-        result_range = _range(result, nodes)
         data = [name for name in node.input if not name.startswith("^")]
         for tensor in data[_MOVED_OPERANDS[node.op]]:
-            while True:  # down the ops that move values and the FakeQuants on the result's range
-                name, index = graph.split_tensor_name(graph.resolve(tensor, nodes))
-                producer = nodes.get(name)
-                if producer is None:
-                    break
-                if graph.branches(producer):
-                    moved += _branch_results_moved_onto(graph_def, producer, index, result_range)
-                    break
-                if producer.op in FAKE_QUANT_OPS:
-                    if _moved_onto(graph_def, nodes, producer, result_range):
-                        moved += 1
-                    elif _range(producer, nodes) != result_range:
-                        break
-                elif producer.op not in _VALUE_MOVING or index:
-                    break
-                tensor = graph.data_inputs(producer)[0]
+            moved += _moved_down_onto(graph_def, graph_def, nodes, tensor, _range(result, nodes))
     return moved
 
 
