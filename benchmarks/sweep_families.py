@@ -87,9 +87,8 @@ def builders_against_their_modules(rows):
     head (ConvNeXtXLarge's 350 M parameters included; about 3 minutes on 2 cores)."""
     import keras
 
-    answers = {row["class"].rsplit(".", 1)[0]: row["gelu"] for row in rows
-               if row["class"].startswith(families.APPLICATIONS)}
-    entries = {name.rsplit(".", 1)[0]: name for name in families.TINY_CONFIGS if name.startswith(families.APPLICATIONS)}
+    entries = families.application_entries()
+    answers = {row["class"].rsplit(".", 1)[0]: row["gelu"] for row in rows if row["class"] in entries.values()}
     differing = []
     for builder, module in sorted(families.application_builders().items()):
         if module not in answers:

@@ -1331,9 +1331,14 @@ def application_builders():
             if inspect.isfunction(builder) and "weights" in inspect.signature(builder).parameters}
 
 
+def application_entries():
+    """{module: its entry's name in TINY_CONFIGS} for the keras.applications modules."""
+    return {name.rsplit(".", 1)[0]: name for name in TINY_CONFIGS if name.startswith(APPLICATIONS)}
+
+
 def family_names():
     """Every family to sweep: the keras-hub Backbone classes, then one entry per keras.applications module."""
-    return backbone_class_names() + sorted(name for name in TINY_CONFIGS if name.startswith(APPLICATIONS))
+    return backbone_class_names() + sorted(application_entries().values())
 
 
 # --- GELU evidence in a traced TensorFlow graph -----------------------------------------------------------------

@@ -707,8 +707,8 @@ def fake_quants_on_one_grid_merged(graph_def):
 
 # Ops that move their first input's values and compute none: TFLite holds their int8 output on their input's
 # scale (the same-scale constraint of RESHAPE, TRANSPOSE, STRIDED_SLICE, GATHER, ...).
-_VALUE_MOVING = ("Identity", "StopGradient", "Reshape", "Transpose", "StridedSlice", "Slice", "ExpandDims", "Squeeze", "GatherV2",
-                 "Tile", "BroadcastTo")
+_VALUE_MOVING = ("Identity", "StopGradient", "Reshape", "Transpose", "StridedSlice", "Slice", "ExpandDims",
+                 "Squeeze", "GatherV2", "Tile", "BroadcastTo")
 
 
 def fake_quants_after_value_moving_ops(graph_def):
@@ -827,6 +827,11 @@ _VALUE_SPLITTING = {"Split": 1, "SplitV": 0, "Unpack": 0}
 _SHAPE_READERS = ("Shape", "ShapeN", "Size", "Rank")
 
 
+def _value_readers(readers, tensor):
+    """The ops that read `tensor`'s values (its shape's readers aside), from graph.consumers' `readers`."""
+    return [reader for reader, _ in readers.get(graph.canonical(tensor), ()) if reader.op not in _SHAPE_READERS]
+
+
 def one_grid_operands_on_their_grid(graph_def):
     """Where an op that requantizes its operands reads one that ops moving values made of a FakeQuant's output,
     through a tensor that other ops read too, fake-quantize that operand again on the FakeQuant's range; returns
@@ -858,8 +863,7 @@ def one_grid_operands_on_their_grid(graph_def):
                 if producer is None or producer.op not in _VALUE_SPLITTING and (
                         producer.op not in _VALUE_MOVING or index != 0):
                     break
-                shared = shared or sum(reader.op not in _SHAPE_READERS for reader, _ in readers.get(
-                    graph.canonical(tensor), ())) > 1
+                shared = shared or len(_value_readers(readers, tensor)) > 1
                 tensor = graph.data_inputs(producer)[_VALUE_SPLITTING.get(producer.op, 0)]
             if not shared or producer is None or producer.op not in FAKE_QUANT_OPS:
                 continue
@@ -889,8 +893,7 @@ def _one_scale_ops(graph_def, nodes, readers):
     for node in list(graph_def.node):
         if node.op not in _MOVED_OPERANDS:
             continue
-        reading = [reader for reader, _ in readers.get(graph.canonical(node.name), ())
-                   if reader.op not in _SHAPE_READERS]
+        reading = _value_readers(readers, node.name)
         if len(reading) == 1 and reading[0].op in FAKE_QUANT_OPS and _range(reading[0], nodes) is not None:
             yield node, reading[0]
 
@@ -925,10 +928,6 @@ def one_grid_operands_on_the_results_range(graph_def):
     nodes = graph.nodes_by_name(graph_def)
     readers = graph.consumers(graph_def)
     stateless = _Stateless()
-
-    def read_by(tensor):
-        return [reader for reader, _ in readers.get(graph.canonical(tensor), ()) if reader.op not in _SHAPE_READERS]
-
     moved = 0
     for node, result in _one_scale_ops(graph_def, nodes, readers):
         data = [position for position, name in enumerate(node.input) if not name.startswith("^")]
@@ -936,7 +935,7 @@ def one_grid_operands_on_the_results_range(graph_def):
             reader, reader_position, tensor, alone = node, position, node.input[position], True
             while True:  # down the ops that move values, to the FakeQuant they move
                 producer = graph.producer(tensor, nodes)
-                alone = alone and len(read_by(tensor)) == 1
+                alone = alone and len(_value_readers(readers, tensor)) == 1
                 if producer is None or producer.op not in _VALUE_MOVING or graph.split_tensor_name(tensor)[1]:
                     break
                 reader, reader_position, tensor = producer, 0, producer.input[0]
@@ -946,10 +945,13 @@ def one_grid_operands_on_the_results_range(graph_def):
             if not _pinned(graph.data_inputs(producer)[0], graph_def, nodes, stateless):
                 continue
             ranges, inner = [_range(producer, nodes)], graph.data_inputs(producer)[0]
-            while getattr(graph.producer(inner, nodes), "op", None) in FAKE_QUANT_OPS and len(read_by(inner)) == 1 \
-                    and _range(graph.producer(inner, nodes), nodes) is not None:
-                ranges.append(_range(graph.producer(inner, nodes), nodes))
-                inner = graph.data_inputs(graph.producer(inner, nodes))[0]
+            while True:  # down FakeQuants of FakeQuants read by nothing else: TFLite folds them into one
+                inner_fake_quant = graph.producer(inner, nodes)
+                if inner_fake_quant is None or inner_fake_quant.op not in FAKE_QUANT_OPS or len(
+                        _value_readers(readers, inner)) != 1 or _range(inner_fake_quant, nodes) is None:
+                    break
+                ranges.append(_range(inner_fake_quant, nodes))
+                inner = graph.data_inputs(inner_fake_quant)[0]
             result_range = _range(result, nodes)
             name = f"{node.name}/operand_{position}_on_the_results_range"
             operand = _fake_quant_node(graph_def, name, inner, result_range)
@@ -1035,9 +1037,9 @@ def near_grids_onto_the_results_range(graph_def):
     readers = graph.consumers(graph_def)
     moved = 0
     for node, result in _one_scale_ops(graph_def, nodes, readers):
-        data = [name for name in node.input if not name.startswith("^")]
-        for tensor in data[_MOVED_OPERANDS[node.op]]:
-            moved += _moved_down_onto(graph_def, graph_def, nodes, tensor, _range(result, nodes))
+        result_range = _range(result, nodes)
+        for tensor in graph.data_inputs(node)[_MOVED_OPERANDS[node.op]]:
+            moved += _moved_down_onto(graph_def, graph_def, nodes, tensor, result_range)
     return moved
 
 
