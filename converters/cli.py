@@ -8,7 +8,6 @@ installed command goes through keras_gelu_launcher, which keeps keras_gelu's own
 """
 
 import argparse
-import re
 import shutil
 import sys
 import time
@@ -18,6 +17,7 @@ from keras_gelu import vocabulary
 from . import errors
 from . import native_logs
 from . import paths
+from . import safe_text
 from . import targets
 from .options import DEFAULT_ATOL
 from .options import DEFAULT_CONFIG_LIMIT_MIB
@@ -42,8 +42,9 @@ writable, 9 bad --inputs or --calibration, 10 parity failure, 11 the TFLite conv
 12 the model carries code or file-system ops (see --trust-model), 13 the model has ops or types the
 --target lacks, 14 the --target's runtime or compiler refused it, 15 that tool crashed, 16 past
 --time-limit, 17 past --memory-limit, 18 part of the file past its size limit (--config-limit),
-19 the conversion process crashed or ended without an answer, 20 NaN or Inf weights, 21 weights past what
-the route holds (2 GB frozen), 1 internal error
+19 the conversion process crashed, ended without an answer or left what no conversion leaves, 20 NaN or
+Inf weights, 21 weights past what the route holds (2 GB frozen), 22 the conversion wrote past its scratch
+folder's limits, 23 its scratch folder could not be removed, 1 internal error
 """
 
 
@@ -99,8 +100,8 @@ def _parser():
                         help=f"stop the conversion after this long (default {limits.TIME_BASE_SECONDS} s plus "
                              f"{limits.TIME_PER_GIB_SECONDS} s per GiB of model)")
     parser.add_argument("--memory-limit", type=float, metavar="GIB",
-                        help=f"stop the conversion past this much memory (default {limits.MEMORY_SHARE:.0%} of the "
-                             "machine's)")
+                        help=f"stop the conversion past this much memory (default {limits.MEMORY_SHARE * 100:.0f}%% "
+                             "of the machine's)")  # %%: argparse formats help with %
     parser.add_argument("--config-limit", type=float, metavar="MIB", default=DEFAULT_CONFIG_LIMIT_MIB,
                         help=f"refuse a Keras file whose model config inflates past this (default "
                              f"{DEFAULT_CONFIG_LIMIT_MIB:g} MiB)")
@@ -109,7 +110,18 @@ def _parser():
     verbosity.add_argument("-q", "--quiet", action="store_true", help="print errors only")
     verbosity.add_argument("-v", "--verbose", action="store_true", help="print more detail")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {keras_gelu_version()}")
     return parser
+
+
+def keras_gelu_version():
+    """The installed distribution's version, read without importing keras_gelu (and TensorFlow with it)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("keras-gelu")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
 
 
 def _input_shapes(parser, given):
@@ -174,12 +186,10 @@ def parse(argv=None):
     return args
 
 
-# Control characters a model's names could carry into a message (a terminal's escape sequences among them).
-_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
 def _say(text):
-    print(_UNPRINTABLE.sub(lambda match: f"\\x{ord(match.group()):02x}", text), file=sys.stderr)
+    """Print our text, its lines (split at line feeds, which we write) each made inert: a model's name it
+    quotes can break no line and move no cursor."""
+    print("\n".join(safe_text.inert(line) for line in text.split("\n")), file=sys.stderr)
 
 
 class _ProgressLine:
@@ -196,7 +206,7 @@ class _ProgressLine:
         elapsed = time.monotonic() - self._started
         if not self.enabled or elapsed < self._AFTER_SECONDS:
             return
-        text = _UNPRINTABLE.sub("?", f"keras-gelu-convert: {step}, {elapsed:.0f} s")
+        text = safe_text.inert(f"keras-gelu-convert: {step}, {elapsed:.0f} s")
         text = text[:shutil.get_terminal_size().columns - 1]  # a line that wraps cannot be rewritten in place
         if text != self._shown:
             self._stream.write("\r" + text + "\x1b[K")
@@ -212,10 +222,10 @@ class _ProgressLine:
 
 def _fail(error, args):
     """Print a user error as one line, the last; its exit code."""
-    if args.debug and error.traceback:
-        _say(error.traceback.rstrip())
+    if args.debug and error.traceback:  # the conversion process's, attributed as all it prints
+        _say("\n".join(native_logs.attributed(error.traceback.rstrip().split("\n"))))
     # one line even where the message quotes a model's name with a line break in it (the file fuzzer's find)
-    _say(f"keras-gelu-convert: error: {error.message}".replace("\n", "\\n"))
+    _say(safe_text.inert(f"keras-gelu-convert: error: {error.message}"))
     return error.exit_code
 
 
@@ -241,9 +251,9 @@ def run(args):
     progress = _ProgressLine(sys.stderr)
     progress.enabled = progress.enabled and not args.quiet
 
-    def log(lines):
+    def log(lines):  # the conversion process's own lines, attributed to it (convert_to_file)
         progress.clear()
-        for line in lines if args.verbose or args.debug else [] if args.quiet else native_logs.worth_showing(lines):
+        for line in [] if args.quiet else lines:
             _say(line)
 
     try:

@@ -6,10 +6,8 @@ and a crash there is an error here. A live Keras model, your own object, already
 converted here, with the op checks.
 """
 
-import contextlib
 import dataclasses
 import os
-import shutil
 import sys
 import tempfile
 
@@ -18,6 +16,7 @@ from . import paths
 from . import targets
 from .options import Options
 from .sandbox import limits
+from .sandbox import scratch
 from .sandbox import supervisor
 
 
@@ -33,28 +32,36 @@ def convert(model, **options):
     allow_cpu_fallback, input_shapes, time_limit, memory_limit, config_limit). Unless trust_model, a model
     that carries code or reaches outside the process is refused (errors.UntrustedModel) before any of it is
     loaded or run. Raises a `converters.errors.ConversionError` subclass for user errors, a parity failure
-    included, in which case nothing is returned. What TensorFlow printed while converting, its start-up
-    chatter left out, goes to sys.stderr.
+    included, in which case nothing is returned. What the conversion process printed (TensorFlow's notices, a
+    model's own prints), its start-up chatter left out, goes to sys.stderr, each line marked as the model's
+    and with its control characters escaped.
     """
     options = Options(**options)
     if _is_live_model(model):
         return _converted_here(model, options)
-    with _contained(model, options, _printed, debug=False) as (report, output):
-        with open(output, "rb") as stream:
-            return stream.read(), report
+    with tempfile.NamedTemporaryFile(prefix=".keras_gelu_", suffix=".tflite") as destination:
+        report = _contained(model, options, _printed, False, destination)
+        destination.seek(0)
+        return destination.read(), report
 
 
 def convert_to_file(model, output, force=False, log=None, debug=False, progress=None, **options):
     """Convert a model file (not a live model) and write the .tflite to `output` atomically, never over a
-    file unless `force`; returns the Report. `log(lines)` gets what TensorFlow printed (default: sys.stderr);
-    with `debug`, an error carries the conversion process's traceback; `progress(step)`, if given, hears the
-    step the conversion is in every half second."""
+    file unless `force`; returns the Report. `log(lines)` gets what the conversion process printed, each line
+    marked as the model's and made inert (default: sys.stderr); with `debug`, an error carries the conversion
+    process's traceback; `progress(step)`, if given, hears the step the conversion is in every half second."""
     options = Options(**options)
     paths.check_output_path(output, force)
-    # The job's folder beside the output: the .tflite is moved into place, not copied (a real model's is GBs)
-    with _contained(model, options, log or _printed, debug, os.path.dirname(os.path.abspath(output)),
-                    progress) as (report, converted):
-        paths.move_atomically(converted, output, force)
+    folder = os.path.dirname(os.path.abspath(output))
+    # The .tflite is copied out of the scratch folder into a file of ours beside the output, then moved into place
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".keras_gelu_", suffix=".tflite", delete=False) as copy:
+        try:
+            report = _contained(model, options, log or _printed, debug, copy, folder, progress)
+            copy.close()
+            paths.move_atomically(copy.name, output, force)
+        finally:
+            if os.path.exists(copy.name):
+                os.unlink(copy.name)
     report.output = output
     return report
 
@@ -76,39 +83,42 @@ def _printed(lines):
         print(line, file=sys.stderr)
 
 
-@contextlib.contextmanager
-def _contained(model, options, log, debug, scratch_parent=None, progress=None):
-    """Yields (Report, the .tflite's path in the job's scratch folder, made in `scratch_parent` or the system's
-    temporary folder), after `log` has had what TensorFlow printed; raises the job's ConversionError after it
-    has."""
-    scratch = tempfile.mkdtemp(prefix=".keras_gelu_", dir=scratch_parent)
+def _contained(model, options, log, debug, destination, scratch_parent=None, progress=None):
+    """The Report of converting `model` in the sandbox, its .tflite copied into `destination` (a binary file
+    open for writing), after `log` has had what the conversion process printed, attributed; raises the job's
+    ConversionError after it has. The job's scratch folder is made in `scratch_parent` or the system's
+    temporary folder, and removed for certain (errors.ScratchNotRemoved where it cannot be)."""
+    folder = tempfile.mkdtemp(prefix=".keras_gelu_", dir=scratch_parent)
     try:
-        job = {**_job(model, options, scratch), "debug": debug}
-        outcome = supervisor.run(job, scratch, progress)
-        log(native_logs.worth_showing(outcome.log_lines))
-        if outcome.error is not None:
-            raise outcome.error
-        yield outcome.report, outcome.output
+        job = {**_job(model, options, folder), "debug": debug}
+        outcome = supervisor.run(job, folder, destination, progress)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.remove(folder)
+    log(native_logs.attributed(native_logs.worth_showing(outcome.log_lines)))
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.report
 
 
-def _job(model, options, scratch):
-    """worker.run's job: where the model is and what it is, what the worker may read, its options and limits."""
+def _job(model, options, folder):
+    """worker.run's job: where the model is and what it is, what the worker may read, its options and limits.
+    Every path is absolute: the worker works in its scratch folder."""
     if isinstance(model, (bytes, bytearray, memoryview)):
-        name, path, kind = "<.tflite bytes>", os.path.join(scratch, "input.tflite"), ".tflite"
+        name, path, kind = "<.tflite bytes>", os.path.join(folder, "input.tflite"), ".tflite"
         with open(path, "wb") as stream:
             stream.write(model)
     else:
         name = path = os.fspath(model)
         kind = paths.model_kind(path)
         path = os.path.abspath(path)
-    reads = [path] + [os.path.abspath(file) for file in (options.inputs, options.calibration)
-                      if file is not None and not file.startswith("random:")]
-    time_limit, memory_limit, file_limit = limits.resolve(options.time_limit, options.memory_limit,
-                                                          limits.model_bytes(path))
-    options = dataclasses.replace(options, time_limit=time_limit, memory_limit=memory_limit / 2**30)
+    given = {name: getattr(options, name) for name in ("inputs", "calibration")}
+    files = {name: os.path.abspath(file) for name, file in given.items()
+             if file is not None and not file.startswith("random:")}
+    time_limit, memory_limit, file_limit, scratch_limits = limits.resolve(options.time_limit, options.memory_limit,
+                                                                          limits.model_bytes(path))
+    options = dataclasses.replace(options, time_limit=time_limit, memory_limit=memory_limit / 2**30, **files)
     target = targets.TARGETS.get(options.target)
-    return {"model": path, "kind": kind, "name": name, "options": dataclasses.asdict(options), "reads": reads,
-            "time_limit": time_limit, "memory_limit": memory_limit, "file_limit": file_limit, "cwd": os.getcwd(),
+    return {"model": path, "kind": kind, "name": name, "options": dataclasses.asdict(options),
+            "reads": [path, *files.values()], "time_limit": time_limit, "memory_limit": memory_limit,
+            "file_limit": file_limit, "scratch_limits": scratch_limits,
             "preload": list(target.verifier_modules) if target is not None and options.verify else []}

@@ -135,3 +135,16 @@ class ModelTooLarge(ConversionError):
 
 # argparse's own code for bad flags.
 USAGE_EXIT_CODE = 2
+
+
+class ScratchLimitExceeded(ConversionError):
+    """The conversion wrote more in its scratch folder, in bytes or in files, than a conversion of its model
+    needs: stopped."""
+
+    exit_code = 22
+
+
+class ScratchNotRemoved(ConversionError):
+    """The conversion's scratch folder could not be removed afterwards: said, never left behind in silence."""
+
+    exit_code = 23

@@ -23,6 +23,8 @@ import sys
 import tempfile
 import warnings
 
+from . import safe_text
+
 # Start-up and delegate notices that say nothing about the user's model, in
 # absl's format (TF >= 2.19: "I0000 00:00:...") and TF's own (TF 2.18:
 # "2026-11-30 14:02:54.457403: I tensorflow/...").
@@ -56,6 +58,17 @@ def worth_showing(lines):
         elif line.strip() and not CHATTER.search(line):
             shown.append(line)
     return shown
+
+
+# What marks a line of the conversion process's log: whatever it says, it is not the tool speaking.
+ATTRIBUTION = "model: "
+
+
+def attributed(lines):
+    """Lines the conversion process printed, shown as its own: each after ATTRIBUTION, with every character a
+    terminal would act on escaped (safe_text.inert). The process ran the model, whose prints are among them;
+    none of them can pass for the tool's own line, an error line above the real last one included."""
+    return [ATTRIBUTION + safe_text.inert(line) for line in lines]
 
 
 @contextlib.contextmanager

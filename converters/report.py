@@ -5,6 +5,57 @@ import json
 
 from keras_gelu import vocabulary
 
+from . import safe_text
+
+_NUMBER = (int, float)
+
+
+class _Optional:
+    """A schema's entry that may be absent or None."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+
+class _Mapping:
+    """A schema's {name: value} of any names."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+
+_COUNTS = _Mapping(int)
+_COMPARISON = {"output": str, "max_abs": _NUMBER, "passed": bool, "steps": _Optional(_NUMBER)}
+_PARITY = {**_COMPARISON, "max_rel": _NUMBER, "cosine": _NUMBER}
+# What the text form reads of each field that holds more than a value, as a schema: a dict is {key: shape}
+# (other keys may be there too), a list [shape] of any length.
+_SHAPES = {
+    "gelus": [{"pattern": str, "alpha": _NUMBER, "became": str, "count": int}],
+    "leftover_erf": _COUNTS, "ops": _COUNTS, "float_ops": _COUNTS, "islands_made_integer": _COUNTS,
+    "kernel_grids": _COUNTS, "op_types": _Mapping(_COUNTS), "flex_ops": [str], "warnings": [str],
+    "fidelity": [_PARITY], "drift": [_PARITY], "stage_seconds": _Mapping(_NUMBER),
+    "tolerance": {"rounding_envelope": _Optional({"fraction": _NUMBER, "trials": int, "steps": _Mapping(_NUMBER)})},
+    "target": _Optional({"name": str, "runtime": str, "lacks": str, "runtime_check": _Optional(str),
+                         "fidelity": [_COMPARISON], "agreement": [_COMPARISON], "notes": [str],
+                         "ops": _Optional({"on_target": _COUNTS, "cpu_fallback": _COUNTS})}),
+}
+
+
+def _conforms(value, shape):
+    if isinstance(shape, _Optional):
+        return value is None or _conforms(value, shape.shape)
+    if isinstance(shape, _Mapping):
+        return isinstance(value, dict) and all(_conforms(item, shape.shape) for item in value.values())
+    if isinstance(shape, dict):
+        return isinstance(value, dict) and all(
+            _conforms(value.get(key), entry) if isinstance(entry, _Optional) else key in value and
+            _conforms(value[key], entry) for key, entry in shape.items())
+    if isinstance(shape, list):
+        return isinstance(value, list) and all(_conforms(item, shape[0]) for item in value)
+    if shape is int or shape is float or shape == _NUMBER:
+        return isinstance(value, shape) and not isinstance(value, bool)
+    return isinstance(value, shape)
+
 
 def counted(counts):
     """{name: count} as "2 x GELU, 1 x TILE", sorted by name."""
@@ -75,6 +126,19 @@ class Report:
             if field.name in data and isinstance(value, types) and not (field.type is int and value is True):
                 values[field.name] = value
         return cls(**values)
+
+    @classmethod
+    def from_untrusted(cls, data):
+        """A report from a dict the process that ran the model gave: every field the text form reads checked
+        against its schema (ValueError where one is not as an honest conversion gives it), every string in it
+        made inert (safe_text), so no name, warning or figure can break a line of the report or act on a
+        terminal."""
+        if not isinstance(data, dict):
+            raise ValueError("its report is not a record")
+        for name, shape in _SHAPES.items():
+            if name in data and not (isinstance(shape, _Optional) and not data[name]) and not _conforms(data[name], shape):
+                raise ValueError(f"its report's {safe_text.inert(name)} is not as a conversion gives it")
+        return cls.from_dict(safe_text.inert_data(data))
 
     def _target_lines(self):
         if not self.target:

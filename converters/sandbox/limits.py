@@ -3,8 +3,9 @@
 The defaults serve a real model (keras-hub's GPT-2 at GPT-2 small's width, 124 M parameters, converts in
 about a minute at 8.4 GB here) and stop a hostile one in minutes rather than hours: the time limit grows with
 the model's size on disk, the memory limit is three quarters of the machine's (or its container's) memory,
-and no file the conversion writes (its .tflite, TensorFlow's own temporary files) may pass twice the model's
-size plus 1 GiB. `--time-limit` and `--memory-limit` change the first two.
+no file the conversion writes (its .tflite, TensorFlow's own temporary files) may pass twice the model's
+size plus 1 GiB, and its whole scratch folder may hold three such files and 10,000 entries. `--time-limit`
+and `--memory-limit` change the first two.
 """
 
 import os
@@ -12,6 +13,13 @@ import os
 TIME_BASE_SECONDS = 300
 TIME_PER_GIB_SECONDS = 300
 MEMORY_SHARE = 0.75
+# What the whole scratch folder may hold: the .tflite and TensorFlow's temporary files, each within the file
+# size cap, and the rewritten SavedModel (its weights linked, not copied); a conversion writes tens of files.
+SCRATCH_FILE_CAPS = 3
+SCRATCH_ENTRIES = 10_000
+# A .tflite's check (validation.py in a fresh worker) reads it once: seconds per GiB, past a start-up's.
+CHECK_BASE_SECONDS = 60
+CHECK_PER_GIB_SECONDS = 60
 _GIB = 1 << 30
 
 
@@ -36,8 +44,16 @@ def machine_memory_bytes():
 
 
 def resolve(time_limit, memory_limit_gib, size):
-    """(time limit in seconds, memory limit in bytes, file size cap in bytes) for a model of `size` bytes."""
+    """(time limit in seconds, memory limit in bytes, file size cap in bytes, the scratch folder's limits
+    {"bytes", "entries"}) for a model of `size` bytes."""
     if time_limit is None:
         time_limit = TIME_BASE_SECONDS + TIME_PER_GIB_SECONDS * size / _GIB
     memory = MEMORY_SHARE * machine_memory_bytes() if memory_limit_gib is None else memory_limit_gib * _GIB
-    return float(time_limit), int(memory), int(2 * size + _GIB)
+    file_cap = int(2 * size + _GIB)
+    return float(time_limit), int(memory), file_cap, {"bytes": SCRATCH_FILE_CAPS * file_cap,
+                                                      "entries": SCRATCH_ENTRIES}
+
+
+def check_seconds(size):
+    """The time a .tflite of `size` bytes may take to be checked."""
+    return CHECK_BASE_SECONDS + CHECK_PER_GIB_SECONDS * size / _GIB

@@ -10,7 +10,6 @@ sockets and signals to any process outside.
 System calls (seccomp): `denied_system_calls`, each with what it would let a model do.
 """
 
-import errno
 import os
 import site
 import sys
@@ -25,39 +24,68 @@ SYSTEM_READS = ("/usr", "/lib", "/lib64", "/lib32", "/etc/ld.so.cache", "/etc/lo
                 "/dev/random", "/dev/zero")
 DEVICE_WRITES = ("/dev/null",)
 
-_CLONE_THREAD = 0x00010000
-_TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
+# The environment a conversion runs in, by name: what changes how Python, TensorFlow, Keras and their math
+# libraries load and compute, and nothing else. The caller's other variables (API tokens, credentials,
+# Terraform's TF_VAR_*) never reach a process that runs a model. KERAS_BACKEND is set, not passed: the converter
+# computes in TensorFlow.
+ENVIRONMENT = (
+    "PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "TZ", "PYTHONPATH", "PYTHONHASHSEED",
+    "LD_LIBRARY_PATH", "KERAS_HOME", "TF_USE_LEGACY_KERAS", "TF_ENABLE_ONEDNN_OPTS", "TF_CPP_MIN_LOG_LEVEL",
+    "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
+    "TF_DETERMINISTIC_OPS", "TF_XLA_FLAGS", "XLA_FLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+    "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "HDF5_PLUGIN_PATH", "CUDA_VISIBLE_DEVICES")
 
 
-def denied_system_calls(own_pid):
-    """[(system call, errno, condition or None)] for seccomp.restrict."""
-    return [
-        # Starting another program: whatever a model holds, it runs nothing but this process.
-        ("execve", errno.EPERM, None), ("execveat", errno.EPERM, None),
-        # New processes (a child would outlive the watchdog's kill). Threads are clones with CLONE_THREAD; glibc
-        # falls back from clone3, whose flags a filter cannot read, to clone where clone3 answers ENOSYS.
-        ("fork", errno.EPERM, None), ("vfork", errno.EPERM, None),
-        ("clone", errno.EPERM, (0, "&==", _CLONE_THREAD, 0)), ("clone3", errno.ENOSYS, None),
-        # Sockets of every family: no conversion step opens one (measured, every mode and target). io_uring
-        # could open and use them without these calls.
-        ("socket", errno.EPERM, None), ("socketpair", errno.EPERM, None),
-        ("io_uring_setup", errno.EPERM, None), ("io_uring_enter", errno.EPERM, None),
-        ("io_uring_register", errno.EPERM, None),
-        # Other processes: their memory, and signals (Landlock scopes signals too, from its ABI 6).
-        ("ptrace", errno.EPERM, None), ("process_vm_readv", errno.EPERM, None),
-        ("process_vm_writev", errno.EPERM, None), ("pidfd_open", errno.EPERM, None),
-        ("pidfd_getfd", errno.EPERM, None), ("pidfd_send_signal", errno.EPERM, None), ("tkill", errno.EPERM, None),
-        ("kill", errno.EPERM, (0, "!=", own_pid)), ("tgkill", errno.EPERM, (0, "!=", own_pid)),
-        ("rt_sigqueueinfo", errno.EPERM, (0, "!=", own_pid)), ("rt_tgsigqueueinfo", errno.EPERM, (0, "!=", own_pid)),
-        # Typing into the terminal the command runs in.
-        ("ioctl", errno.EPERM, (1, "&==", 0xFFFFFFFF, _TIOCSTI)), ("ioctl", errno.EPERM, (1, "&==", 0xFFFFFFFF, _TIOCLINUX)),
-        # The kernel's own state, which a conversion run as root could otherwise change.
-        *((name, errno.EPERM, None) for name in (
-            "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "bpf", "perf_event_open", "userfaultfd",
-            "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "open_by_handle_at",
-            "name_to_handle_at", "keyctl", "add_key", "request_key", "reboot", "swapon", "swapoff", "acct",
-            "settimeofday", "clock_settime", "adjtimex", "sethostname", "setdomainname")),
-    ]
+def environment(caller):
+    """The conversion's environment from the caller's (`caller`, a mapping): the ENVIRONMENT variables it sets,
+    PYTHONPATH's folders made absolute (the zygote works in a folder of its own: a relative or empty entry would
+    name the caller's folder, whose modules would then shadow the standard library's), and Keras on
+    TensorFlow."""
+    passed = {name: caller[name] for name in ENVIRONMENT if name in caller}
+    if "PYTHONPATH" in passed:
+        folders = [os.path.abspath(folder) for folder in passed["PYTHONPATH"].split(os.pathsep) if folder]
+        passed["PYTHONPATH"] = os.pathsep.join(folders)
+    return {**passed, "KERAS_BACKEND": "tensorflow"}
+
+
+def plan():
+    """Which layers of confinement this machine lets a worker apply, decided once by the zygote before any job
+    (each worker then applies exactly these, or dies): {"landlock": ABI or 0, "seccomp", "namespaces",
+    "missing": [why a layer is absent], "root"}."""
+    from . import privileges
+    from . import seccomp
+
+    result = {"landlock": 0, "seccomp": False, "namespaces": False, "missing": [], "root": os.getuid() == 0}
+    try:
+        result["landlock"] = landlock.abi_version()
+    except landlock.Unavailable as error:
+        result["missing"].append(f"Landlock: {error}")
+    try:
+        seccomp.available()
+        result["seccomp"] = True
+    except seccomp.Unavailable as error:
+        result["missing"].append(f"seccomp: {error}")
+    refused = privileges.namespaces_available()
+    result["namespaces"] = refused is None
+    if refused is not None:
+        result["missing"].append(f"namespaces: {refused}")
+    return result
+
+
+def describe(plan, sandbox=True):
+    """The report's containment line for a plan: what held, and why any layer is missing; `sandbox` False: the
+    test suite's switch (KERAS_GELU_SANDBOX=off) was thrown."""
+    if not sandbox:
+        return "not contained: switched off (KERAS_GELU_SANDBOX=off); op checks only"
+    in_force = ([landlock.describe(plan["landlock"])] if plan["landlock"] else []) + \
+        (["seccomp allow-list"] if plan["seccomp"] else []) + \
+        (["own user, IPC and network namespaces"] if plan["namespaces"] else [])
+    who = "uid 0 without capabilities" if plan["root"] else "no capabilities"
+    absent = f" ({'; '.join(plan['missing'])})" if plan["missing"] else ""
+    if not plan["landlock"] and not plan["seccomp"]:
+        return f"not contained: op checks only, {who}{absent}"
+    kind = "contained" if plan["landlock"] and plan["seccomp"] else "partly contained"
+    return f"{kind}: {' + '.join(in_force)}, {who}{absent}"
 
 
 def _python_reads():
@@ -110,3 +138,69 @@ def file_rules(model_reads, scratch):
     rules += [(path, landlock.READ_FILE | landlock.WRITE_FILE | landlock.TRUNCATE) for path in DEVICE_WRITES]
     rules.append((scratch, landlock.READ_WRITE))
     return rules
+
+
+# System calls (seccomp), an allow-list: every call a conversion makes once confined, measured with strace over
+# conversions in every mode and target (TensorFlow, the TFLite converter and calibrator, LiteRT, TFLite Micro,
+# Vela, h5py), both Keras flavours, oneDNN on and off; every other call fails with EPERM. Calls that take
+# another process, or act on a file's metadata, are kept to this process, or out.
+_CLONE_THREAD = 0x00010000
+_PR_OPTIONS = {
+    # Thread names (TensorFlow's and OpenMP's pools), and what glibc and Python ask of the process itself.
+    "PR_SET_NAME": 15, "PR_GET_NAME": 16, "PR_GET_DUMPABLE": 3, "PR_GET_SECCOMP": 21, "PR_CAPBSET_READ": 23,
+    "PR_GET_NO_NEW_PRIVS": 39, "PR_SET_VMA": 0x53564D41, "PR_GET_THP_DISABLE": 42, "PR_GET_TIMERSLACK": 30,
+}
+_IOCTLS = {
+    # isatty() (Python's stdio set-up; TCGETS answers ENOTTY on the log file), and a descriptor's
+    # close-on-exec and non-blocking flags.
+    "TCGETS": 0x5401, "FIONREAD": 0x541B, "FIOCLEX": 0x5451, "FIONCLEX": 0x5450, "FIONBIO": 0x5421,
+}
+_ANY = (
+    # Memory.
+    "brk", "mmap", "munmap", "mremap", "mprotect", "madvise", "mincore", "msync", "membarrier", "get_mempolicy",
+    # Threads and their synchronisation, signals to itself (seen through the pid filters below), time.
+    "futex", "futex_waitv", "set_robust_list", "set_tid_address", "rseq", "sched_yield", "sched_getaffinity",
+    "sched_getparam", "sched_getscheduler", "sched_get_priority_max", "sched_get_priority_min", "getcpu",
+    "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "rt_sigsuspend", "rt_sigtimedwait", "sigaltstack",
+    "restart_syscall", "nanosleep", "clock_nanosleep", "clock_gettime", "clock_getres", "gettimeofday", "time",
+    "exit", "exit_group", "arch_prctl",
+    # Descriptors and the files Landlock lets it open (reads of the model and the installation, writes in its
+    # scratch folder): the checks on paths are Landlock's.
+    "read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev", "preadv2", "pwritev2", "lseek",
+    "open", "openat", "openat2", "creat", "close", "close_range", "dup", "dup2", "dup3", "fcntl", "flock", "fsync",
+    "fdatasync", "ftruncate", "truncate", "fallocate", "fadvise64", "readahead", "sendfile", "copy_file_range",
+    "stat", "fstat", "lstat", "newfstatat", "statx", "statfs", "fstatfs", "access", "faccessat", "faccessat2",
+    "getdents", "getdents64", "getcwd", "chdir", "fchdir", "readlink", "readlinkat", "mkdir", "mkdirat", "rmdir",
+    "unlink", "unlinkat", "rename", "renameat", "renameat2", "symlink", "symlinkat", "umask", "getxattr",
+    "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr", "pipe", "pipe2", "eventfd", "eventfd2",
+    "poll", "ppoll", "select", "pselect6", "epoll_create", "epoll_create1", "epoll_ctl", "epoll_wait",
+    "epoll_pwait", "epoll_pwait2", "timerfd_create", "timerfd_settime", "timerfd_gettime",
+    # What the process asks about itself and the machine.
+    "getpid", "gettid", "getppid", "getpgrp", "getpgid", "getsid", "getuid", "geteuid", "getgid", "getegid",
+    "getresuid", "getresgid", "getgroups", "capget", "getrlimit", "getrusage", "times", "sysinfo", "uname",
+    "getrandom", "getpriority", "wait4", "waitid",
+)
+
+
+def system_calls(own_pid):
+    """[(system call, [conditions])] for seccomp.restrict: a call is allowed where all of one entry's
+    conditions hold; a condition is (argument index, comparison, value...)."""
+    self_only = [[(0, "==", 0)], [(0, "==", own_pid)]]  # a process id argument: itself (0 means the caller)
+    allowed = [(name, []) for name in _ANY]
+    # New threads only: a new process would outlive the watchdog's kill. glibc falls back from clone3, whose
+    # flags a filter cannot read, to clone where clone3 is refused (seccomp.FALLBACK).
+    allowed.append(("clone", [(0, "&==", _CLONE_THREAD, _CLONE_THREAD)]))
+    allowed += [("prctl", [(0, "==", option)]) for option in _PR_OPTIONS.values()]
+    allowed += [("ioctl", [(1, "&==", 0xFFFFFFFF, request)]) for request in _IOCTLS.values()]
+    # Signals to itself and its threads (abort(), Python's signal handling), to no other process.
+    allowed += [("kill", condition) for condition in self_only]
+    allowed += [(name, [(0, "==", own_pid)]) for name in ("tgkill", "rt_tgsigqueueinfo")]
+    allowed += [("rt_sigqueueinfo", condition) for condition in self_only]
+    # Its own limits read, never set: the bounds are kept from outside (a limit set on the zygote or the command
+    # would blind the watcher or kill them).
+    allowed += [("prlimit64", condition + [(2, "==", 0)]) for condition in self_only]
+    # Its own scheduling (TensorFlow's and OpenMP's thread pools pin and rank their threads), no one else's.
+    allowed += [(name, condition) for name in ("sched_setaffinity", "sched_setscheduler", "sched_setparam")
+                for condition in self_only]
+    allowed += [("setpriority", [(0, "==", 0), (1, "==", who)]) for who in (0, own_pid)]  # PRIO_PROCESS, itself
+    return allowed

@@ -1,4 +1,4 @@
-"""seccomp through libseccomp (ctypes): system calls a conversion never makes, made to fail.
+"""seccomp through libseccomp (ctypes): an allow-list of system calls, every other one made to fail.
 
 libseccomp turns rules into the kernel's BPF filter for the running architecture and knows each system call's
 number there. A filter applies to the process and everything it starts, for good.
@@ -6,9 +6,23 @@ number there. A filter applies to the process and everything it starts, for good
 
 import ctypes
 import ctypes.util
+import errno
+import os
 
 _ALLOW = 0x7FFF0000  # SCMP_ACT_ALLOW
-_COMPARISONS = {"!=": 1, "&==": 7}  # SCMP_CMP_NE, SCMP_CMP_MASKED_EQ
+
+
+def _errno(number):
+    return 0x00050000 | (number & 0xFFFF)  # SCMP_ACT_ERRNO(number)
+
+
+# What a call off the list gets: EPERM, which every library takes as "not allowed here".
+DENIED = _errno(errno.EPERM)
+# Calls refused as a kernel without them would refuse them, so that the C library falls back to the call the
+# list allows: clone3, whose flags sit in memory a filter cannot read, to clone.
+FALLBACK = {"clone3": errno.ENOSYS}
+_COMPARISONS = {"!=": 1, "==": 4, "&==": 7}  # SCMP_CMP_NE, SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ
+_SECCOMP_ACTIONS = "/proc/sys/kernel/seccomp/actions_avail"
 
 
 class Unavailable(Exception):
@@ -45,35 +59,48 @@ def _loaded():
 _LIBRARY = _loaded()
 
 
+def available():
+    """Raise Unavailable unless libseccomp loads and the kernel takes filters that fail calls with an errno."""
+    _library()
+    try:
+        with open(_SECCOMP_ACTIONS) as stream:
+            actions = stream.read().split()
+    except OSError:
+        raise Unavailable("the kernel takes no seccomp filter") from None
+    if "errno" not in actions or "allow" not in actions:
+        raise Unavailable(f"the kernel's seccomp lacks the errno action ({' '.join(actions)})")
+
+
 def _test(argument, comparison, *values):
-    """A rule's condition on a system call's argument: (index, "!=", value) or (index, "&==", mask, value)."""
+    """A condition on a system call's argument: (index, "==" or "!=", value) or (index, "&==", mask, value)."""
     if comparison == "&==":
         mask, value = values
         return _ArgumentTest(argument, _COMPARISONS[comparison], mask, value)
     (value,) = values
-    return _ArgumentTest(argument, _COMPARISONS[comparison], value, 0)
+    return _ArgumentTest(argument, _COMPARISONS[comparison], value & 0xFFFFFFFFFFFFFFFF, 0)
 
 
-def restrict(rules):
-    """Make system calls fail, for good. `rules`: [(name, errno, condition or None)], a condition being
-    (argument index, "!=", value) or (argument index, "&==", mask, value). A call this architecture lacks is
-    skipped."""
+def restrict(allowed):
+    """Allow only the system calls in `allowed`, [(name, [condition, ...])], for good: a call is allowed where
+    every condition of one of its entries holds; every other call fails with EPERM (FALLBACK's with theirs).
+    A call this architecture lacks is skipped."""
     library = _library()
-    context = library.seccomp_init(_ALLOW)
+    context = library.seccomp_init(DENIED)
     if not context:
         raise Unavailable("seccomp_init failed")
     try:
-        for name, error, condition in rules:
+        rules = [(name, _ALLOW, conditions) for name, conditions in allowed]
+        rules += [(name, _errno(number), []) for name, number in FALLBACK.items()]
+        for name, action, conditions in rules:
             number = library.seccomp_syscall_resolve_name(name.encode())
             if number < 0:
                 continue
-            tests = (_ArgumentTest * 1)(_test(*condition)) if condition else None
-            action = 0x00050000 | (error & 0xFFFF)  # SCMP_ACT_ERRNO(error)
-            result = library.seccomp_rule_add_array(context, action, number, 1 if condition else 0, tests)
+            tests = (_ArgumentTest * max(len(conditions), 1))(*(_test(*condition) for condition in conditions))
+            result = library.seccomp_rule_add_array(context, action, number, len(conditions), tests)
             if result < 0:
-                raise Unavailable(f"cannot add the rule for {name} (error {-result})")
+                raise Unavailable(f"cannot add the rule for {name} ({os.strerror(-result)})")
         result = library.seccomp_load(context)
         if result < 0:
-            raise Unavailable(f"the kernel refused the filter (error {-result})")
+            raise Unavailable(f"the kernel refused the filter ({os.strerror(-result)})")
     finally:
         library.seccomp_release(context)

@@ -8,7 +8,6 @@ limit, or ended without an answer (its nonce) becomes one ConversionError naming
 
 import atexit
 import dataclasses
-import json
 import os
 import secrets
 import signal
@@ -19,13 +18,15 @@ import threading
 import time
 
 from .. import errors
+from .. import safe_text
 from ..report import Report
 from . import channel
+from . import limits
+from . import policy
+from . import scratch
 
-# Environment variables that change what the zygote imports or how TensorFlow runs: a change starts another.
-# (keras-gelu's own, KERAS_GELU_*, are read here for each job.)
-_ENVIRONMENT_PREFIXES = ("TF_", "KERAS_", "PYTHON", "XLA_", "LD_", "OMP_", "MKL", "HDF5_", "CUDA")
-_OUR_PREFIX = "KERAS_GELU_"
+# The zygote's working folder: one of ours, holding nothing to import.
+_WORKING_FOLDER = "/"
 # How long a zygote may take to import TensorFlow and the converter (a cold disk: tens of seconds).
 _START_SECONDS = 600
 # How much longer than a job's limit the zygote may take to say it ended (it kills at the limit itself).
@@ -34,32 +35,34 @@ _GRACE_SECONDS = 60
 _PROGRESS_SECONDS = 0.5
 _STARTING = "starting (TensorFlow's import)"
 _ZYGOTE = "import keras_gelu_launcher; keras_gelu_launcher.zygote()"
-_RESULT_BYTES = 64 << 20
+_RESULT_BYTES = scratch.ANSWER_BYTES
 _LOG_BYTES = 1 << 20
 
 
 @dataclasses.dataclass
 class Outcome:
-    """A finished job: the worker's log lines, and its .tflite (a path in the scratch folder) and report, or the
-    error that says why there is none."""
+    """A finished job: the worker's log lines, and its report (its .tflite copied where the caller said), or
+    the error that says why there is none."""
 
     log_lines: list
     report: Report = None
-    output: str = None
     error: errors.ConversionError = None
 
 
 class _Zygote:
     def __init__(self, environment, progress):
         self._log = tempfile.TemporaryFile()
+        # -P and a working folder of our own: nothing is imported from the caller's folder or the model's (a
+        # json.py planted beside saved_model.pb would otherwise shadow the standard library's, unconfined).
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _ZYGOTE, *_registering_packages()],
+            [sys.executable, "-P", "-c", _ZYGOTE, *_registering_packages()], cwd=_WORKING_FOLDER,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log, env=environment, start_new_session=True, close_fds=True)
         self._events = channel.Lines(self.process.stdout.fileno())
         event = self.next_event(_START_SECONDS, lambda: progress(_STARTING))
         if event is None or "ready" not in event:
             raise errors.ConversionCrashed(f"the conversion process could not start: {self._last_words()}")
+        self.plan = event["plan"]
 
     def _last_words(self):
         self._log.seek(0)
@@ -109,15 +112,9 @@ def _registering_packages():
     return sorted(name for name in packages if name and name != "__main__")
 
 
-def _environment():
-    """The zygote's environment: the caller's, with Keras on TensorFlow, which the converter computes in."""
-    return {**os.environ, "KERAS_BACKEND": "tensorflow"}
-
-
 def _zygote(progress):
-    environment = _environment()
-    key = (sys.executable, tuple(sorted((name, value) for name, value in environment.items()
-                                        if name.startswith(_ENVIRONMENT_PREFIXES) and not name.startswith(_OUR_PREFIX))))
+    environment = policy.environment(os.environ)
+    key = (sys.executable, tuple(sorted(environment.items())))
     zygote = _zygotes.get(key)
     if zygote is None or not zygote.alive():
         _close_zygotes()  # one at a time: each holds TensorFlow's memory
@@ -133,37 +130,90 @@ def _close_zygotes():
 
 
 def _test_switches():
-    """The two switches the test suite throws, read for each job: KERAS_GELU_SANDBOX=off, to show what the op
-    checks stop alone (never for models you did not make), and KERAS_GELU_TEST_CRASH_AT=<stage>, a worker that
-    dies of SIGSEGV as it enters that step (a runtime that crashes, made to)."""
+    """The switches the test suite throws, read for each job: KERAS_GELU_SANDBOX=off, to show what the op checks
+    stop alone (never for models you did not make); KERAS_GELU_TEST_CRASH_AT=<stage>, a worker that dies of
+    SIGSEGV as it enters that step (a runtime that crashes, made to); KERAS_GELU_TEST_PAYLOAD=<file.py>, Python
+    the worker runs once confined, before converting (the attacker already inside, whom the sandbox must hold:
+    it grants nothing a model's own code does not have)."""
+    payload = os.environ.get("KERAS_GELU_TEST_PAYLOAD")
+    if payload:
+        with open(payload) as stream:
+            payload = stream.read()
     return {"sandbox": os.environ.get("KERAS_GELU_SANDBOX", "").lower() != "off",
-            "crash_at": os.environ.get("KERAS_GELU_TEST_CRASH_AT")}
+            "crash_at": os.environ.get("KERAS_GELU_TEST_CRASH_AT"), "payload": payload or None}
 
 
-def run(job, scratch, progress=None):
-    """Run `job` (worker.run's dict, without its nonce) in a worker; its Outcome. `scratch` is the job's folder,
-    which the caller made and removes. `progress(step)`, if given, hears the step every half second."""
-    job = {**job, **_test_switches(), "scratch": scratch, "nonce": secrets.token_hex(16)}
+def run(job, scratch_folder, destination, progress=None):
+    """Run `job` (worker.run's dict, without its nonce) in a worker; its Outcome. `scratch_folder` is the job's
+    folder, which the caller made and removes (scratch.remove); the .tflite, checked in a fresh confined
+    process, is copied into `destination` (a binary file open for writing, a path of its own: the caller's).
+    `progress(step)`, if given, hears the step every half second."""
+    job = {**job, **_test_switches(), "scratch": scratch_folder}
     progress = progress or (lambda step: None)
     with _lock:
+        zygote, ended = _ran(job, progress)
+        outcome = _outcome(job, ended, zygote.plan)
+        if outcome.error is None:
+            try:
+                size = scratch.copy_out(scratch_folder, "output.tflite", destination, job["file_limit"])
+            except (OSError, scratch.Hostile) as error:
+                outcome.error = _hostile(job["name"], error)
+            else:
+                outcome.error = _checked(job, destination.name, size, progress)
+    return outcome
+
+
+def _ran(job, progress):
+    """(the zygote, its {"ended"} event) for `job`, given a nonce of its own."""
+    job = {**job, "nonce": secrets.token_hex(16)}
+    zygote = _zygote(progress)
+    try:
+        zygote.send({"job": job})
+    except OSError:  # it died since: once more, with a new one
+        _close_zygotes()
         zygote = _zygote(progress)
-        try:
-            zygote.send({"job": job})
-        except OSError:  # it died since: once more, with a new one
-            _close_zygotes()
-            zygote = _zygote(progress)
-            zygote.send({"job": job})
-        try:
-            ended = _wait_for_end(zygote, job, progress)
-        except KeyboardInterrupt:
-            zygote.send({"cancel": True})
-            _wait_for_end(zygote, job, progress)
-            raise
-    return _outcome(job, ended)
+        zygote.send({"job": job})
+    try:
+        ended = _wait_for_end(zygote, job, progress)
+    except KeyboardInterrupt:
+        zygote.send({"cancel": True})
+        _wait_for_end(zygote, job, progress)
+        raise
+    return zygote, {**ended, "nonce": job["nonce"]}
 
 
-def _step(scratch):
-    return _read(os.path.join(scratch, "stage"), 200).decode(errors="replace") or "start-up"
+def _checked(job, path, size, progress):
+    """None if the .tflite at `path` (the supervisor's copy) is one a runtime may read, as a fresh worker that
+    never ran the model finds it (tflite/validation.py); else the error that says why nothing is written."""
+    folder = tempfile.mkdtemp(prefix=".keras_gelu_check_", dir=os.path.dirname(job["scratch"]))
+    try:
+        check = {"check": path, "reads": [path], "name": job["name"], "debug": False, "sandbox": job["sandbox"],
+                 "scratch": folder, "file_limit": _RESULT_BYTES, "scratch_limits": {"bytes": 4 * _RESULT_BYTES,
+                                                                                   "entries": 16},
+                 "time_limit": limits.check_seconds(size), "memory_limit": job["memory_limit"]}
+        _, ended = _ran(check, lambda step: progress("checking the .tflite"))
+        try:
+            result = scratch.answer(folder, ended["nonce"])
+        except scratch.Hostile as error:
+            return _hostile(job["name"], error)
+    finally:
+        scratch.remove(folder)
+    if ended["status"] != 0 or result is None:
+        return errors.ConversionCrashed(f"{job['name']}: the check of the .tflite failed "
+                                        f"({_death(ended['status'])}); nothing written")
+    if result.get("status") != "valid":
+        return errors.ConverterFailed(f"{job['name']}: the conversion process wrote a .tflite a runtime must not "
+                                      f"read: its {safe_text.inert(result.get('message'))}; nothing written")
+    return None
+
+
+def _hostile(name, error):
+    return errors.ConversionCrashed(f"{name}: the conversion process left what no conversion leaves: "
+                                    f"{safe_text.inert(error)}; nothing written")
+
+
+def _step(folder):
+    return scratch.read(folder, "stage", 200).decode(errors="replace") or "start-up"
 
 
 def _wait_for_end(zygote, job, progress):
@@ -179,18 +229,12 @@ def _wait_for_end(zygote, job, progress):
             return event
 
 
-def _read(path, limit):
-    try:
-        with open(path, "rb") as stream:
-            return stream.read(limit)
-    except OSError:
-        return b""
-
-
-def _outcome(job, ended):
-    scratch = job["scratch"]
-    log_lines = _read(os.path.join(scratch, "log"), _LOG_BYTES).decode(errors="replace").splitlines()
-    stage = _step(scratch)
+def _outcome(job, ended, plan):
+    """What the worker's end means: its answer as a Report and an error, every field of it made inert, and the
+    lines about trust and containment the supervisor's own."""
+    folder = job["scratch"]
+    log_lines = scratch.read(folder, "log", _LOG_BYTES).decode(errors="replace").splitlines()
+    stage = safe_text.inert(_step(folder))
     name, stopped, status = job["name"], ended["stopped"], ended["status"]
     if stopped == "time":
         return Outcome(log_lines, error=errors.TimeLimitExceeded(
@@ -199,28 +243,35 @@ def _outcome(job, ended):
         return Outcome(log_lines, error=errors.MemoryLimitExceeded(
             f"{name}: {stage} used more than {job['memory_limit'] / 2**30:.3g} GiB of memory (--memory-limit); "
             "nothing written"))
-    result = _result(scratch, job["nonce"])
+    if stopped == "scratch":
+        limit = job["scratch_limits"]
+        return Outcome(log_lines, error=errors.ScratchLimitExceeded(
+            f"{name}: {stage} wrote more than {limit['bytes'] / 2**30:.3g} GiB or {limit['entries']:,} files in its "
+            "scratch folder; nothing written"))
+    try:
+        result = scratch.answer(folder, ended["nonce"])
+        report = _report(result, job, plan, ended)
+    except (scratch.Hostile, ValueError) as error:
+        return Outcome(log_lines, error=_hostile(name, error))
     if status != 0 or result is None:
         return Outcome(log_lines, error=errors.ConversionCrashed(f"{name}: {_death(status)} during {stage}, "
                                                                  "without an answer; nothing written"))
-    report = Report.from_dict(result["report"]) if isinstance(result.get("report"), dict) else None
-    if report is not None:
-        report.peak_bytes = ended.get("peak_bytes", 0)
-        report.stage_peak_bytes = ended.get("stage_peak_bytes", {})
     if result.get("status") == "converted" and report is not None:
-        output = os.path.join(scratch, "output.tflite")
-        if os.path.isfile(output):
-            return Outcome(log_lines, report=report, output=output)
+        return Outcome(log_lines, report=report)
     return Outcome(log_lines, report=report, error=_error(result, report))
 
 
-def _result(scratch, nonce):
-    """The worker's answer, if it is one: JSON naming the job's nonce."""
-    try:
-        result = json.loads(_read(os.path.join(scratch, "result.json"), _RESULT_BYTES))
-    except ValueError:
+def _report(result, job, plan, ended):
+    """The Report in the worker's answer (None where it gave none), checked against its schema and made inert;
+    ValueError where it is not one. Trust, containment and memory are stated here, from the job, the plan and
+    the zygote's watch."""
+    if result is None or result.get("report") is None:
         return None
-    return result if isinstance(result, dict) and result.get("nonce") == nonce else None
+    report = Report.from_untrusted(result["report"])
+    report.trusted = bool(job["options"]["trust_model"])
+    report.containment = policy.describe(plan, job["sandbox"])
+    report.peak_bytes, report.stage_peak_bytes = ended.get("peak_bytes", 0), ended.get("stage_peak_bytes", {})
+    return report
 
 
 def _death(status):
@@ -236,12 +287,13 @@ def _death(status):
 
 def _error(result, report):
     """The worker's error as the ConversionError it raised; anything else as an internal error."""
-    message = str(result.get("message", ""))
+    message = safe_text.inert(result.get("message", ""))
     kind = getattr(errors, str(result.get("error")), None)
     if result.get("status") == "refused" and isinstance(kind, type) and issubclass(kind, errors.ConversionError):
         error = kind(report, message) if kind is errors.ParityFailure else kind(message)
     else:
-        error = errors.InternalError(f"internal error: {result.get('error')}: {' '.join(message.split())[:300]} "
+        error = errors.InternalError(f"internal error: {safe_text.inert(result.get('error'))}: {message[:300]} "
                                      "(rerun with --debug for a traceback)")
-    error.traceback = result.get("traceback")
+    trace = result.get("traceback")
+    error.traceback = None if trace is None else "\n".join(safe_text.inert(line) for line in str(trace).splitlines())
     return error

@@ -1,10 +1,20 @@
-"""The worker: the process forked from the zygote for one conversion, confined before it reads the model.
+"""The worker: a process forked from the zygote for one job, confined before it reads a byte of the model.
 
-It gives up what the policy denies (Landlock, then seccomp), with its standard streams on a log file in the
-scratch folder, no core dumps and a cap on the size of any file it writes; then it converts and answers in
-the scratch folder: `output.tflite`, and `result.json` (written last, with the job's nonce: a model that
-ends the process early, or writes a result of its own without knowing the nonce, answers nothing).
-While it works, `stage` names the step it is in, for the supervisor to name when it dies.
+It works in its scratch folder (its working folder too, so no relative path leads anywhere else), with its
+standard streams on a log file there, no core dumps and a cap on the size of any file it writes. Then it gives
+up, in this order and for good, what the zygote's plan (`policy.plan`) says this machine lets it: its
+namespaces and every capability (`privileges`), every file but its own (Landlock), every system call but those
+a conversion makes (the seccomp allow-list). A layer the plan names that fails to apply ends the process
+without an answer: the containment the report states is the plan's, which the supervisor states, not
+anything the worker says. Then it converts and answers in the scratch folder: `output.tflite`, and
+`result.json` (written last, with the job's nonce: a model that ends the process early, or writes a result of
+its own without knowing the nonce, answers nothing). While it works, `stage` names the step it is in.
+
+Everything it leaves is hostile input to the side that reads it (`scratch`): from here on the model may run,
+and with `--trust-model`, or a hole in the op checks, the model's code is this process.
+
+A check job (`check`) is a worker too: a fresh one that never ran a model, confined the same way, reading only
+a copy of a .tflite the supervisor made, and answering whether a runtime may read it.
 """
 
 import ctypes
@@ -17,6 +27,7 @@ import traceback
 
 from . import landlock
 from . import policy
+from . import privileges
 from . import seccomp
 
 _PR_SET_PDEATHSIG = 1
@@ -25,23 +36,31 @@ _FAILED = 70
 
 
 def run(job):
-    """Confine this (forked) process, convert, answer; never returns."""
+    """Confine this (forked) process, do the job, answer; never returns."""
     status = _FAILED
     try:
         _prepare_process(job)
-        containment = _confine(job)
-        _answer(job, *_converted(job, containment))
+        entered = _stage_writer(job["scratch"], job.get("crash_at"))
+        entered("confinement")
+        _confine(job)
+        if "check" in job:
+            _answer(job, _checked(job["check"]), None)
+        else:
+            _run_test_payload(job)
+            _answer(job, *_converted(job, entered))
         status = 0
+    except BaseException:  # noqa: BLE001 - said in the log, which the command shows; the missing answer says the rest
+        traceback.print_exc()
     finally:
         os._exit(status)
 
 
 def _prepare_process(job):
     scratch = job["scratch"]
-    os.chdir(job["cwd"])  # the caller's: the paths it was given are relative to it
+    os.chdir(scratch)  # paths the job names are absolute: nothing relative reaches the caller's folder
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the zygote's death is ours
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the file size cap a write fails, one clear error
-    log = os.open(os.path.join(scratch, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log = os.open(os.path.join(scratch, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     null = os.open(os.devnull, os.O_RDONLY)
     for target, source in ((0, null), (1, log), (2, log)):
         os.dup2(source, target)
@@ -56,36 +75,31 @@ def _prepare_process(job):
 
 
 def _close_channels():
-    """Close every pipe and socket inherited past the standard streams: the zygote's channel to its caller
-    among them, which a model could otherwise write events into."""
+    """Close every pipe, socket and pidfd inherited past the standard streams: the zygote's channel to its
+    caller among them, which a model could otherwise write events into."""
     for name in os.listdir("/proc/self/fd"):
         descriptor = int(name)
         try:
             target = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
             continue
-        if descriptor > 2 and target.startswith(("pipe:", "socket:")):
+        if descriptor > 2 and target.startswith(("pipe:", "socket:", "anon_inode:[pidfd]")):
             os.close(descriptor)
 
 
 def _confine(job):
-    """Apply the policy; what is in force, as the report says it."""
+    """Apply the zygote's plan, every layer it names, or fail (no answer: the report never claims a layer that
+    is not there)."""
+    plan = job["plan"]
     if not job["sandbox"]:
-        return "not contained: switched off (KERAS_GELU_SANDBOX=off); op checks only"
-    in_force, missing = [], []
-    try:
-        in_force.append(landlock.restrict(policy.file_rules(job["reads"], job["scratch"])))
-    except landlock.Unavailable as error:
-        missing.append(f"Landlock: {error}")
-    try:
-        seccomp.restrict(policy.denied_system_calls(os.getpid()))
-        in_force.append("seccomp")
-    except seccomp.Unavailable as error:
-        missing.append(f"seccomp: {error}")
-    absent = f" ({'; '.join(missing)})" if missing else ""
-    if not in_force:
-        return f"not contained: op checks only{absent}"
-    return f"{'contained' if not missing else 'partly contained'}: {' + '.join(in_force)}{absent}"
+        return
+    if plan["namespaces"]:
+        privileges.enter_namespaces()
+    privileges.drop_capabilities()
+    if plan["landlock"]:
+        landlock.restrict(policy.file_rules(job["reads"], job["scratch"]))
+    if plan["seccomp"]:
+        seccomp.restrict(policy.system_calls(os.getpid()))
 
 
 def _stage_writer(scratch, crash_at):
@@ -100,23 +114,30 @@ def _stage_writer(scratch, crash_at):
     return entered
 
 
-def _converted(job, containment):
+def _run_test_payload(job):
+    """The test suite's attacker (KERAS_GELU_TEST_PAYLOAD): Python run here, confined, before the conversion,
+    as a model's code would run, to show what the sandbox and the supervisor hold against it."""
+    payload = job.get("payload")
+    if payload is not None:
+        exec(compile(payload, "<test payload>", "exec"), {"__name__": "__payload__", "job": dict(job)})  # noqa: S102
+
+
+def _converted(job, entered):
     """(result, the .tflite's bytes or None): the pipeline's answer, or its error, as data."""
     from ..options import Options
     from ..running import pipeline
     from ..running import progress
 
-    progress.listen(_stage_writer(job["scratch"], job["crash_at"]))
+    progress.listen(entered)
     try:
         tflite_model, report = pipeline.convert(job["model"], Options(**job["options"]), kind=job["kind"],
                                                 name=job["name"])
     except Exception as error:  # noqa: BLE001 - an answer, not a dead worker, for anything unforeseen
-        return _failure(job, error, containment, traceback.format_exc()), None
-    report.containment = containment
+        return _failure(job, error, traceback.format_exc()), None
     return {"status": "converted", "report": report.to_dict()}, tflite_model
 
 
-def _failure(job, error, containment, trace):
+def _failure(job, error, trace):
     """The result that says why there is no .tflite: a user error by its class, the sandbox's denial behind any
     error, or an internal error."""
     from ..errors import ConversionError
@@ -132,7 +153,6 @@ def _failure(job, error, containment, trace):
         result = {"status": "internal", "error": type(error).__name__, "message": str(error)}
     report = getattr(error, "report", None)  # a parity failure's figures
     if report is not None:
-        report.containment = containment
         result["report"] = report.to_dict()
     if job["debug"]:
         result["traceback"] = trace
@@ -145,14 +165,52 @@ _DENIALS = ("PermissionError", "PermissionDeniedError")
 
 
 def _denial(error):
-    """The first line of the sandbox's denial behind `error` (it, or what caused it), or None."""
+    """What the sandbox denied behind `error` (it, or what caused it), or None: the denial's own line where it
+    names the path or call, else the error's last line (a library's message ends with what it was doing)."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if type(error).__name__ in _DENIALS:
-            return " ".join(str(error).split())[:200]
+            return _essence(str(error))
         error = error.__cause__ or error.__context__
     return None
+
+
+def _essence(message, limit=300):
+    """A long library message cut to `limit` characters around what matters: where it names a path ('...'), the
+    text from the first path on; else its start."""
+    text = " ".join(message.split())
+    quoted = text.find("'/")
+    if quoted > 0 and len(text) > limit:
+        text = "... " + text[quoted:]
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _checked(path):
+    """A check job's answer: whether the .tflite at `path` is one a runtime may read: a TFLite flatbuffer
+    (its identifier) with a subgraph, nothing in it a runtime must not meet (tflite/validation.py), and one
+    LiteRT's verifier and op resolver accept (where it holds Flex ops, which this interpreter may lack, the
+    first two)."""
+    from .. import paths
+    from ..running import verify
+    from ..tflite import flatbuffer_model
+    from ..tflite import validation
+
+    with open(path, "rb") as stream:
+        data = stream.read()
+    problem = None if paths.is_tflite(data) else "TFLite identifier is missing"
+    problem = problem or validation.problem(data)
+    if problem is None:
+        model = flatbuffer_model.as_object(data)
+        if not model.subgraphs:
+            problem = "model has no subgraph"
+        else:
+            try:
+                verify.interpreter_class()[0](model_content=data)
+            except (ValueError, RuntimeError) as error:
+                if not any((code.customCode or b"").startswith(b"Flex") for code in model.operatorCodes or []):
+                    problem = f"flatbuffer is refused by LiteRT ({' '.join(str(error).split())[:200]})"
+    return {"status": "valid"} if problem is None else {"status": "invalid", "message": problem}
 
 
 def _answer(job, result, tflite_model):

@@ -13,11 +13,14 @@ It talks to the supervisor in JSON lines: jobs and cancellations on stdin; {"rea
 
 import importlib
 import os
+import resource
 import signal
 import sys
 import time
 
 from . import channel
+from . import policy
+from . import scratch
 
 # What every worker runs: the pipeline (which imports TensorFlow, Keras and the layers), and LiteRT, where it
 # is installed; then the packages its arguments name. A target's runtime (TFLite Micro, Vela: a second's
@@ -32,7 +35,13 @@ OPTIONAL = ("ai_edge_litert.interpreter", "h5py")
 # trusted model's code may.
 _NOT_PRELOADED = ("sklearn", "matplotlib", "jax")
 _POLL_SECONDS = 0.05
+# The scratch folder is counted every this many polls (a walk of its entries; a worker writes at most its file
+# size cap, RLIMIT_FSIZE, into each file between two counts).
+_SCRATCH_POLLS = 10
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+# The limits the zygote starts with, which every job starts from: a worker could not change them (the seccomp
+# allow-list keeps prlimit64 to itself), and if anything did, the zygote puts them back or ends.
+_LIMITS = [getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_")]
 
 
 def _say(event):
@@ -57,35 +66,34 @@ def _end_of(pid):
         return None
 
 
-def _stage(path, before):
+def _stage(folder, before):
     """The step the worker says it is in (worker._stage_writer), or `before` while it has said none or is
-    rewriting the file."""
-    try:
-        with open(path) as stream:
-            return stream.read(200) or before
-    except (OSError, UnicodeDecodeError):
-        return before
+    rewriting the file; read as scratch.read reads (no link, FIFO or device)."""
+    return scratch.read(folder, "stage", 200).decode(errors="replace") or before
 
 
 def _watched(pid, job, requests):
     """Wait for the worker to end, killing it at a limit or on request; the {"ended"} event, with the peak
     resident memory seen in each step (sampled: a spike shorter than a poll shows only in the whole's peak)."""
     started = time.monotonic()
-    time_limit, memory_limit, stage_file = job["time_limit"], job["memory_limit"], os.path.join(job["scratch"], "stage")
-    stopped, peak, stage, stage_peaks = None, 0, "start-up", {}
+    time_limit, memory_limit, folder = job["time_limit"], job["memory_limit"], job["scratch"]
+    stopped, peak, stage, stage_peaks, polls = None, 0, "start-up", {}, 0
     ending = _end_of(pid)
     try:
         while True:
             ended, status, usage = os.wait4(pid, os.WNOHANG)
             if ended:
                 break
-            resident, stage = resident_bytes(pid), _stage(stage_file, stage)
+            resident, stage = resident_bytes(pid), _stage(folder, stage)
             if resident:  # 0: it has just ended
                 peak, stage_peaks[stage] = max(peak, resident), max(stage_peaks.get(stage, 0), resident)
+            polls += 1
             if time.monotonic() - started > time_limit:
                 stopped = "time"
             elif peak > memory_limit:
                 stopped = "memory"
+            elif polls % _SCRATCH_POLLS == 0 and _past_scratch_limits(folder, job["scratch_limits"]):
+                stopped = "scratch"
             elif requests.waiting(_POLL_SECONDS, also=() if ending is None else (ending,)):
                 stopped = "cancelled" if requests.next() is not None else "caller gone"
             if stopped is not None:
@@ -98,6 +106,26 @@ def _watched(pid, job, requests):
     return {"ended": pid, "status": os.waitstatus_to_exitcode(status), "stopped": stopped,
             "seconds": time.monotonic() - started, "peak_bytes": max(peak, usage.ru_maxrss * 1024),
             "stage_peak_bytes": stage_peaks}
+
+
+def _past_scratch_limits(folder, limits):
+    used, entries = scratch.usage(folder)
+    return used > limits["bytes"] or entries > limits["entries"]
+
+
+def _own_limits():
+    return {limit: resource.getrlimit(limit) for limit in _LIMITS}
+
+
+def _limits_restored(expected):
+    """Put back any limit of this process that changed since it started; False where that cannot be done."""
+    for limit, value in expected.items():
+        if resource.getrlimit(limit) != value:
+            try:
+                resource.setrlimit(limit, value)
+            except (OSError, ValueError):
+                return False
+    return True
 
 
 def _import_where_installed(names):
@@ -125,7 +153,9 @@ def main(import_keras_gelu):
     _import_where_installed(OPTIONAL + tuple(sys.argv[1:]))  # and the packages the caller's Keras has classes of
     from . import worker
 
-    _say({"ready": os.getpid()})
+    limits = _own_limits()
+    sandbox_plan = policy.plan()
+    _say({"ready": os.getpid(), "plan": sandbox_plan})
     requests = channel.Lines(0)
     while True:
         request = requests.next()
@@ -134,7 +164,10 @@ def main(import_keras_gelu):
         job = request.get("job")
         if job is None:
             continue  # a cancellation that came after its worker ended
+        if not _limits_restored(limits):
+            return  # a changed zygote serves no job: the supervisor starts another
         _import_where_installed(job.get("preload", ()))
+        job["plan"] = sandbox_plan
         pid = os.fork()
         if pid == 0:
             worker.run(job)
