@@ -343,3 +343,23 @@ def test_integer_input_of_unknown_range_asks_for_samples(tmp_path, capsys):
     np.savez(tmp_path / "counts.npz", np.arange(8, dtype=np.int32).reshape(2, 4))
     code, stderr = _run([path, "-o", str(output), "--inputs", str(tmp_path / "counts.npz")], capsys)
     assert code == 0, stderr
+
+
+@pytest.mark.legs("keras3")
+@pytest.mark.parametrize("command", [
+    [os.path.join(os.path.dirname(sys.executable), "keras-gelu-convert")],
+    [sys.executable, "-m", "keras_gelu.converters"],
+])
+def test_help_and_version_render_for_the_command_and_python_m(command):
+    """The first commands a newcomer types: the whole help (every flag's text, the exit codes), and the
+    installed version, exit 0, no traceback (argparse formats help with %, which a default's text once broke)."""
+    from importlib import metadata
+
+    shown = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0 and shown.stderr == "", shown.stderr
+    for flag in ("--memory-limit", "--trust-model", "--int8", "--target", "--version"):
+        assert flag in shown.stdout
+    assert "(default 75% of the machine's)" in " ".join(shown.stdout.split())
+    assert "23 its scratch folder could not be removed" in " ".join(shown.stdout.split())
+    version = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=300)
+    assert version.returncode == 0 and version.stdout.strip() == f"keras-gelu-convert {metadata.version('keras-gelu')}"
