@@ -86,6 +86,7 @@ EXPECTED_DENIED = {
     "prlimit64 on the zygote (RLIMIT_CPU 0)", "prlimit64 on the zygote (RLIMIT_NOFILE 0)",
     "prlimit64 on itself (RLIMIT_FSIZE raised)", "setrlimit", "setpriority on the zygote",
     "sched_setaffinity on the zygote", "ioprio_set on the zygote", "kill the zygote", "tgkill the zygote",
+    "kill its process group (pid 0)", "F_SETOWN: a signal to the zygote on I/O", "F_SETSIG",
     "pidfd_open the zygote", "ptrace", "process_vm_readv", "clear the parent-death signal", "make itself dumpable",
     "fork", "clone a process", "execve", "chmod a file outside", "fchmodat a file outside", "chown a file outside",
     "utimensat a file outside", "setxattr a file outside", "setxattr security.capability", "shmget",

@@ -30,10 +30,11 @@ DEVICE_WRITES = ("/dev/null",)
 # computes in TensorFlow.
 ENVIRONMENT = (
     "PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "TZ", "PYTHONPATH", "PYTHONHASHSEED",
-    "LD_LIBRARY_PATH", "KERAS_HOME", "TF_USE_LEGACY_KERAS", "TF_ENABLE_ONEDNN_OPTS", "TF_CPP_MIN_LOG_LEVEL",
-    "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
-    "TF_DETERMINISTIC_OPS", "TF_XLA_FLAGS", "XLA_FLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-    "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "HDF5_PLUGIN_PATH", "CUDA_VISIBLE_DEVICES")
+    "PYTHONDONTWRITEBYTECODE", "LD_LIBRARY_PATH", "KERAS_HOME", "TF_USE_LEGACY_KERAS", "TF_ENABLE_ONEDNN_OPTS",
+    "TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE", "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS", "TF_DETERMINISTIC_OPS", "TF_XLA_FLAGS", "XLA_FLAGS", "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "HDF5_PLUGIN_PATH",
+    "CUDA_VISIBLE_DEVICES")
 
 
 def environment(caller):
@@ -153,6 +154,15 @@ _PR_OPTIONS = {
     # arenas (PR_SET_VMA).
     "PR_SET_NAME": 15, "PR_GET_NAME": 16, "PR_SET_VMA": 0x53564D41,
 }
+# A descriptor's own flags and locks. Not F_SETOWN or F_SETSIG: with O_ASYNC they have the kernel signal any
+# process the worker names (the helper's find).
+_FCNTLS = {
+    "F_DUPFD": 0, "F_GETFD": 1, "F_SETFD": 2, "F_GETFL": 3, "F_SETFL": 4, "F_GETLK": 5, "F_SETLK": 6,
+    "F_SETLKW": 7, "F_DUPFD_CLOEXEC": 1030, "F_OFD_GETLK": 36, "F_OFD_SETLK": 37, "F_OFD_SETLKW": 38,
+}
+# x86-64's AMX permission (asked by oneDNN and XNNPACK where the CPU has AMX), and the thread pointer read back.
+_ARCH_PRCTLS = {"ARCH_GET_FS": 0x1003, "ARCH_GET_GS": 0x1004, "ARCH_GET_XCOMP_SUPP": 0x1021,
+                "ARCH_GET_XCOMP_PERM": 0x1022, "ARCH_REQ_XCOMP_PERM": 0x1023}
 _IOCTLS = {
     # isatty() and the terminal's size (Python's stdio and shutil; ENOTTY on the log file), and a descriptor's
     # close-on-exec and non-blocking flags.
@@ -167,12 +177,12 @@ _ANY = (
     "futex", "set_robust_list", "set_tid_address", "rseq", "sched_yield", "sched_getaffinity", "sched_getparam",
     "sched_getscheduler", "getcpu", "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "sigaltstack",
     "restart_syscall", "nanosleep", "clock_nanosleep", "clock_gettime", "clock_getres", "gettimeofday", "exit",
-    "exit_group", "arch_prctl",
+    "exit_group",
     # Descriptors, and the files Landlock lets it open (reads of the model and the installation, writes in its
     # scratch folder: the rewritten SavedModel links to the model's variables): the checks on paths are
     # Landlock's. No metadata is changed (chmod, chown, utime, xattrs), no hard link made.
     "read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev", "lseek", "open", "openat",
-    "close", "close_range", "dup", "dup2", "dup3", "fcntl", "flock", "fsync", "fdatasync", "ftruncate",
+    "close", "close_range", "dup", "dup2", "dup3", "flock", "fsync", "fdatasync", "ftruncate",
     "fallocate", "stat", "fstat", "lstat", "newfstatat", "statx", "statfs", "fstatfs", "access", "faccessat",
     "faccessat2", "getdents64", "getcwd", "readlink", "readlinkat", "mkdir", "mkdirat", "rmdir", "unlink",
     "unlinkat", "rename", "renameat", "renameat2", "symlink", "symlinkat", "umask", "pipe2", "eventfd2", "poll",
@@ -187,16 +197,17 @@ def system_calls(own_pid):
     """[(system call, [conditions])] for seccomp.restrict: a call is allowed where all of one entry's
     conditions hold; a condition is (argument index, comparison, value...)."""
     self_only = [[(0, "==", 0)], [(0, "==", own_pid)]]  # a process id argument: itself (0 means the caller)
+    # (Not for kill, where 0 means the caller's process group, the zygote in it.)
     allowed = [(name, []) for name in _ANY]
     # New threads only: a new process would outlive the watchdog's kill. glibc falls back from clone3, whose
     # flags a filter cannot read, to clone where clone3 is refused (seccomp.FALLBACK).
     allowed.append(("clone", [(0, "&==", _CLONE_THREAD, _CLONE_THREAD)]))
     allowed += [("prctl", [(0, "==", option)]) for option in _PR_OPTIONS.values()]
     allowed += [("ioctl", [(1, "&==", 0xFFFFFFFF, request)]) for request in _IOCTLS.values()]
+    allowed += [("fcntl", [(1, "==", command)]) for command in _FCNTLS.values()]
+    allowed += [("arch_prctl", [(0, "==", code)]) for code in _ARCH_PRCTLS.values()]
     # Signals to itself and its threads (abort(), Python's signal handling), to no other process.
-    allowed += [("kill", condition) for condition in self_only]
-    allowed += [(name, [(0, "==", own_pid)]) for name in ("tgkill", "rt_tgsigqueueinfo")]
-    allowed += [("rt_sigqueueinfo", condition) for condition in self_only]
+    allowed += [(name, [(0, "==", own_pid)]) for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")]
     # Its own limits read, never set: the bounds are kept from outside (a limit set on the zygote or the command
     # would blind the watcher or kill them).
     allowed += [("prlimit64", condition + [(2, "==", 0)]) for condition in self_only]
