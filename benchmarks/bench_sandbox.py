@@ -2,11 +2,14 @@
 
 Three ways to convert each model, timed in interleaved rounds (each first in turn), medians of wall time:
 
-* contained: `keras-gelu-convert`, as shipped: the conversion in a worker forked from a zygote, confined by
-  Landlock and seccomp;
-* unconfined: the same command and processes with KERAS_GELU_SANDBOX=off: what Landlock and seccomp alone cost;
+* contained: `keras-gelu-convert`, as shipped: the conversion in a worker forked from a zygote, in its own
+  namespaces, without capabilities, confined by Landlock and the seccomp allow-list, its .tflite copied out and
+  checked by a fresh worker;
+* unconfined: the same command and processes with KERAS_GELU_SANDBOX=off: what the namespaces, Landlock and
+  seccomp alone cost (the copy and the check stay);
 * in one process: TensorFlow imported and the pipeline run in the command's own process, as the command ran
-  before the sandbox: what the zygote, the fork and the answer through files cost.
+  before the sandbox: what the whole sandbox costs (the zygote, the forks, the answer read as hostile input,
+  the copy and the check).
 
 For a program that converts many models, `convert()` in one process against the pipeline called directly
 (both warm: the zygote started, TensorFlow imported): what each conversion's fork costs.

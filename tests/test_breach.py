@@ -16,7 +16,7 @@ runs Python in a real worker, once it is confined, and each test states what mus
   process of the converter.
 
 In both Keras flavours' legs, as root, and as an unprivileged user (a user namespace mapping this process's
-uid to nobody's).
+uid to nobody's; in one flavour's leg a day, the other's the next).
 """
 
 import json
@@ -29,6 +29,8 @@ import pytest
 
 import sandbox_payloads
 import spelling_models
+from conftest import LEG
+from conftest import todays_seed
 from keras_gelu import converters
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
@@ -46,6 +48,14 @@ except (landlock.Unavailable, seccomp.Unavailable):
 needs_containment = pytest.mark.skipif(not CONTAINED, reason="this kernel offers no Landlock or seccomp")
 
 SECRET = "tok_3f9a1c_the_callers_api_token"
+
+# The two tests that start a command of their own (a new zygote, TensorFlow imported again: 10 to 15 s each) run
+# one in each flavour leg, and swap legs each day: both in both flavours every two days.
+_FLAVOURS = ("keras3", "tf_keras")
+_TODAYS = _FLAVOURS[todays_seed() % 2]
+in_todays_leg = pytest.mark.skipif(LEG in _FLAVOURS and LEG != _TODAYS, reason=f"runs in the {_TODAYS} leg today")
+in_the_other_leg = pytest.mark.skipif(LEG in _FLAVOURS and LEG == _TODAYS,
+                                      reason=f"runs in the leg that is not {_TODAYS} today")
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +138,7 @@ def test_code_inside_the_worker_reaches_no_other_process_no_file_outside_and_no_
 
 
 @needs_containment
+@in_todays_leg
 def test_as_an_unprivileged_user_the_same_holds(small_model, victim, tmp_path):
     """The command run by a user who is not root (this process's uid mapped to nobody's in a user namespace of
     its own): the worker makes its namespaces from there, and the battery finds the same."""
@@ -256,6 +267,7 @@ open(os.path.join({marker!r}, __name__), "w").close()
 '''
 
 
+@in_the_other_leg
 def test_modules_planted_beside_the_model_or_in_the_working_folder_are_never_imported(tmp_path):
     """With the default flags, from the model's folder (`cd model && keras-gelu-convert .`) and from its parent:
     a module named like every module the converter's processes import, planted in both folders, is imported by

@@ -345,21 +345,51 @@ def test_integer_input_of_unknown_range_asks_for_samples(tmp_path, capsys):
     assert code == 0, stderr
 
 
-@pytest.mark.legs("keras3")
-@pytest.mark.parametrize("command", [
-    [os.path.join(os.path.dirname(sys.executable), "keras-gelu-convert")],
-    [sys.executable, "-m", "keras_gelu.converters"],
-])
-def test_help_and_version_render_for_the_command_and_python_m(command):
-    """The first commands a newcomer types: the whole help (every flag's text, the exit codes), and the
-    installed version, exit 0, no traceback (argparse formats help with %, which a default's text once broke)."""
+def _help_and_version(run):
+    """(the help's text, the version's) from `run(argv) -> (exit code, stdout, stderr)`, each checked: exit 0,
+    no traceback or error."""
+    shown = []
+    for flag in ("--help", "--version"):
+        code, stdout, stderr = run([flag])
+        assert code == 0 and "Traceback" not in stderr and "error" not in stderr, stderr
+        shown.append(stdout)
+    return shown
+
+
+def _check_help_and_version(help_text, version_text):
     from importlib import metadata
 
-    shown = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=300)
-    assert shown.returncode == 0 and "Traceback" not in shown.stderr and "error" not in shown.stderr, shown.stderr
     for flag in ("--memory-limit", "--trust-model", "--int8", "--target", "--version"):
-        assert flag in shown.stdout
-    assert "(default 75% of the machine's)" in " ".join(shown.stdout.split())
-    assert "23 its scratch folder could not be removed" in " ".join(shown.stdout.split())
-    version = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=300)
-    assert version.returncode == 0 and version.stdout.strip() == f"keras-gelu-convert {metadata.version('keras-gelu')}"
+        assert flag in help_text
+    flowing = " ".join(help_text.split())
+    assert "(default 75% of the machine's)" in flowing and "23 its scratch folder could not be removed" in flowing
+    assert version_text.strip() == f"keras-gelu-convert {metadata.version('keras-gelu')}"
+
+
+@pytest.mark.legs("keras3")
+def test_help_and_version_render_for_the_installed_command():
+    """The first commands a newcomer types, as a shell runs them: the whole help (every flag's text, the exit
+    codes) and the installed version, exit 0, no traceback (argparse formats help with %, which a default's text
+    once broke)."""
+    command = os.path.join(os.path.dirname(sys.executable), "keras-gelu-convert")
+
+    def run(argv):
+        result = subprocess.run([command, *argv], capture_output=True, text=True, timeout=300)
+        return result.returncode, result.stdout, result.stderr
+
+    _check_help_and_version(*_help_and_version(run))
+
+
+@pytest.mark.legs("keras3")
+def test_help_and_version_render_for_python_m(monkeypatch, capsys):
+    """The same through `python -m keras_gelu.converters`, run as python -m runs it, in this process (a new one
+    would only import TensorFlow again)."""
+
+    def run(argv):
+        monkeypatch.setattr(sys, "argv", ["keras-gelu-convert", *argv])
+        with pytest.raises(SystemExit) as exit_info:
+            runpy.run_module("keras_gelu.converters", run_name="__main__", alter_sys=True)
+        captured = capsys.readouterr()
+        return exit_info.value.code, captured.out, captured.err
+
+    _check_help_and_version(*_help_and_version(run))
