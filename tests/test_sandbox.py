@@ -363,3 +363,22 @@ def test_the_transform_of_nested_control_flow_is_linear_in_the_nest(tmp_path, mo
         assert graph.constant_arguments_inlined(source.graph_def) >= 0
         work[depth] = sum(imported)
     assert work[16] / work[8] < 2.5 and work[32] / work[16] < 2.5, work
+
+
+def test_a_denial_wrapped_in_a_library_s_lines_keeps_the_path_that_was_denied():
+    """Keras wraps a layer's error in lines of its own, the call's arguments last; the one line shown is the one
+    naming what was denied, not a cut that ends in 'training=None'."""
+    from keras_gelu.converters.sandbox import worker
+
+    wrapped = ("Exception encountered when calling Lambda.call().\n\n\x1b[1m[Errno 13] Permission denied: "
+               "'/home/user/.ssh/id_ed25519'\x1b[0m\n\nArguments received by Lambda.call():\n" +
+               "".join(f"  • inputs=tf.Tensor(shape=(None, {size}), dtype=float32)\n" for size in range(40)) +
+               "  • mask=None\n  • training=None")
+    error = PermissionError(wrapped)
+    try:
+        raise RuntimeError("the layer failed") from error
+    except RuntimeError as outer:
+        shown = worker._denial(outer)
+    assert "Permission denied: '/home/user/.ssh/id_ed25519'" in shown and "training" not in shown, shown
+    assert worker._denial(ValueError("nothing denied")) is None
+    assert worker.essence("x" * 400 + " '/the/path'").endswith("'/the/path'")

@@ -165,25 +165,27 @@ _DENIALS = ("PermissionError", "PermissionDeniedError")
 
 
 def _denial(error):
-    """What the sandbox denied behind `error` (it, or what caused it), or None: the denial's own line where it
-    names the path or call, else the error's last line (a library's message ends with what it was doing)."""
+    """What the sandbox denied behind `error` (it, or what caused it), or None: the line of its message that
+    says so (a library wraps it in lines of its own, Keras in the call's arguments after it)."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if type(error).__name__ in _DENIALS:
-            return _essence(str(error))
+            return essence(str(error))
         error = error.__cause__ or error.__context__
     return None
 
 
-def _essence(message, limit=300):
-    """A long library message cut to `limit` characters around what matters: where it names a path ('...'), the
-    text from the first path on; else its start."""
-    text = " ".join(message.split())
-    quoted = text.find("'/")
-    if quoted > 0 and len(text) > limit:
-        text = "... " + text[quoted:]
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+# How a denial reads: the C library's text for EACCES (Landlock) and EPERM (seccomp), TensorFlow's own.
+_DENIED = ("Permission denied", "Operation not permitted", "permission denied")
+
+
+def essence(message, limit=300):
+    """The part of a library's long message that matters: its line naming the denial (the path, the call), else
+    its first line; cut to `limit` characters from the end where the path is."""
+    lines = [" ".join(line.split()) for line in message.splitlines() if line.strip()] or [""]
+    line = next((line for line in lines if any(phrase in line for phrase in _DENIED)), lines[0])
+    return line if len(line) <= limit else "..." + line[-(limit - 3):]
 
 
 def _checked(path):
