@@ -382,3 +382,36 @@ def test_a_denial_wrapped_in_a_library_s_lines_keeps_the_path_that_was_denied():
     assert "Permission denied: '/home/user/.ssh/id_ed25519'" in shown and "training" not in shown, shown
     assert worker._denial(ValueError("nothing denied")) is None
     assert worker.essence("x" * 400 + " '/the/path'").endswith("'/the/path'")
+
+
+def test_the_environment_a_conversion_sees_is_named_not_inherited(tmp_path, monkeypatch):
+    """Only the variables that change how Python, TensorFlow and their libraries load and compute; PYTHONPATH's
+    folders absolute (the zygote works in a folder of its own, where '' or 'src' would name another)."""
+    from keras_gelu.converters.sandbox import policy
+
+    monkeypatch.chdir(tmp_path)
+    caller = {"PATH": "/usr/bin", "TF_ENABLE_ONEDNN_OPTS": "0", "AWS_SECRET_ACCESS_KEY": "x", "GITHUB_TOKEN": "y",
+              "TF_VAR_password": "z", "PYTHONPATH": os.pathsep.join(["src", "", "/opt/lib"]), "KERAS_BACKEND": "jax",
+              "PYTHONSTARTUP": "evil.py", "LD_PRELOAD": "/tmp/evil.so"}
+    environment = policy.environment(caller)
+    assert environment == {"PATH": "/usr/bin", "TF_ENABLE_ONEDNN_OPTS": "0", "KERAS_BACKEND": "tensorflow",
+                           "PYTHONPATH": os.pathsep.join([str(tmp_path / "src"), "/opt/lib"])}
+
+
+@pytest.mark.parametrize("plan, root, line", [
+    ({"landlock": 7, "seccomp": True, "namespaces": True, "missing": []}, True,
+     "contained: Landlock ABI 7 (files, TCP, signals) + seccomp allow-list + own user, IPC and network namespaces, "
+     "uid 0 without capabilities"),
+    ({"landlock": 3, "seccomp": True, "namespaces": False, "missing": ["namespaces: refused"]}, False,
+     "contained: Landlock ABI 3 (files) + seccomp allow-list, no capabilities (namespaces: refused)"),
+    ({"landlock": 0, "seccomp": True, "namespaces": True, "missing": ["Landlock: off at boot"]}, False,
+     "partly contained: seccomp allow-list + own user, IPC and network namespaces, no capabilities "
+     "(Landlock: off at boot)"),
+    ({"landlock": 0, "seccomp": False, "namespaces": False, "missing": ["Landlock: none", "seccomp: none"]}, False,
+     "not contained: op checks only, no capabilities (Landlock: none; seccomp: none)"),
+])
+def test_the_containment_line_says_what_held_and_what_is_missing(plan, root, line):
+    from keras_gelu.converters.sandbox import policy
+
+    assert policy.describe({**plan, "root": root}) == line
+    assert policy.describe({**plan, "root": root}, sandbox=False).startswith("not contained: switched off")
