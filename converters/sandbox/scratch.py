@@ -112,24 +112,43 @@ def answer(folder, nonce):
     return result
 
 
-def usage(folder):
-    """(bytes on disk, entries) under `folder`, links not followed: what the worker has put in its scratch."""
+def usage(folder, limits=None):
+    """(bytes on disk, entries) under `folder`, links not followed, each folder opened by its descriptor (a nest
+    deeper than a path can name is counted too); the count stops once past `limits` ({"bytes", "entries"}), so
+    a flood of files costs the watcher no more than the limit's worth."""
     used = entries = 0
-    pending = [folder]
-    while pending:
-        try:
-            with os.scandir(pending.pop()) as listing:
-                for entry in listing:
-                    entries += 1
-                    try:
-                        status = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    used += status.st_blocks * 512  # what the disk holds: a sparse file counts its written pages
-                    if stat.S_ISDIR(status.st_mode):
-                        pending.append(entry.path)
-        except OSError:
-            continue
+    pending = []
+    try:
+        pending.append(os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))
+    except OSError:
+        return used, entries
+    try:
+        while pending:
+            descriptor = pending.pop()
+            try:
+                with os.scandir(descriptor) as listing:
+                    for entry in listing:
+                        entries += 1
+                        try:
+                            status = entry.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        used += status.st_blocks * 512  # what the disk holds: a sparse file its written pages
+                        if limits is not None and (used > limits["bytes"] or entries > limits["entries"]):
+                            return used, entries
+                        if stat.S_ISDIR(status.st_mode):
+                            try:
+                                pending.append(os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                                       | os.O_CLOEXEC, dir_fd=descriptor))
+                            except OSError:
+                                continue
+            except OSError:
+                pass
+            finally:
+                os.close(descriptor)
+    finally:
+        for descriptor in pending:
+            os.close(descriptor)
     return used, entries
 
 

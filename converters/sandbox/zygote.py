@@ -109,7 +109,7 @@ def _watched(pid, job, requests):
 
 
 def _past_scratch_limits(folder, limits):
-    used, entries = scratch.usage(folder)
+    used, entries = scratch.usage(folder, limits)
     return used > limits["bytes"] or entries > limits["entries"]
 
 
