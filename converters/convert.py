@@ -120,5 +120,5 @@ def _job(model, options, folder):
     target = targets.TARGETS.get(options.target)
     return {"model": path, "kind": kind, "name": name, "options": dataclasses.asdict(options),
             "reads": [path, *files.values()], "time_limit": time_limit, "memory_limit": memory_limit,
-            "file_limit": file_limit, "scratch_limits": scratch_limits,
+            "file_limit": file_limit, "scratch_limits": scratch_limits, "thread_limit": limits.thread_limit(),
             "preload": list(target.verifier_modules) if target is not None and options.verify else []}

@@ -41,6 +41,20 @@ _SHAPES = {
 }
 
 
+def _numbers_within_float(value):
+    """Whether every integer in a JSON value fits a float (a text form formats them as floats)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, int) and not isinstance(item, bool) and abs(item) > 2**63:
+            return False
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return True
+
+
 def _conforms(value, shape):
     if isinstance(shape, _Optional):
         return value is None or _conforms(value, shape.shape)
@@ -138,7 +152,13 @@ class Report:
         for name, shape in _SHAPES.items():
             if name in data and not (isinstance(shape, _Optional) and not data[name]) and not _conforms(data[name], shape):
                 raise ValueError(f"its report's {safe_text.inert(name)} is not as a conversion gives it")
-        return cls.from_dict(safe_text.inert_data(data))
+        for name, values in (("mode", vocabulary.MODE_NAMES), ("exact_as", (*vocabulary.EXACT_AS, None)),
+                             ("step_type", ("int8", "int16"))):
+            if name in data and data[name] not in values:
+                raise ValueError(f"its report's {name} is none the converter has")
+        if not _numbers_within_float(data):
+            raise ValueError("its report holds a number past any float")
+        return cls.from_dict(safe_text.inert_data(data, collapse_spaces=True))
 
     def _target_lines(self):
         if not self.target:

@@ -7,7 +7,10 @@ in another order than it is. `inert` writes each such character as its escape, s
 sent, on one line.
 """
 
+import re
 import unicodedata
+
+_SPACES = re.compile(" {2,}")
 
 # Unicode's categories of characters that are not shown as themselves: controls (C0, DEL, C1), formats (the
 # bidirectional overrides and isolates, zero-width joiners), line and paragraph separators, surrogates, private use
@@ -30,12 +33,15 @@ def inert(text):
                    for character in text)
 
 
-def inert_data(value):
-    """A JSON value (dicts, lists, strings, numbers) with every string in it, keys included, made `inert`."""
+def inert_data(value, collapse_spaces=False):
+    """A JSON value (dicts, lists, strings, numbers) with every string in it, keys included, made `inert`; with
+    `collapse_spaces`, each run of spaces made one (a field padded to a terminal's width would show its rest
+    as a line of its own)."""
     if isinstance(value, str):
-        return inert(value)
+        text = inert(value)
+        return _SPACES.sub(" ", text) if collapse_spaces else text
     if isinstance(value, dict):
-        return {inert(key): inert_data(item) for key, item in value.items()}
+        return {inert_data(key, collapse_spaces): inert_data(item, collapse_spaces) for key, item in value.items()}
     if isinstance(value, list):
-        return [inert_data(item) for item in value]
+        return [inert_data(item, collapse_spaces) for item in value]
     return value

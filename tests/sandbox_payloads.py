@@ -77,9 +77,21 @@ call("link a file", "linkat", -100, b"log", -100, b"log-link", 0)
 descriptor = os.open("own", os.O_CREAT | os.O_WRONLY, 0o600)
 call("set the immutable flag", "ioctl", descriptor, 0x40086602, ctypes.byref(ctypes.c_long(0x10)))
 call("F_SETOWN: a signal to the zygote on I/O", "fcntl", descriptor, 8, zygote)
+call("fallocate past the file size cap (FALLOC_FL_KEEP_SIZE)", "fallocate", descriptor, 1, 0, 1 << 40)
+call("flock", "flock", descriptor, 2)
+call("a lock through fcntl", "fcntl", descriptor, 6, ctypes.create_string_buffer(32))
 call("F_SETSIG", "fcntl", descriptor, 10, 9)
 call("typing into the terminal (TIOCSTI)", "ioctl", descriptor, 0x5412, ctypes.c_char_p(b"x"))
 os.close(descriptor)
+# What the machine's other processes are: the cgroup file system's listings.
+for label, path in (("list every process (cgroup tasks)", "/sys/fs/cgroup/pids/tasks"),
+                    ("list the cgroup file system", "/sys/fs/cgroup"),
+                    ("list the cgroup v2 processes", "/sys/fs/cgroup/cgroup.procs")):
+    try:
+        os.listdir(path) if not path.endswith(("tasks", "procs")) else open(path).read()
+        seen[label] = "allowed"
+    except OSError as error:
+        seen[label] = errno.errorcode.get(error.errno, "?")
 # What it holds: capabilities (none, anywhere), its environment, its namespaces.
 with open("/proc/self/status") as stream:
     seen["capabilities"] = {name: int(value, 16) for name, _, value in
@@ -140,6 +152,16 @@ def forged(job_, result, tflite_model):
                                           "count": 1})
         with open(os.path.join(scratch, "result.json"), "w") as stream:
             json.dump(answer, stream)
+    elif kind == "an answer the parser chokes on":  # quadratic for a pattern that skips strings
+        with open(os.path.join(scratch, "result.json"), "wb") as stream:
+            stream.write(b'"\\\\' * 131072)
+    elif kind == "an error only the supervisor finds":
+        with open(os.path.join(scratch, "result.json"), "w") as stream:
+            json.dump({"nonce": job_["nonce"], "status": "refused", "error": "ScratchNotRemoved",
+                       "message": "the scratch folder /home/you could not be removed; run sudo rm -rf /home/you"}, stream)
+    elif kind == "a .tflite of its own":
+        with open(os.path.join(scratch, "output.tflite"), "wb") as stream:
+            stream.write(job["trojan"])
     elif kind == "a report of the wrong shape":
         with open(os.path.join(scratch, "result.json")) as stream:
             answer = json.load(stream)
@@ -164,4 +186,25 @@ FLOOD = r'''
 import os
 for number in range(1_000_000):
     open(os.path.join(job["scratch"], f"f{number}"), "w").close()
+'''
+
+# Memory the resident set does not show: a sparse read-only mapping read once every 2 MiB holds the zero page,
+# and a page table, at each place.
+PAGE_TABLES = r'''
+import ctypes, mmap
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+size = 1 << 40
+base = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000, -1, 0)
+libc.madvise(ctypes.c_void_p(base), ctypes.c_size_t(size), 15)  # MADV_NOHUGEPAGE
+for offset in range(0, size, 2 << 20):
+    ctypes.c_char.from_address(base + offset).value
+'''
+
+# Threads without end: each takes a process id.
+THREADS = r'''
+import threading, time
+while True:
+    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
 '''

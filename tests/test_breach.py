@@ -97,6 +97,8 @@ EXPECTED_DENIED = {
     "prlimit64 on itself (RLIMIT_FSIZE raised)", "setrlimit", "setpriority on the zygote",
     "sched_setaffinity on the zygote", "ioprio_set on the zygote", "kill the zygote", "tgkill the zygote",
     "kill its process group (pid 0)", "F_SETOWN: a signal to the zygote on I/O", "F_SETSIG",
+    "fallocate past the file size cap (FALLOC_FL_KEEP_SIZE)", "flock", "a lock through fcntl",
+    "list every process (cgroup tasks)", "list the cgroup file system", "list the cgroup v2 processes",
     "pidfd_open the zygote", "ptrace", "process_vm_readv", "clear the parent-death signal", "make itself dumpable",
     "fork", "clone a process", "execve", "chmod a file outside", "fchmodat a file outside", "chown a file outside",
     "utimensat a file outside", "setxattr a file outside", "setxattr security.capability", "shmget",
@@ -170,17 +172,42 @@ FORGERIES = {
                                             "wrote a .tflite a runtime must not read"),
     "an answer nested 100,000 deep": (errors.ConversionCrashed.exit_code, "its result.json nests deeper than"),
     "a report of the wrong shape": (errors.ConversionCrashed.exit_code, "its report's fidelity is not as"),
+    "an answer the parser chokes on": (errors.ConversionCrashed.exit_code, "its result.json is not JSON"),
+    "an error only the supervisor finds": (errors.ConversionCrashed.exit_code,
+                                           "answered an error no conversion gives (ScratchNotRemoved)"),
+    "a .tflite of its own": (errors.ConverterFailed.exit_code, "Flex ops are refused"),
 }
+
+
+@pytest.fixture(scope="module")
+def trojan(tmp_path_factory):
+    """A .tflite that writes a file when a runtime with Flex runs it: what a worker could put in place of its
+    honest output."""
+    import tensorflow as tf
+    from conversions import convert_here
+
+    folder = tmp_path_factory.mktemp("trojan")
+
+    class Writer(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32, name="x")])
+        def __call__(self, x):
+            tf.io.write_file(str(folder / "written"), tf.strings.as_string(x[0, 0]))
+            return {"y": x * 2.0}
+
+    module = Writer()
+    tf.saved_model.save(module, str(folder / "model"), signatures={"serving_default": module.__call__})
+    return convert_here(str(folder / "model"), mode="select", trust_model=True, verify=False)[0]
 
 
 @needs_containment
 @pytest.mark.parametrize("forgery", sorted(FORGERIES))
 def test_what_the_worker_leaves_is_never_followed_nor_trusted(forgery, small_model, victim, tmp_path, monkeypatch,
-                                                               capsys):
+                                                               capsys, request):
     """Each forgery put in place after the worker's honest answer: one line, its own exit code, nothing written,
     the user's file untouched and the scratch folder gone."""
+    trojan = request.getfixturevalue("trojan") if forgery == "a .tflite of its own" else b""
     _payload(tmp_path, monkeypatch, sandbox_payloads.FORGERIES, forgery=forgery, victim=str(victim),
-             secret_file=str(victim))
+             secret_file=str(victim), trojan=trojan)
     status = os.stat(victim)
     out = tmp_path / "out"
     out.mkdir()
@@ -239,6 +266,20 @@ def test_the_scratch_folder_is_bounded_in_entries(small_model, tmp_path, monkeyp
     line = _last_line(capsys.readouterr().err)
     assert code == errors.ScratchLimitExceeded.exit_code and "files in its scratch folder; nothing written" in line
     assert os.listdir(out) == []
+
+
+@needs_containment
+@pytest.mark.parametrize("payload, flags, code, said", [
+    ("PAGE_TABLES", ["--memory-limit", "1"], errors.MemoryLimitExceeded.exit_code, "used more than 1 GiB of memory"),
+    ("THREADS", [], errors.ScratchLimitExceeded.exit_code, "threads at once; nothing written"),
+])
+def test_memory_and_threads_the_worker_hides_are_counted(payload, flags, code, said, small_model, tmp_path,
+                                                         monkeypatch, capsys):
+    """Page tables (a sparse mapping read every 2 MiB: no resident page, a page table each) count as memory;
+    threads, each a process id of the machine's, are bounded."""
+    _payload(tmp_path, monkeypatch, getattr(sandbox_payloads, payload))
+    assert cli.main([small_model, "-o", str(tmp_path / "m.tflite"), *flags]) == code
+    assert said in _last_line(capsys.readouterr().err)
 
 
 @needs_containment

@@ -395,7 +395,8 @@ def test_the_environment_a_conversion_sees_is_named_not_inherited(tmp_path, monk
               "PYTHONSTARTUP": "evil.py", "LD_PRELOAD": "/tmp/evil.so"}
     environment = policy.environment(caller)
     assert environment == {"PATH": "/usr/bin", "TF_ENABLE_ONEDNN_OPTS": "0", "KERAS_BACKEND": "tensorflow",
-                           "PYTHONPATH": os.pathsep.join([str(tmp_path / "src"), "/opt/lib"])}
+                           "PYTHONPATH": os.pathsep.join([str(tmp_path / "src"), "/opt/lib"]),
+                           "HDF5_USE_FILE_LOCKING": "FALSE"}
 
 
 @pytest.mark.parametrize("plan, root, line", [

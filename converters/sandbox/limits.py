@@ -17,6 +17,10 @@ MEMORY_SHARE = 0.75
 # size cap, and the rewritten SavedModel (its weights linked, not copied); a conversion writes tens of files.
 SCRATCH_FILE_CAPS = 3
 SCRATCH_ENTRIES = 10_000
+# Threads: each takes a process id, of which a machine has tens of thousands (pid_max); TensorFlow, oneDNN and
+# LiteRT start a few pools of about one thread per core.
+THREADS_PER_CPU = 32
+THREADS_AT_LEAST = 1024
 # A .tflite's check (validation.py in a fresh worker) reads it once: seconds per GiB, past a start-up's.
 CHECK_BASE_SECONDS = 60
 CHECK_PER_GIB_SECONDS = 60
@@ -52,6 +56,11 @@ def resolve(time_limit, memory_limit_gib, size):
     file_cap = int(2 * size + _GIB)
     return float(time_limit), int(memory), file_cap, {"bytes": SCRATCH_FILE_CAPS * file_cap,
                                                       "entries": SCRATCH_ENTRIES}
+
+
+def thread_limit():
+    """How many threads a worker may run at once."""
+    return max(THREADS_AT_LEAST, THREADS_PER_CPU * (os.cpu_count() or 1))
 
 
 def check_seconds(size):

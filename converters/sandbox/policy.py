@@ -20,8 +20,12 @@ from . import landlock
 # with strace over conversions in every mode and target): CPU and memory figures, time zone, the dynamic
 # linker's cache, randomness, and the process's own /proc entries (its status, threads' names).
 SYSTEM_READS = ("/usr", "/lib", "/lib64", "/lib32", "/etc/ld.so.cache", "/etc/localtime", "/proc/self",
-                "/proc/cpuinfo", "/proc/meminfo", "/sys/devices/system/cpu", "/sys/fs/cgroup", "/dev/urandom",
-                "/dev/random", "/dev/zero")
+                "/proc/cpuinfo", "/proc/meminfo", "/sys/devices/system/cpu", "/dev/urandom", "/dev/random", "/dev/zero")
+# Of the cgroup file system, the limits a process reads of its own group (memory, CPU quota), files alone: its
+# folders list every process and every other group's use of the machine.
+_CGROUP_ROOT = "/sys/fs/cgroup"
+_CGROUP_LIMITS = ("memory.max", "memory.high", "memory.limit_in_bytes", "cpu.max", "cpu.cfs_quota_us",
+                  "cpu.cfs_period_us", "cpuset.cpus", "cpuset.cpus.effective")
 DEVICE_WRITES = ("/dev/null",)
 
 # The environment a conversion runs in, by name: what changes how Python, TensorFlow, Keras and their math
@@ -46,7 +50,7 @@ def environment(caller):
     if "PYTHONPATH" in passed:
         folders = [os.path.abspath(folder) for folder in passed["PYTHONPATH"].split(os.pathsep) if folder]
         passed["PYTHONPATH"] = os.pathsep.join(folders)
-    return {**passed, "KERAS_BACKEND": "tensorflow"}
+    return {**passed, "KERAS_BACKEND": "tensorflow", "HDF5_USE_FILE_LOCKING": "FALSE"}
 
 
 def plan():
@@ -130,11 +134,26 @@ def _keras_settings():
     return os.path.join(home, "keras.json")
 
 
+def _cgroup_limits():
+    """The limit files of this process's own cgroups (v1: one hierarchy per controller; v2: one), and of the
+    roots where a library reads them there."""
+    groups = {(_CGROUP_ROOT, ""), (_CGROUP_ROOT, "memory"), (_CGROUP_ROOT, "cpu")}
+    try:
+        with open("/proc/self/cgroup") as stream:
+            for line in stream:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                for controller in controllers.split(",") if controllers else [""]:
+                    groups.add((_CGROUP_ROOT, os.path.join(controller, path.lstrip("/"))))
+    except (OSError, ValueError):
+        pass
+    return {os.path.join(root, group, name) for root, group in groups for name in _CGROUP_LIMITS}
+
+
 def file_rules(model_reads, scratch):
     """[(path, Landlock rights)]: the model's own files (the model, --inputs, --calibration) and the system's
     to read, the scratch folder to write."""
     reads = {os.path.abspath(path) for path in model_reads}
-    reads |= _python_reads() | _mapped_libraries() | set(SYSTEM_READS) | {_keras_settings()}
+    reads |= _python_reads() | _mapped_libraries() | set(SYSTEM_READS) | _cgroup_limits() | {_keras_settings()}
     rules = [(path, landlock.READ) for path in sorted(reads)]
     rules += [(path, landlock.READ_FILE | landlock.WRITE_FILE | landlock.TRUNCATE) for path in DEVICE_WRITES]
     rules.append((scratch, landlock.READ_WRITE))
@@ -154,12 +173,11 @@ _PR_OPTIONS = {
     # arenas (PR_SET_VMA).
     "PR_SET_NAME": 15, "PR_GET_NAME": 16, "PR_SET_VMA": 0x53564D41,
 }
-# A descriptor's own flags and locks. Not F_SETOWN or F_SETSIG: with O_ASYNC they have the kernel signal any
-# process the worker names (the helper's find).
-_FCNTLS = {
-    "F_DUPFD": 0, "F_GETFD": 1, "F_SETFD": 2, "F_GETFL": 3, "F_SETFL": 4, "F_GETLK": 5, "F_SETLK": 6,
-    "F_SETLKW": 7, "F_DUPFD_CLOEXEC": 1030, "F_OFD_GETLK": 36, "F_OFD_SETLK": 37, "F_OFD_SETLKW": 38,
-}
+# A descriptor's own flags. Not F_SETOWN or F_SETSIG: with O_ASYNC they have the kernel signal any process the
+# worker names.
+# No locks either (flock, F_SETLK): a lock on a file it may only read (Keras's settings, the model) would hold
+# another process's lock on it; HDF5 locks no file here (HDF5_USE_FILE_LOCKING, `environment`).
+_FCNTLS = {"F_DUPFD": 0, "F_GETFD": 1, "F_SETFD": 2, "F_GETFL": 3, "F_SETFL": 4, "F_DUPFD_CLOEXEC": 1030}
 # x86-64's AMX permission (asked by oneDNN and XNNPACK where the CPU has AMX), and the thread pointer read back.
 _ARCH_PRCTLS = {"ARCH_GET_FS": 0x1003, "ARCH_GET_GS": 0x1004, "ARCH_GET_XCOMP_SUPP": 0x1021,
                 "ARCH_GET_XCOMP_PERM": 0x1022, "ARCH_REQ_XCOMP_PERM": 0x1023}
@@ -182,8 +200,7 @@ _ANY = (
     # scratch folder: the rewritten SavedModel links to the model's variables): the checks on paths are
     # Landlock's. No metadata is changed (chmod, chown, utime, xattrs), no hard link made.
     "read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev", "lseek", "open", "openat",
-    "close", "close_range", "dup", "dup2", "dup3", "flock", "fsync", "fdatasync", "ftruncate",
-    "fallocate", "stat", "fstat", "lstat", "newfstatat", "statx", "statfs", "fstatfs", "access", "faccessat",
+    "close", "close_range", "dup", "dup2", "dup3", "fsync", "fdatasync", "ftruncate", "stat", "fstat", "lstat", "newfstatat", "statx", "statfs", "fstatfs", "access", "faccessat",
     "faccessat2", "getdents64", "getcwd", "readlink", "readlinkat", "mkdir", "mkdirat", "rmdir", "unlink",
     "unlinkat", "rename", "renameat", "renameat2", "symlink", "symlinkat", "umask", "pipe2", "eventfd2", "poll",
     "ppoll", "epoll_create1", "epoll_ctl", "epoll_wait", "epoll_pwait",
@@ -205,6 +222,8 @@ def system_calls(own_pid):
     allowed += [("prctl", [(0, "==", option)]) for option in _PR_OPTIONS.values()]
     allowed += [("ioctl", [(1, "&==", 0xFFFFFFFF, request)]) for request in _IOCTLS.values()]
     allowed += [("fcntl", [(1, "==", command)]) for command in _FCNTLS.values()]
+    # Space reserved only as a file's size grows (mode 0): FALLOC_FL_KEEP_SIZE reserves past the file size cap.
+    allowed.append(("fallocate", [(1, "==", 0)]))
     allowed += [("arch_prctl", [(0, "==", code)]) for code in _ARCH_PRCTLS.values()]
     # Signals to itself and its threads (abort(), Python's signal handling), to no other process.
     allowed += [(name, [(0, "==", own_pid)]) for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")]

@@ -11,7 +11,6 @@ worker controls), parses within a depth, and removes the folder for certain.
 import errno
 import json
 import os
-import re
 import shutil
 import stat
 
@@ -78,15 +77,14 @@ def copy_out(folder, name, destination, limit):
     return copied
 
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-
-
-def _depth(data):
-    """The deepest nesting of JSON arrays and objects in `data`, strings left out."""
-    depth = deepest = 0
-    for bracket in _STRING.sub(b'""', data).translate(None, delete=bytes(set(range(256)) - set(b"[]{}"))):
-        depth += 1 if bracket in b"[{" else -1
-        deepest = max(deepest, depth)
+def _depth(value):
+    """The deepest nesting of lists and dicts in a parsed JSON value, walked without recursion."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, depth)
+            pending.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
     return deepest
 
 
@@ -101,12 +99,14 @@ def answer(folder, nonce):
         data = stream.read(ANSWER_BYTES + 1)
     if len(data) > ANSWER_BYTES:
         raise Hostile("its result.json grew while it was read")
-    if _depth(data) > ANSWER_DEPTH:
-        raise Hostile(f"its result.json nests deeper than {ANSWER_DEPTH}")
-    try:
+    try:  # linear in the bytes; a nest past Python's recursion limit is refused by the parser itself, at once
         result = json.loads(data)
     except ValueError:
         raise Hostile("its result.json is not JSON") from None
+    except RecursionError:
+        raise Hostile(f"its result.json nests deeper than {ANSWER_DEPTH}") from None
+    if _depth(result) > ANSWER_DEPTH:
+        raise Hostile(f"its result.json nests deeper than {ANSWER_DEPTH}")
     if not isinstance(result, dict) or result.get("nonce") != nonce:
         return None  # not the answer to this job: a model's own file, or the answer of none
     return result
@@ -170,12 +170,18 @@ def remove(folder, attempts=64):
 
 
 def _unlocked(path):
-    """Whether `path`, a folder and not a link, was made readable, searchable and writable by us."""
+    """Whether `path`, a folder and not a link, was made readable, searchable and writable by us: changed
+    through a descriptor opened without following a link, so the mode lands on that folder and nothing else."""
     try:
-        mode = os.lstat(path).st_mode
-        if not stat.S_ISDIR(mode) or stat.S_IMODE(mode) & 0o700 == 0o700:
+        descriptor = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if stat.S_IMODE(os.fstat(descriptor).st_mode) & 0o700 == 0o700:
             return False
-        os.chmod(path, 0o700)
+        os.chmod(f"/proc/self/fd/{descriptor}", 0o700)  # an O_PATH descriptor's own inode
         return True
     except OSError:
         return False
+    finally:
+        os.close(descriptor)

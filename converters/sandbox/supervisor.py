@@ -10,6 +10,7 @@ import atexit
 import dataclasses
 import os
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -93,6 +94,7 @@ class _Zygote:
             self.process.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             self.process.kill()
+            self.process.wait()
         self._log.close()
 
 
@@ -159,7 +161,7 @@ def run(job, scratch_folder, destination, progress=None):
             except (OSError, scratch.Hostile) as error:
                 outcome.error = _hostile(job["name"], error)
             else:
-                outcome.error = _checked(job, destination.name, size, progress)
+                outcome.error = _checked(job, destination.name, size, progress, outcome.report)
     return outcome
 
 
@@ -182,15 +184,19 @@ def _ran(job, progress):
     return zygote, {**ended, "nonce": job["nonce"]}
 
 
-def _checked(job, path, size, progress):
-    """None if the .tflite at `path` (the supervisor's copy) is one a runtime may read, as a fresh worker that
-    never ran the model finds it (tflite/validation.py); else the error that says why nothing is written."""
+def _checked(job, path, size, progress, report):
+    """None if the .tflite at `path` (the supervisor's copy) is one this conversion may write, as a fresh worker
+    that never ran the model finds it (worker._checked), the report's ops and size then the file's own; else
+    the error that says why nothing is written."""
     folder = tempfile.mkdtemp(prefix=".keras_gelu_check_", dir=os.path.dirname(job["scratch"]))
+    trusted = bool(job["options"]["trust_model"])
     try:
-        check = {"check": path, "reads": [path], "name": job["name"], "debug": False, "sandbox": job["sandbox"],
+        check = {"check": {"path": path, "name": job["name"], "trust_model": trusted}, "reads": [path],
+                 "name": job["name"], "debug": False, "sandbox": job["sandbox"],
                  "scratch": folder, "file_limit": _RESULT_BYTES, "scratch_limits": {"bytes": 4 * _RESULT_BYTES,
                                                                                    "entries": 16},
-                 "time_limit": limits.check_seconds(size), "memory_limit": job["memory_limit"]}
+                 "time_limit": limits.check_seconds(size), "memory_limit": job["memory_limit"],
+                 "thread_limit": job["thread_limit"]}
         _, ended = _ran(check, lambda step: progress("checking the .tflite"))
         try:
             result = scratch.answer(folder, ended["nonce"])
@@ -203,7 +209,11 @@ def _checked(job, path, size, progress):
                                         f"({_death(ended['status'])}); nothing written")
     if result.get("status") != "valid":
         return errors.ConverterFailed(f"{job['name']}: the conversion process wrote a .tflite a runtime must not "
-                                      f"read: its {safe_text.inert(result.get('message'))}; nothing written")
+                                      f"read: its {safe_text.inert(result.get('message'))[:500]}; nothing written")
+    ops, measured = result.get("ops"), result.get("size_bytes")
+    if report is not None and isinstance(ops, dict) and all(isinstance(count, int) for count in ops.values()):
+        report.ops, report.size_bytes = safe_text.inert_data(ops), measured if isinstance(measured, int) else size
+        report.flex_ops = sorted(name for name in report.ops if name.startswith("Flex"))
     return None
 
 
@@ -217,16 +227,44 @@ def _step(folder):
 
 
 def _wait_for_end(zygote, job, progress):
-    """The zygote's {"ended"} event for the job; a zygote that stops answering is closed, and the job said to
-    have stopped answering."""
+    """The zygote's {"ended"} event for the job; a zygote that stops answering is closed, its worker killed and
+    seen dead (nothing may write in the scratch folder once it is read), and the job said to have stopped
+    answering."""
     deadline = time.monotonic() + job["time_limit"] + _GRACE_SECONDS
-    while True:
-        event = zygote.next_event(max(deadline - time.monotonic(), 0), lambda: progress(_step(job["scratch"])))
-        if event is None:
-            _close_zygotes()  # it will serve no other job
-            return {"status": None, "stopped": None}
-        if "ended" in event:
-            return event
+    worker = None
+    try:
+        while True:
+            event = zygote.next_event(max(deadline - time.monotonic(), 0), lambda: progress(_step(job["scratch"])))
+            if event is None:
+                _close_zygotes()  # it will serve no other job
+                _killed(worker)
+                return {"status": None, "stopped": None}
+            if "started" in event and worker is None:
+                worker = _pidfd(event["started"])
+            if "ended" in event:
+                return event
+    finally:
+        if worker is not None:
+            os.close(worker)
+
+
+def _pidfd(pid):
+    """A descriptor of the process `pid` (the worker, while the zygote has not reaped it), or None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _killed(worker, timeout=30):
+    """Kill the process a pidfd names and wait until it has ended (its pidfd turns readable)."""
+    if worker is None:
+        return
+    try:
+        signal.pidfd_send_signal(worker, signal.SIGKILL)
+    except (AttributeError, OSError):
+        pass
+    select.select([worker], [], [], timeout)
 
 
 def _outcome(job, ended, plan):
@@ -243,6 +281,9 @@ def _outcome(job, ended, plan):
         return Outcome(log_lines, error=errors.MemoryLimitExceeded(
             f"{name}: {stage} used more than {job['memory_limit'] / 2**30:.3g} GiB of memory (--memory-limit); "
             "nothing written"))
+    if stopped == "threads":
+        return Outcome(log_lines, error=errors.ScratchLimitExceeded(
+            f"{name}: {stage} ran more than {job['thread_limit']:,} threads at once; nothing written"))
     if stopped == "scratch":
         limit = job["scratch_limits"]
         return Outcome(log_lines, error=errors.ScratchLimitExceeded(
@@ -258,7 +299,7 @@ def _outcome(job, ended, plan):
                                                                  "without an answer; nothing written"))
     if result.get("status") == "converted" and report is not None:
         return Outcome(log_lines, report=report)
-    return Outcome(log_lines, report=report, error=_error(result, report))
+    return Outcome(log_lines, report=report, error=_error(result, report, name))
 
 
 def _report(result, job, plan, ended):
@@ -268,6 +309,7 @@ def _report(result, job, plan, ended):
     if result is None or result.get("report") is None:
         return None
     report = Report.from_untrusted(result["report"])
+    report.input, report.kind = job["name"], job["kind"]
     report.trusted = bool(job["options"]["trust_model"])
     report.containment = policy.describe(plan, job["sandbox"])
     report.peak_bytes, report.stage_peak_bytes = ended.get("peak_bytes", 0), ended.get("stage_peak_bytes", {})
@@ -285,11 +327,24 @@ def _death(status):
     return f"the conversion process ended (exit status {status})"
 
 
-def _error(result, report):
-    """The worker's error as the ConversionError it raised; anything else as an internal error."""
-    message = safe_text.inert(result.get("message", ""))
+# The errors only the supervisor and the zygote find (a bound, a crash, the scratch folder, the output path):
+# a worker that names one names what it cannot know.
+_NOT_THE_WORKERS = (errors.TimeLimitExceeded, errors.MemoryLimitExceeded, errors.ScratchLimitExceeded,
+                    errors.ScratchNotRemoved, errors.ConversionCrashed, errors.OutputExists, errors.OutputNotWritable,
+                    errors.InternalError)
+_MESSAGE_CHARACTERS = 2000
+
+
+def _error(result, report, name):
+    """The worker's error as the ConversionError it raised (one a worker can raise: a parity failure with its
+    figures); anything else as an internal error."""
+    message = safe_text.inert(result.get("message", ""))[:_MESSAGE_CHARACTERS]
     kind = getattr(errors, str(result.get("error")), None)
-    if result.get("status") == "refused" and isinstance(kind, type) and issubclass(kind, errors.ConversionError):
+    is_ours = isinstance(kind, type) and issubclass(kind, errors.ConversionError)
+    if is_ours and (issubclass(kind, _NOT_THE_WORKERS) or (kind is errors.ParityFailure and report is None)):
+        error = errors.ConversionCrashed(f"{name}: the conversion process answered an error no conversion gives "
+                                         f"({kind.__name__}); nothing written")
+    elif result.get("status") == "refused" and is_ours:
         error = kind(report, message) if kind is errors.ParityFailure else kind(message)
     else:
         error = errors.InternalError(f"internal error: {safe_text.inert(result.get('error'))}: {message[:300]} "

@@ -188,31 +188,50 @@ def essence(message, limit=300):
     return line if len(line) <= limit else "..." + line[-(limit - 3):]
 
 
-def _checked(path):
-    """A check job's answer: whether the .tflite at `path` is one a runtime may read: a TFLite flatbuffer
-    (its identifier) with a subgraph, nothing in it a runtime must not meet (tflite/validation.py), and one
-    LiteRT's verifier and op resolver accept (where it holds Flex ops, which this interpreter may lack, the
-    first two)."""
+def _checked(check):
+    """A check job's answer: whether the .tflite at check["path"] is one this conversion may write, and the ops
+    it really holds. A TFLite flatbuffer (its identifier) with a subgraph; nothing in it a runtime must not meet
+    (tflite/validation.py); no custom op but Flex ones, and those only where the op checks pass them (unless
+    trusted: trust/flex_ops.py), so the worker cannot swap in a file of its own that ships a file-writing op;
+    and one LiteRT's verifier and op resolver accept (where it holds Flex ops, which this interpreter may lack,
+    the rest)."""
     from .. import paths
+    from ..errors import UntrustedModel
+    from ..reading import trust
     from ..running import verify
-    from ..tflite import flatbuffer_model
+    from ..tflite import operators
     from ..tflite import validation
 
-    with open(path, "rb") as stream:
+    with open(check["path"], "rb") as stream:
         data = stream.read()
     problem = None if paths.is_tflite(data) else "TFLite identifier is missing"
     problem = problem or validation.problem(data)
+    ops = {}
     if problem is None:
-        model = flatbuffer_model.as_object(data)
-        if not model.subgraphs:
-            problem = "model has no subgraph"
-        else:
-            try:
-                verify.interpreter_class()[0](model_content=data)
-            except (ValueError, RuntimeError) as error:
-                if not any((code.customCode or b"").startswith(b"Flex") for code in model.operatorCodes or []):
-                    problem = f"flatbuffer is refused by LiteRT ({' '.join(str(error).split())[:200]})"
-    return {"status": "valid"} if problem is None else {"status": "invalid", "message": problem}
+        try:
+            ops = operators.op_histogram(data)
+        except Exception as error:  # noqa: BLE001 - the flatbuffer readers fail in whatever way the bytes lead them to
+            problem = f"operators cannot be read ({type(error).__name__})"
+    flex = [name for name in ops if name.startswith("Flex")]
+    if problem is None and not ops:
+        problem = "model has no operator"
+    custom = [name for name in ops if name not in operators.BUILTIN_OP_NAMES and name not in flex]
+    if problem is None and custom:
+        problem = f"custom ops {', '.join(sorted(custom))[:200]} are none the converter writes"
+    if problem is None and flex and not check["trust_model"]:
+        try:
+            trust.check_flex_ops(check["name"], data)
+        except UntrustedModel as error:
+            problem = f"Flex ops are refused: {error.message[:300]}"
+    if problem is None:
+        try:
+            verify.interpreter_class()[0](model_content=data)
+        except (ValueError, RuntimeError) as error:
+            if not flex:
+                problem = f"flatbuffer is refused by LiteRT ({' '.join(str(error).split())[:200]})"
+    if problem is not None:
+        return {"status": "invalid", "message": problem}
+    return {"status": "valid", "ops": ops, "size_bytes": len(data)}
 
 
 def _answer(job, result, tflite_model):

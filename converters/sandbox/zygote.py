@@ -15,6 +15,7 @@ import importlib
 import os
 import resource
 import signal
+import stat
 import sys
 import time
 
@@ -49,12 +50,44 @@ def _say(event):
 
 
 def resident_bytes(pid):
-    """The resident memory of a process (the pages it shares with the zygote included), 0 if it is gone."""
+    """The memory a process holds (the pages it shares with the zygote included), 0 if it is gone."""
+    return _footprint(pid)[0]
+
+
+# What the kernel spends on each thread beyond its pages: its kernel stack.
+_KERNEL_STACK_BYTES = 16 << 10
+
+
+def _footprint(pid):
+    """(memory, threads) of a process, from /proc/<pid>/status: its resident pages, its page tables (a sparse
+    mapping read once every 2 MiB holds no resident page but a page table each, which resident memory never
+    shows) and its threads' kernel stacks; (0, 0) if it is gone."""
     try:
-        with open(f"/proc/{pid}/statm") as stream:
-            return int(stream.read().split()[1]) * _PAGE_BYTES
-    except (OSError, IndexError, ValueError):
+        with open(f"/proc/{pid}/status") as stream:
+            fields = dict(line.split(":", 1) for line in stream if ":" in line)
+        kib = sum(int(fields.get(name, "0 kB").split()[0]) for name in ("VmRSS", "VmPTE"))
+        threads = int(fields.get("Threads", "0"))
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return kib * 1024 + threads * _KERNEL_STACK_BYTES, threads
+
+
+def _hidden_bytes(pid):
+    """The disk a process holds in files no folder names: open, and unlinked (or made with O_TMPFILE), which a
+    walk of its scratch folder cannot see."""
+    held = 0
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
         return 0
+    for descriptor in descriptors:
+        try:
+            status = os.stat(f"/proc/{pid}/fd/{descriptor}")
+        except OSError:
+            continue
+        if stat.S_ISREG(status.st_mode) and status.st_nlink == 0:
+            held += status.st_blocks * 512
+    return held
 
 
 def _end_of(pid):
@@ -84,7 +117,7 @@ def _watched(pid, job, requests):
             ended, status, usage = os.wait4(pid, os.WNOHANG)
             if ended:
                 break
-            resident, stage = resident_bytes(pid), _stage(folder, stage)
+            (resident, threads), stage = _footprint(pid), _stage(folder, stage)
             if resident:  # 0: it has just ended
                 peak, stage_peaks[stage] = max(peak, resident), max(stage_peaks.get(stage, 0), resident)
             polls += 1
@@ -92,7 +125,9 @@ def _watched(pid, job, requests):
                 stopped = "time"
             elif peak > memory_limit:
                 stopped = "memory"
-            elif polls % _SCRATCH_POLLS == 0 and _past_scratch_limits(folder, job["scratch_limits"]):
+            elif threads > job["thread_limit"]:
+                stopped = "threads"  # each a process id: past this, a worker could leave the machine none
+            elif polls % _SCRATCH_POLLS == 0 and _past_scratch_limits(pid, folder, job["scratch_limits"]):
                 stopped = "scratch"
             elif requests.waiting(_POLL_SECONDS, also=() if ending is None else (ending,)):
                 stopped = "cancelled" if requests.next() is not None else "caller gone"
@@ -108,9 +143,9 @@ def _watched(pid, job, requests):
             "stage_peak_bytes": stage_peaks}
 
 
-def _past_scratch_limits(folder, limits):
+def _past_scratch_limits(pid, folder, limits):
     used, entries = scratch.usage(folder, limits)
-    return used > limits["bytes"] or entries > limits["entries"]
+    return used + _hidden_bytes(pid) > limits["bytes"] or entries > limits["entries"]
 
 
 def _own_limits():

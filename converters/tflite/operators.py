@@ -11,6 +11,7 @@ from . import flatbuffer_model
 _BUILTIN_NAMES = {
     value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")
 }
+BUILTIN_OP_NAMES = frozenset(_BUILTIN_NAMES.values()) - {"CUSTOM"}
 
 
 _TYPE_NAMES = {value: name.lower() for name, value in vars(schema.TensorType).items() if not name.startswith("_")}
