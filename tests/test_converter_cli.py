@@ -75,7 +75,7 @@ def test_report_json_and_quiet(model_dir, capsys, tmp_path):
     # The peak memory seen in each step, sampled by the zygote: within the worker's whole peak.
     peaks = report["stage_peak_bytes"]
     assert peaks and all(0 < peak <= report["peak_bytes"] for peak in peaks.values()), peaks
-    assert all(step in ("start-up", *stages) or step.startswith("verify: ") for step in peaks), peaks
+    assert all(step in ("start-up", "confinement", *stages) or step.startswith("verify: ") for step in peaks), peaks
 
 
 @pytest.mark.legs("tf_keras")  # the command's own code: one leg
