@@ -36,7 +36,6 @@ _GRACE_SECONDS = 60
 _PROGRESS_SECONDS = 0.5
 _STARTING = "starting (TensorFlow's import)"
 _ZYGOTE = "import keras_gelu_launcher; keras_gelu_launcher.zygote()"
-_RESULT_BYTES = scratch.ANSWER_BYTES
 _LOG_BYTES = 1 << 20
 
 
@@ -193,8 +192,8 @@ def _checked(job, path, size, progress, report):
     try:
         check = {"check": {"path": path, "name": job["name"], "trust_model": trusted}, "reads": [path],
                  "name": job["name"], "debug": False, "sandbox": job["sandbox"],
-                 "scratch": folder, "file_limit": _RESULT_BYTES, "scratch_limits": {"bytes": 4 * _RESULT_BYTES,
-                                                                                   "entries": 16},
+                 "scratch": folder, "file_limit": scratch.ANSWER_BYTES,
+                 "scratch_limits": {"bytes": 4 * scratch.ANSWER_BYTES, "entries": 16},
                  "time_limit": limits.check_seconds(size), "memory_limit": job["memory_limit"],
                  "thread_limit": job["thread_limit"]}
         _, ended = _ran(check, lambda step: progress("checking the .tflite"))

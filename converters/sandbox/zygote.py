@@ -39,7 +39,6 @@ _POLL_SECONDS = 0.05
 # The scratch folder is counted every this many polls (a walk of its entries; a worker writes at most its file
 # size cap, RLIMIT_FSIZE, into each file between two counts).
 _SCRATCH_POLLS = 10
-_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 # The limits the zygote starts with, which every job starts from: a worker could not change them (the seccomp
 # allow-list keeps prlimit64 to itself), and if anything did, the zygote puts them back or ends.
 _LIMITS = [getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_")]
@@ -49,17 +48,13 @@ def _say(event):
     channel.send(sys.stdout.buffer, event)
 
 
-def resident_bytes(pid):
-    """The memory a process holds (the pages it shares with the zygote included), 0 if it is gone."""
-    return _footprint(pid)[0]
-
-
 # What the kernel spends on each thread beyond its pages: its kernel stack.
 _KERNEL_STACK_BYTES = 16 << 10
 
 
 def _footprint(pid):
-    """(memory, threads) of a process, from /proc/<pid>/status: its resident pages, its page tables (a sparse
+    """(memory, threads) of a process, from /proc/<pid>/status: its resident pages (those it shares with the
+    zygote included), its page tables (a sparse
     mapping read once every 2 MiB holds no resident page but a page table each, which resident memory never
     shows) and its threads' kernel stacks; (0, 0) if it is gone."""
     try:
