@@ -18,7 +18,7 @@ from keras_gelu.converters.sandbox import seccomp as sandbox_seccomp
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 seccomp = sandbox_seccomp._library()  # loaded before confinement (finding it runs ldconfig, a program)
-zygote, victim = os.getppid(), job["victim"]
+zygote, victim, bystander = os.getppid(), job["victim"], job["bystander"]
 seen = {}
 
 def call(label, name, *arguments):
@@ -39,6 +39,7 @@ call("sched_setaffinity on the zygote", "sched_setaffinity", zygote, ctypes.size
 call("ioprio_set on the zygote", "ioprio_set", 1, zygote, (3 << 13))
 call("kill the zygote", "kill", zygote, 0)
 call("kill its process group (pid 0)", "kill", 0, 0)
+call("kill a bystander process", "kill", bystander, 0)
 call("tgkill the zygote", "tgkill", zygote, zygote, 0)
 call("pidfd_open the zygote", "pidfd_open", zygote, 0)
 call("ptrace", "ptrace", 16, zygote, 0, 0)
@@ -89,6 +90,15 @@ for label, path in (("list every process (cgroup tasks)", "/sys/fs/cgroup/pids/t
                     ("list the cgroup v2 processes", "/sys/fs/cgroup/cgroup.procs")):
     try:
         os.listdir(path) if not path.endswith(("tasks", "procs")) else open(path).read()
+        seen[label] = "allowed"
+    except OSError as error:
+        seen[label] = errno.errorcode.get(error.errno, "?")
+# Other processes by their ids: listed in /proc, or their entries there looked up (which Landlock, governing
+# access and not lookup, lets through where the worker shares the machine's /proc).
+for label, probe in (("list /proc's processes", lambda: os.listdir("/proc")),
+                     ("look up a bystander's /proc entry", lambda: os.stat(f"/proc/{bystander}"))):
+    try:
+        probe()
         seen[label] = "allowed"
     except OSError as error:
         seen[label] = errno.errorcode.get(error.errno, "?")

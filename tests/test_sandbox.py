@@ -400,15 +400,18 @@ def test_the_environment_a_conversion_sees_is_named_not_inherited(tmp_path, monk
 
 
 @pytest.mark.parametrize("plan, root, line", [
-    ({"landlock": 7, "seccomp": True, "namespaces": True, "missing": []}, True,
-     "contained: Landlock ABI 7 (files, TCP, signals) + seccomp allow-list + own user, IPC and network namespaces, "
-     "uid 0 without capabilities"),
-    ({"landlock": 3, "seccomp": True, "namespaces": False, "missing": ["namespaces: refused"]}, False,
+    ({"landlock": 7, "seccomp": True, "namespaces": True, "pid_namespace": True, "missing": []}, True,
+     "contained: Landlock ABI 7 (files, TCP, signals) + seccomp allow-list + own user, PID, IPC and network "
+     "namespaces, uid 0 without capabilities"),
+    ({"landlock": 3, "seccomp": True, "namespaces": False, "pid_namespace": False,
+      "missing": ["namespaces: refused"]}, False,
      "contained: Landlock ABI 3 (files) + seccomp allow-list, no capabilities (namespaces: refused)"),
-    ({"landlock": 0, "seccomp": True, "namespaces": True, "missing": ["Landlock: off at boot"]}, False,
+    ({"landlock": 0, "seccomp": True, "namespaces": True, "pid_namespace": False,
+      "missing": ["Landlock: off at boot", "PID namespace: refused"]}, False,
      "partly contained: seccomp allow-list + own user, IPC and network namespaces, no capabilities "
-     "(Landlock: off at boot)"),
-    ({"landlock": 0, "seccomp": False, "namespaces": False, "missing": ["Landlock: none", "seccomp: none"]}, False,
+     "(Landlock: off at boot; PID namespace: refused)"),
+    ({"landlock": 0, "seccomp": False, "namespaces": False, "pid_namespace": False,
+      "missing": ["Landlock: none", "seccomp: none"]}, False,
      "not contained: op checks only, no capabilities (Landlock: none; seccomp: none)"),
 ])
 def test_the_containment_line_says_what_held_and_what_is_missing(plan, root, line):
@@ -416,3 +419,18 @@ def test_the_containment_line_says_what_held_and_what_is_missing(plan, root, lin
 
     assert policy.describe({**plan, "root": root}) == line
     assert policy.describe({**plan, "root": root}, sandbox=False).startswith("not contained: switched off")
+
+
+def test_the_plan_takes_every_namespace_util_linux_can_make_here():
+    """util-linux's unshare, an implementation of its own, makes the namespaces the plan tries (user, PID with a
+    /proc of its own, IPC, network): where it can, the plan must hold them all, and where it cannot, not claim
+    the PID namespace."""
+    from keras_gelu.converters.sandbox import policy
+
+    probe = subprocess.run(["unshare", "--user", "--map-current-user", "--pid", "--fork", "--mount-proc", "--ipc",
+                            "--net", "sh", "-c", "test $$ = 1 && test -d /proc/1 && ! test -d /proc/2"],
+                           capture_output=True)
+    plan = policy.plan()
+    assert plan["pid_namespace"] == (probe.returncode == 0), (plan, probe.stderr)
+    if plan["pid_namespace"]:
+        assert plan["namespaces"] and not [why for why in plan["missing"] if "namespace" in why], plan

@@ -56,11 +56,12 @@ def environment(caller):
 def plan():
     """Which layers of confinement this machine lets a worker apply, decided once by the zygote before any job
     (each worker then applies exactly these, or dies): {"landlock": ABI or 0, "seccomp", "namespaces",
-    "missing": [why a layer is absent], "root"}."""
+    "pid_namespace", "missing": [why a layer is absent], "root"}."""
     from . import privileges
     from . import seccomp
 
-    result = {"landlock": 0, "seccomp": False, "namespaces": False, "missing": [], "root": os.getuid() == 0}
+    result = {"landlock": 0, "seccomp": False, "namespaces": False, "pid_namespace": False, "missing": [],
+              "root": os.getuid() == 0}
     try:
         result["landlock"] = landlock.abi_version()
     except landlock.Unavailable as error:
@@ -70,10 +71,10 @@ def plan():
         result["seccomp"] = True
     except seccomp.Unavailable as error:
         result["missing"].append(f"seccomp: {error}")
-    refused = privileges.namespaces_available()
-    result["namespaces"] = refused is None
+    own_processes, refused = privileges.namespaces_available()
+    result["namespaces"], result["pid_namespace"] = own_processes is not None, bool(own_processes)
     if refused is not None:
-        result["missing"].append(f"namespaces: {refused}")
+        result["missing"].append(f"{'PID namespace' if result['namespaces'] else 'namespaces'}: {refused}")
     return result
 
 
@@ -84,7 +85,8 @@ def describe(plan, sandbox=True):
         return "not contained: switched off (KERAS_GELU_SANDBOX=off); op checks only"
     in_force = ([landlock.describe(plan["landlock"])] if plan["landlock"] else []) + \
         (["seccomp allow-list"] if plan["seccomp"] else []) + \
-        (["own user, IPC and network namespaces"] if plan["namespaces"] else [])
+        ([f"own user, {'PID, ' if plan['pid_namespace'] else ''}IPC and network namespaces"]
+         if plan["namespaces"] else [])
     who = "uid 0 without capabilities" if plan["root"] else "no capabilities"
     absent = f" ({'; '.join(plan['missing'])})" if plan["missing"] else ""
     if not plan["landlock"] and not plan["seccomp"]:

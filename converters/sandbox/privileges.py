@@ -2,25 +2,39 @@
 namespaces it shares with the rest of the machine. Through ctypes; Linux only.
 
 * Namespaces (`unshare`): a user namespace of its own, and in it an IPC namespace (no SysV shared memory,
-  message queue or semaphore of another process is there to attach) and a network namespace (no interface but
-  a loopback that is down). The kernel offers them to unprivileged processes where it allows user namespaces;
-  a container or a sysctl may forbid them, and `plan` says so before any job.
+  message queue or semaphore of another process is there to attach), a network namespace (no interface but
+  a loopback that is down), and where the kernel allows, a PID namespace with a /proc of its own (a mount
+  namespace holds it): no other process has an id there to name, in a system call or in /proc. The kernel
+  offers them to unprivileged processes where it allows user namespaces; a container or a sysctl may forbid
+  them, and `plan` says so before any job.
 * Capabilities: the bounding set emptied, the ambient set cleared, then effective, permitted and inheritable
   set to nothing, in the worker's own namespace and so in every other; with no_new_privs, no program or file
   capability can give one back. Root's process keeps uid 0 in name (its files and the ones it writes are
   root's), with none of root's powers: it may change no file's owner, bypass no permission, signal, trace or
   set the limits of no process of another user, load nothing into the kernel.
 
-The PID namespace is left out: its first process is its init, and the kernel drops the signals an init sends
-itself, so a runtime's abort() would end as SIGSEGV after a detour, and a crash would be named wrongly; the
-seccomp allow-list keeps the worker to its own process id instead (`policy.system_calls`).
+A PID namespace's first process is its init, and the kernel drops the signals an init sends itself: a
+runtime's abort() would end as SIGSEGV after a detour, and its crash would be named wrongly. So the worker is
+not the first: the job's process makes the namespaces, forks the init, which mounts the /proc and forks the
+worker (pid 2), and each of the two ends as the one below it ended, by the same signal or with the same code.
+The init dies with the job's process (its parent-death signal, which a process in an ancestor namespace may
+send it), and the kernel kills whatever is left in a namespace whose init has died.
 """
 
 import ctypes
 import os
+import select
+import signal
+import traceback
 
 _CLONE_NEWUSER, _CLONE_NEWIPC, _CLONE_NEWNET = 0x10000000, 0x08000000, 0x40000000
+_CLONE_NEWPID, _CLONE_NEWNS = 0x20000000, 0x00020000
 NAMESPACES = _CLONE_NEWUSER | _CLONE_NEWIPC | _CLONE_NEWNET
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+_PR_SET_PDEATHSIG = 1
+# Exit status of a process of the job whose own code failed past catching (its answer is missing: the
+# supervisor says so).
+FAILED = 70
 _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 _PR_SET_NO_NEW_PRIVS = 38
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -42,15 +56,78 @@ def _checked(result, what):
         raise OSError(error, f"{what}: {os.strerror(error)}")
 
 
-def enter_namespaces():
+def enter_namespaces(own_processes):
     """This (single-threaded) process into new user, IPC and network namespaces, its own uid and gid mapped to
-    themselves; OSError where the kernel refuses."""
+    themselves; with `own_processes`, a PID namespace and a /proc of its own too, and it returns in the worker
+    below the namespace's init (`_below_an_init`). OSError where the kernel refuses."""
     uid, gid = os.getuid(), os.getgid()
-    _checked(_libc.unshare(NAMESPACES), "unshare")
+    _checked(_libc.unshare(NAMESPACES | (_CLONE_NEWPID | _CLONE_NEWNS if own_processes else 0)), "unshare")
     # setgroups denied first: an unprivileged process may map its gid only so, and none may change its groups
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
         with open(f"/proc/self/{name}", "w") as stream:
             stream.write(text)
+    if own_processes:
+        _below_an_init()
+
+
+def _below_an_init():
+    """Returns in pid 2 of the new PID namespace; the job's process and the namespace's init never return, and
+    each ends as the process below it did."""
+    parent_alive, parent_holds = os.pipe()  # end of file once the job's process is gone, however it went
+    init = os.fork()
+    if init:
+        os.close(parent_alive)
+        _end_as(os.waitpid(init, 0)[1])
+    try:
+        os.close(parent_holds)
+        die_with_parent()
+        if select.select([parent_alive], [], [], 0)[0]:
+            os._exit(1)  # the job's process died before the parent-death signal was set: no one is watching
+        os.close(parent_alive)
+        _mount_own_proc()
+        worker = os.fork()
+    except BaseException:  # noqa: BLE001 - the init's failure ends the job without an answer; its log says why
+        traceback.print_exc()
+        os._exit(FAILED)
+    if worker == 0:
+        return
+    while True:  # the init reaps whatever ends in its namespace, and ends with the worker
+        ended, status = os.wait()
+        if ended == worker:
+            os._exit(_exit_code_for(status))
+
+
+def die_with_parent():
+    """SIGKILL when the parent ends: set before confinement, which then denies changing it."""
+    _checked(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+
+
+def _mount_own_proc():
+    """A /proc that shows this PID namespace's processes only, in a mount namespace whose mounts never reach
+    the machine's."""
+    _checked(_libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount(/, private)")
+    _checked(_libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None), "mount(/proc)")
+
+
+# How an init, which cannot die of a signal it sends itself, passes a death by signal up: as a shell does.
+_SIGNALLED = 128
+
+
+def _exit_code_for(status):
+    code = os.waitstatus_to_exitcode(status)
+    return _SIGNALLED - code if code < 0 else code
+
+
+def _end_as(status):
+    """End this process as the one whose wait status (or an init's code for it) is `status`: a death by a
+    signal by the same signal, so that its parent reads the crash it was."""
+    code = os.waitstatus_to_exitcode(status)
+    number = -code if code < 0 else code - _SIGNALLED if _SIGNALLED < code < _SIGNALLED + signal.NSIG else 0
+    if number:
+        signal.signal(number, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [number])
+        os.kill(os.getpid(), number)
+    os._exit(code if code >= 0 and not number else FAILED)
 
 
 def _last_capability():
@@ -85,15 +162,23 @@ def capabilities_held():
 
 
 def namespaces_available():
-    """Whether this kernel lets a process like the worker make its namespaces, tried in a child that makes
-    them and ends; a phrase saying why not, or None."""
+    """Which namespaces this kernel lets a process like the worker make, tried in children that make them and
+    end: (own_processes, why_not): (True, None) for all of them, (False, a phrase) without the PID namespace,
+    (None, a phrase) for none."""
+    if _tried(own_processes=True):
+        return True, None
+    if _tried(own_processes=False):
+        return False, "the kernel or a container refuses a PID namespace with a /proc of its own"
+    return None, "the kernel or a container refuses user namespaces"
+
+
+def _tried(own_processes):
     pid = os.fork()
     if pid == 0:
         status = 1
         try:
-            enter_namespaces()
-            status = 0
+            enter_namespaces(own_processes)
+            status = 0 if not own_processes or os.getpid() == 2 and os.path.exists("/proc/2") else 1
         finally:
             os._exit(status)
-    _, status = os.waitpid(pid, 0)
-    return None if os.waitstatus_to_exitcode(status) == 0 else "the kernel or a container refuses user namespaces"
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0

@@ -30,14 +30,11 @@ from . import policy
 from . import privileges
 from . import seccomp
 
-_PR_SET_PDEATHSIG = 1
-# Exit status of a worker whose own code failed past catching (its answer is missing: the supervisor says so).
-_FAILED = 70
 
 
 def run(job):
     """Confine this (forked) process, do the job, answer; never returns."""
-    status = _FAILED
+    status = privileges.FAILED
     try:
         _prepare_process(job)
         entered = _stage_writer(job["scratch"], job.get("crash_at"))
@@ -58,7 +55,7 @@ def run(job):
 def _prepare_process(job):
     scratch = job["scratch"]
     os.chdir(scratch)  # paths the job names are absolute: nothing relative reaches the caller's folder
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the zygote's death is ours
+    privileges.die_with_parent()  # the zygote's
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the file size cap a write fails, one clear error
     log = os.open(os.path.join(scratch, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -94,7 +91,7 @@ def _confine(job):
     if not job["sandbox"]:
         return
     if plan["namespaces"]:
-        privileges.enter_namespaces()
+        privileges.enter_namespaces(own_processes=plan["pid_namespace"])
     privileges.drop_capabilities()
     if plan["landlock"]:
         landlock.restrict(policy.file_rules(job["reads"], job["scratch"]))

@@ -11,6 +11,7 @@ It talks to the supervisor in JSON lines: jobs and cancellations on stdin; {"rea
 {"ended"} on stdout. The end of its input ends it.
 """
 
+import ctypes
 import importlib
 import os
 import resource
@@ -36,6 +37,7 @@ OPTIONAL = ("ai_edge_litert.interpreter", "h5py")
 # trusted model's code may.
 _NOT_PRELOADED = ("sklearn", "matplotlib", "jax")
 _POLL_SECONDS = 0.05
+_PR_SET_CHILD_SUBREAPER = 36
 # The scratch folder is counted every this many polls (a walk of its entries; a worker writes at most its file
 # size cap, RLIMIT_FSIZE, into each file between two counts).
 _SCRATCH_POLLS = 10
@@ -85,6 +87,44 @@ def _hidden_bytes(pid):
     return held
 
 
+def _line_of(pid):
+    """The job's processes, from the zygote's child down: [the child], or, where the worker runs below an init
+    of its own PID namespace (privileges._below_an_init), [the child, the init, the worker] once forked. Their
+    ids as the zygote sees them (/proc/<pid>/task/<pid>/children); the last is the worker, which is watched."""
+    line = [pid]
+    while len(line) < 3:
+        try:
+            with open(f"/proc/{line[-1]}/task/{line[-1]}/children") as stream:
+                children = stream.read().split()
+        except OSError:
+            break
+        if len(children) != 1:
+            break
+        line.append(int(children[0]))
+    return line
+
+
+def _killed(line):
+    """SIGKILL to each of the job's processes, the init first (its namespace dies with it), then waited for: the
+    child, and any process of the line left to the zygote (a child subreaper) when its parent died first."""
+    for pid in reversed(line[:2]):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _, status, usage = os.wait4(line[0], 0)
+    _reap_orphans()
+    return status, usage
+
+
+def _reap_orphans():
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
 def _end_of(pid):
     """A descriptor readable once the process has ended (Linux 5.3 and later), so that a short job's end is seen
     at once rather than at the next poll; None where the kernel has none."""
@@ -111,8 +151,10 @@ def _watched(pid, job, requests):
         while True:
             ended, status, usage = os.wait4(pid, os.WNOHANG)
             if ended:
+                _reap_orphans()
                 break
-            (resident, threads), stage = _footprint(pid), _stage(folder, stage)
+            line = _line_of(pid)
+            (resident, threads), stage = _footprint(line[-1]), _stage(folder, stage)
             if resident:  # 0: it has just ended
                 peak, stage_peaks[stage] = max(peak, resident), max(stage_peaks.get(stage, 0), resident)
             polls += 1
@@ -122,13 +164,12 @@ def _watched(pid, job, requests):
                 stopped = "memory"
             elif threads > job["thread_limit"]:
                 stopped = "threads"  # each a process id: past this, a worker could leave the machine none
-            elif polls % _SCRATCH_POLLS == 0 and _past_scratch_limits(pid, folder, job["scratch_limits"]):
+            elif polls % _SCRATCH_POLLS == 0 and _past_scratch_limits(line[-1], folder, job["scratch_limits"]):
                 stopped = "scratch"
             elif requests.waiting(_POLL_SECONDS, also=() if ending is None else (ending,)):
                 stopped = "cancelled" if requests.next() is not None else "caller gone"
             if stopped is not None:
-                os.kill(pid, signal.SIGKILL)
-                _, status, usage = os.wait4(pid, 0)
+                status, usage = _killed(line)
                 break
     finally:
         if ending is not None:
@@ -171,6 +212,8 @@ def main(import_keras_gelu):
     TensorFlow and Keras), which its launcher held back until what they import is chosen here."""
     # ^C in a terminal reaches the whole process group: the supervisor decides, and cancels the worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Orphans of a job's processes become the zygote's, which waits for them: no process of a job outlives it.
+    ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     kept_out = [name for name in _NOT_PRELOADED if name not in sys.modules]
     sys.modules.update(dict.fromkeys(kept_out))  # None: `import sklearn` raises ImportError, which Keras expects
     try:
