@@ -24,7 +24,7 @@ JAX_VENV ?= .venv-jax
 TORCH_VENV ?= .venv-torch
 BACKEND_TESTS := tests/test_backends.py tests/test_fine_tuning.py
 
-.PHONY: demo test test-every-case test-chain-a test-chain-b test-keras3 test-tf-keras test-tf218 test-jax test-torch install install-tf218 install-jax install-torch docs bench bench-int8 recipes study plot clean
+.PHONY: demo test test-every-case test-chain-a test-chain-b test-keras3 test-tf-keras test-tf218 test-jax test-torch install install-tf218 install-jax install-torch install-chromium screenshot docs bench bench-int8 recipes study plot clean
 
 install: $(INSTALLED)
 
@@ -69,6 +69,17 @@ $(TORCH_VENV)/.installed: setup.cfg pyproject.toml
 	  ml_dtypes
 	touch $@
 
+# Debian's Chromium, for the suite's browser test of --explain's page (tests/test_explain.py): apt, as root, where
+# it is not there yet; elsewhere the test says it is skipped.
+install-chromium:
+	@command -v chromium >/dev/null || { test "$$(id -u)" = 0 && command -v apt-get >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; } || \
+	  echo "chromium not installed: the browser test of --explain's page will be skipped"
+
+# The picture of --explain's page that docs/int8.md shows, taken by the browser test.
+screenshot: $(INSTALLED) install-chromium
+	KG_UPDATE_SCREENSHOT=1 $(VENV_PYTHON) -m pytest -q tests/test_explain.py -k chromium
+
 demo: $(INSTALLED)
 	$(VENV_PYTHON) examples/demo.py --output-dir demo_output
 
@@ -92,7 +103,7 @@ CHAIN_A := test-keras3 test-torch
 CHAIN_B := test-tf-keras test-tf218 test-jax
 
 test:
-	$(MAKE) --jobs=4 --output-sync=target install install-tf218 install-jax install-torch
+	$(MAKE) --jobs=5 --output-sync=target install install-tf218 install-jax install-torch install-chromium
 	$(MAKE) --jobs=2 test-chain-a test-chain-b
 
 # --keep-going: a leg that fails does not keep the next one in its chain from running.

@@ -15,6 +15,7 @@ import time
 from keras_gelu import vocabulary
 
 from . import errors
+from . import explanation
 from . import native_logs
 from . import paths
 from . import safe_text
@@ -22,6 +23,7 @@ from . import targets
 from .options import DEFAULT_ATOL
 from .options import DEFAULT_CONFIG_LIMIT_MIB
 from .options import DEFAULT_DYNAMIC_SIZE
+from .options import DEFAULT_MIN_COSINE
 from .options import DEFAULT_RTOL
 from .sandbox import limits
 
@@ -33,12 +35,13 @@ EPILOG = """examples:
   keras-gelu-convert model.h5 --inputs batch.npz --max-drift 0.05 --report-json report.json
   keras-gelu-convert qat_saved_model --int8 --mode native  # a keras_gelu.qat QAT model -> int8
   keras-gelu-convert saved_model_dir --int8 --calibration samples.npz --int8-io   # post-training int8
+  keras-gelu-convert model.keras --int8 --calibration samples.npz --explain why/  # every tensor's error, a page
   keras-gelu-convert model.keras --target tflm --int8 --calibration samples.npz   # run and sized in TFLite Micro
   keras-gelu-convert qat_saved_model --target ethos-u55                           # compiled by Vela, 100% NPU
 
 exit codes: 0 ok (the .tflite written), 2 bad flags (an unknown --target among them), 3 missing path,
 4 not a model, 5 corrupt model, 6 unknown signature, 7 output exists, 8 output folder missing or not
-writable, 9 bad --inputs or --calibration, 10 parity failure, 11 the TFLite converter failed,
+writable, 9 bad --inputs or --calibration, 10 parity failure (an int8 model below --min-cosine too), 11 the TFLite converter failed,
 12 the model carries code or file-system ops (see --trust-model), 13 the model has ops or types the
 --target lacks, 14 the --target's runtime or compiler refused it, 15 that tool crashed, 16 past
 --time-limit, 17 past --memory-limit, 18 part of the file past its size limit (--config-limit),
@@ -93,6 +96,12 @@ def _parser():
     parser.add_argument("--max-steps", type=float,
                         help="int8 fidelity tolerance in steps of each output's int8 scale (default "
                              "10 for quantization-aware models; post-training differences are only reported)")
+    parser.add_argument("--min-cosine", type=float, default=DEFAULT_MIN_COSINE,
+                        help=f"int8: the least cosine any output may keep against the float model, on the "
+                             f"calibration samples or --inputs (default {DEFAULT_MIN_COSINE:g}; 0: no budget)")
+    parser.add_argument("--explain", metavar="DIR",
+                        help="write DIR/index.html, report.json and model_explorer.json: every tensor's error "
+                             "against the float model, the worst first (also when the budget refuses the model)")
     parser.add_argument("--trust-model", action="store_true",
                         help="convert a model that carries Python code (a Lambda layer) or ops that reach outside "
                              "the process (file I/O, Python calls); only for models you made or trust")
@@ -175,6 +184,10 @@ def _check_flags(parser, args):
         parser.error("--int8 and --float16-weights exclude each other")
     if args.max_steps is not None and not args.max_steps >= 0:
         parser.error("--max-steps must be >= 0")
+    if not 0.0 <= args.min_cosine <= 1.0:
+        parser.error("--min-cosine must be from 0 (no budget) to 1")
+    if args.explain and not args.verify:
+        parser.error("--explain runs the model to compare its tensors; drop --no-verify")
 
 
 def parse(argv=None):
@@ -239,6 +252,8 @@ def preflight(args):
         paths.check_output_path(args.output, args.force)
         if args.report_json:
             paths.check_output_path(args.report_json, force=True)
+        if args.explain:
+            explanation.check_folder(args.explain, args.force)
     except errors.ConversionError as error:
         return _fail(error, args)
     return None
@@ -264,7 +279,8 @@ def run(args):
             rtol=args.rtol, max_drift=args.max_drift, int8=args.int8, calibration=args.calibration,
             int8_io=args.int8_io, max_steps=args.max_steps, trust_model=args.trust_model, target=args.target,
             allow_cpu_fallback=args.allow_cpu_fallback, input_shapes=args.input_shapes, time_limit=args.time_limit,
-            memory_limit=args.memory_limit, config_limit=args.config_limit, progress=progress)
+            memory_limit=args.memory_limit, config_limit=args.config_limit, min_cosine=args.min_cosine,
+            explain=args.explain, progress=progress)
         if args.report_json:
             paths.write_atomically(report.to_json().encode(), args.report_json, force=True)
     except errors.ConversionError as error:

@@ -11,8 +11,10 @@ import os
 import sys
 import tempfile
 
+from . import explanation
 from . import native_logs
 from . import paths
+from . import errors
 from . import targets
 from .options import Options
 from .sandbox import limits
@@ -29,7 +31,8 @@ def convert(model, **options):
 
     Options are those of `Options` (mode, exact_as, signature, float16_weights, verify, inputs, seed,
     dynamic_size, atol, rtol, max_drift, int8, calibration, int8_io, max_steps, trust_model, target,
-    allow_cpu_fallback, input_shapes, time_limit, memory_limit, config_limit). Unless trust_model, a model
+    allow_cpu_fallback, input_shapes, time_limit, memory_limit, config_limit, min_cosine, explain). `explain`: a
+    folder for --explain's three files (explanation.FILES), which must not be there yet. Unless trust_model, a model
     that carries code or reaches outside the process is refused (errors.UntrustedModel) before any of it is
     loaded or run. Raises a `converters.errors.ConversionError` subclass for user errors, a parity failure
     included, in which case nothing is returned. What the conversion process printed (TensorFlow's notices, a
@@ -37,6 +40,8 @@ def convert(model, **options):
     and with its control characters escaped.
     """
     options = Options(**options)
+    if options.explain:
+        explanation.check_folder(options.explain, force=False)
     if _is_live_model(model):
         return _converted_here(model, options)
     with tempfile.NamedTemporaryFile(prefix=".keras_gelu_", suffix=".tflite") as destination:
@@ -52,11 +57,13 @@ def convert_to_file(model, output, force=False, log=None, debug=False, progress=
     process's traceback; `progress(step)`, if given, hears the step the conversion is in every half second."""
     options = Options(**options)
     paths.check_output_path(output, force)
+    if options.explain:
+        explanation.check_folder(options.explain, force)
     folder = os.path.dirname(os.path.abspath(output))
     # The .tflite is copied out of the scratch folder into a file of ours beside the output, then moved into place
     with tempfile.NamedTemporaryFile(dir=folder, prefix=".keras_gelu_", suffix=".tflite", delete=False) as copy:
         try:
-            report = _contained(model, options, log or _printed, debug, copy, folder, progress)
+            report = _contained(model, options, log or _printed, debug, copy, folder, progress, force)
             copy.close()
             paths.move_atomically(copy.name, output, force)
         finally:
@@ -73,9 +80,21 @@ def _is_live_model(model):
 def _converted_here(model, options):
     from .running import pipeline
 
-    tflite_model, report = pipeline.convert(model, options)
+    try:
+        tflite_model, report = pipeline.convert(model, options)
+    except errors.ConversionError as error:
+        _explained(options, getattr(error, "report", None), False)
+        raise
     report.containment = "not contained: a live model object runs in your own process; op checks only"
+    _explained(options, report, False)
     return tflite_model, report
+
+
+def _explained(options, report, force):
+    """--explain: the explanation's files written, where the conversion made one (passed, or refused for its
+    budget or parity, when they are wanted most)."""
+    if options.explain and report is not None and report.explanation:
+        explanation.write(options.explain, report, force)
 
 
 def _printed(lines):
@@ -83,7 +102,7 @@ def _printed(lines):
         print(line, file=sys.stderr)
 
 
-def _contained(model, options, log, debug, destination, scratch_parent=None, progress=None):
+def _contained(model, options, log, debug, destination, scratch_parent=None, progress=None, force=False):
     """The Report of converting `model` in the sandbox, its .tflite copied into `destination` (a binary file
     open for writing), after `log` has had what the conversion process printed, attributed; raises the job's
     ConversionError after it has. The job's scratch folder is made in `scratch_parent` or the system's
@@ -95,6 +114,7 @@ def _contained(model, options, log, debug, destination, scratch_parent=None, pro
     finally:
         scratch.remove(folder)
     log(native_logs.attributed(native_logs.worth_showing(outcome.log_lines)))
+    _explained(options, outcome.report if outcome.error is None else getattr(outcome.error, "report", None), force)
     if outcome.error is not None:
         raise outcome.error
     return outcome.report

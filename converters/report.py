@@ -27,6 +27,10 @@ class _Mapping:
 _COUNTS = _Mapping(int)
 _COMPARISON = {"output": str, "max_abs": _NUMBER, "passed": bool, "steps": _Optional(_NUMBER)}
 _PARITY = {**_COMPARISON, "max_rel": _NUMBER, "cosine": _NUMBER}
+# A tensor's row in an explanation (running/explain.py), which the page and the refusal's line read.
+_TENSOR = {"name": str, "layer": str, "op": str, "position": int, "type": str, "scale": _Optional(_NUMBER),
+           "max_abs": _NUMBER, "steps": _Optional(_NUMBER), "cosine": _NUMBER, "snr_db": _NUMBER, "lost_db": _NUMBER,
+           "gelu": _Optional(str), "outlier": _Optional({"channel": int, "ratio": _NUMBER})}
 # What the text form reads of each field that holds more than a value, as a schema: a dict is {key: shape}
 # (other keys may be there too), a list [shape] of any length.
 _SHAPES = {
@@ -35,10 +39,19 @@ _SHAPES = {
     "kernel_grids": _COUNTS, "op_types": _Mapping(_COUNTS), "flex_ops": [str], "warnings": [str],
     "fidelity": [_PARITY], "drift": [_PARITY], "stage_seconds": _Mapping(_NUMBER),
     "tolerance": {"rounding_envelope": _Optional({"fraction": _NUMBER, "trials": int, "steps": _Mapping(_NUMBER)})},
+    "explanation": _Optional({"tensors": [_TENSOR], "gelus": [_TENSOR], "worst": _Optional(str),
+                              "worst_outlier": _Optional(str),
+                              "histogram": _Optional({"edges": [_NUMBER], "counts": [int]}), "samples": int,
+                              "reference": str}),
+    "budget": _Optional({"min_cosine": _NUMBER, "cosine": _NUMBER, "output": str, "passed": bool}),
     "target": _Optional({"name": str, "runtime": str, "lacks": str, "runtime_check": _Optional(str),
                          "fidelity": [_COMPARISON], "agreement": [_COMPARISON], "notes": [str],
                          "ops": _Optional({"on_target": _COUNTS, "cpu_fallback": _COUNTS})}),
 }
+
+
+# What only the side outside the sandbox states, whatever a worker's report says.
+_SUPERVISORS = ("explained_in", "output")
 
 
 def _numbers_within_float(value):
@@ -115,6 +128,11 @@ class Report:
     containment: str = ""  # what confined the process that read and ran the model (sandbox.worker)
     peak_bytes: int = 0  # that process's peak resident memory
     stage_peak_bytes: dict = dataclasses.field(default_factory=dict)  # {step: peak resident memory seen in it}
+    # an int8 model judged against the float model: {"min_cosine", "cosine" (the worst output's), "output",
+    # "passed"}; {} where no budget applies
+    budget: dict = dataclasses.field(default_factory=dict)
+    explanation: dict = None  # --explain, or a refusal for the budget: every tensor against the float model
+    explained_in: str = ""  # the folder --explain wrote its files in (set outside the sandbox)
 
     def note_flex_ops(self):
         """Name the Flex ops left in `ops`, with a warning: most runtimes cannot run them."""
@@ -158,6 +176,7 @@ class Report:
                 raise ValueError(f"its report's {name} is none the converter has")
         if not _numbers_within_float(data):
             raise ValueError("its report holds a number past any float")
+        data = {name: value for name, value in data.items() if name not in _SUPERVISORS}
         return cls.from_dict(safe_text.inert_data(data, collapse_spaces=True))
 
     def _target_lines(self):
@@ -227,6 +246,10 @@ class Report:
                     steps = "" if c.get("steps") is None else f" ({c['steps']:.2f} {self.step_type} steps)"
                     lines.append(f"  {kind:8s} {c['output']}: max abs {c['max_abs']:.3g}{steps}, max rel "
                                  f"{c['max_rel']:.3g}, cosine {c['cosine']:.9f} {status}")
+            if self.budget:
+                lines.append(f"  budget   {self.budget['output']}: cosine {self.budget['cosine']:.9f} against the "
+                             f"float model, --min-cosine {self.budget['min_cosine']:g} "
+                             + ("ok" if self.budget["passed"] else "FAIL"))
             envelope = self.tolerance.get("rounding_envelope")
             if envelope:
                 lines.append(f"  rounding envelope (the rewritten graph with one step on {envelope['fraction']:.0%} "
@@ -237,6 +260,9 @@ class Report:
         else:
             lines.append(f"not verified: {self.not_verified_reason}")
         lines.extend(self._target_lines())
+        if self.explained_in:
+            lines.append(f"explained: {self.explained_in}/index.html (every tensor against the float model; "
+                         "model_explorer.json colours the graph in Model Explorer)")
         lines.extend(f"warning: {warning}" for warning in self.warnings)
         stages = ", ".join(f"{stage} {seconds:.1f}" for stage, seconds in self.stage_seconds.items())
         memory = f", peak memory {self.peak_bytes / 2**30:.2f} GiB" if verbose and self.peak_bytes else ""

@@ -2,6 +2,7 @@
 
 import collections
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
@@ -11,12 +12,14 @@ import tempfile
 import time
 import types
 
+import numpy as np
 import tensorflow as tf
 
 from keras_gelu import replacements
 from keras_gelu import vocabulary
 
 from .. import errors
+from .. import explanation
 from .. import native_logs
 from .. import options as conversion_options
 from .. import report as reporting
@@ -36,6 +39,7 @@ from ..tflite import kernel_grids
 from ..tflite import operators
 from ..tflite import signatures
 from ..tflite import validation
+from . import explain
 from . import progress
 from . import rounding_envelope
 from . import target_checks
@@ -231,6 +235,8 @@ def convert(model, options, kind=None, name=None):
                               float16_weights=options.float16_weights,
                               promoted_to_float32=source.promoted_to_float32, trusted=options.trust_model)
     int8_setup = _int8_setup(source, options, report)
+    # The original graph, for the float model an int8 model is judged against, or that --explain compares with
+    original_graph = _original_graph(source, options) if kept_graph is None else None
     rewritten_folder = tempfile.mkdtemp() if kept_graph is not None else None
     try:
         with _timed(stages, "rewrite"):
@@ -245,7 +251,8 @@ def convert(model, options, kind=None, name=None):
         arrays = source_outputs = reference_outputs = None
         if options.verify:
             with _timed(stages, "verify"):
-                arrays = parity.make_inputs(parity_inputs, options.seed, options.dynamic_size, options.inputs)
+                arrays = _calibration_as_parity_inputs(options, int8_setup, parity_inputs, batch_fixed, report) or \
+                    parity.make_inputs(parity_inputs, options.seed, options.dynamic_size, options.inputs)
                 # The original model runs now, so that its variables can go before converting; not where the
                 # .tflite may need Flex, which LiteRT cannot run: a model is not run for a check that cannot
                 # happen. The rewritten SavedModel too: one model's weights at a time.
@@ -271,7 +278,7 @@ def convert(model, options, kind=None, name=None):
                         reference = tf.compat.v1.GraphDef.FromString(serialized.serialized)
                     del serialized
                 _verify(tflite_model, source, reference, options, report, target, arrays, source_outputs, batch_fixed,
-                        reference_outputs)
+                        reference_outputs, _Explainer(original_graph, source, options, result.findings, batch_fixed))
         else:
             report.not_verified_reason = "verification switched off (--no-verify)"
     finally:
@@ -282,13 +289,93 @@ def convert(model, options, kind=None, name=None):
     return tflite_model, report
 
 
+def _original_graph(source, options):
+    """The frozen original graph, kept past the rewrite (which works in place where no pass copies it) where an
+    int8 model is judged against its float model, or --explain compares with it; else None."""
+    if not (options.int8 and options.min_cosine) and not options.explain:
+        return None
+    if options.int8:
+        return source.graph_def  # the int8 passes rewrite a copy (graph.with_passes)
+    copy = tf.compat.v1.GraphDef()
+    copy.CopyFrom(source.graph_def)
+    return copy
+
+
+def _calibration_as_parity_inputs(options, int8_setup, parity_inputs, batch_fixed, report):
+    """The first calibration samples as one batch, for parity where no --inputs are given: an int8 model is
+    judged on the values it was calibrated for (seeded random inputs may lie far outside the ranges real
+    samples give, where int8 clips), and on more than one batch; None where parity takes --inputs or random
+    inputs (a float or quantization-aware model)."""
+    if options.inputs or not options.int8 or int8_setup is None or int8_setup[0] is None:
+        return None
+    samples = int8_setup[0][:conversion_options.JUDGED_SAMPLES]
+    if not batch_fixed and any(info.shape is not None and len(info.shape) and info.shape[0] is not None
+                               for info in parity_inputs):
+        samples = samples[:1]  # a batch the model fixes, which no parity run splits: one sample
+    report.inputs_used = f"the first {len(samples)} calibration samples ({options.calibration})"
+    return {info.name: np.concatenate([sample[position] for sample in samples])
+            for position, info in enumerate(parity_inputs)}
+
+
+class _Explainer:
+    """The float model, converted once when first asked for, and the explanation of a .tflite against it."""
+
+    def __init__(self, original_graph, source, options, findings, batch_fixed):
+        self.original_graph, self.source, self.options = original_graph, source, options
+        self.findings, self.batch_fixed = findings, batch_fixed
+        self._float_model = None
+
+    @property
+    def available(self):
+        return self.original_graph is not None
+
+    def float_model(self):
+        """The original graph converted to float with its GELUs as written (native mode), signed."""
+        if self._float_model is None:
+            float_options = dataclasses.replace(self.options, mode="native", exact_as=None, int8=False,
+                                                calibration=None, int8_io=False, max_steps=None,
+                                                float16_weights=False, target=None, allow_cpu_fallback=False)
+            original = types.SimpleNamespace(graph_def=self.original_graph, inputs=self.source.inputs,
+                                             outputs=self.source.outputs)
+            result, _ = _rewritten(original, float_options, None)
+            tflite_model = to_tflite(result.graph_def, self.source, vocabulary.MODES["native"], False)
+            self._float_model = signatures.with_signature(tflite_model, self.source.signature,
+                                                          [info.name for info in self.source.inputs],
+                                                          [info.name for info in self.source.outputs])
+        return self._float_model
+
+    def explained(self, tflite_model, arrays, report):
+        """The explanation on `arrays` (sample by sample where the batch is fixed), or None, with a warning in
+        `report` saying why there is none."""
+        progress.entered("explain")
+        try:
+            float_model = self.float_model()
+        except errors.ConversionError as error:
+            report.warnings.append(f"no tensor compared: the float model does not convert ({error.message[:200]})")
+            return None
+        samples = [arrays]
+        if self.batch_fixed:
+            count = len(next(iter(arrays.values())))
+            samples = [{name: array[index:index + 1] for name, array in arrays.items()} for index in range(count)]
+        try:
+            explanation = explain.tensor_errors(tflite_model, float_model, self.source.signature, samples,
+                                                self.findings)
+        except (RuntimeError, ValueError) as error:
+            report.warnings.append("no tensor compared: LiteRT cannot run the models tensor by tensor "
+                                   f"({' '.join(str(error).split())[:200]})")
+            return None
+        explanation.update(samples=len(samples) * len(next(iter(arrays.values()))),
+                           reference="the original graph in float, its GELUs as written (native mode), on LiteRT")
+        return explanation
+
+
 def _rewritable_in_place(model, kind, options, target):
     """The SavedModel's protocol buffer where its graph is rewritten where it keeps it (rewriting.saved_model),
     the weights left in its variables, else None for a frozen copy: a TensorFlow 2 SavedModel converted to
     float for the whole op set. The frozen route serves the rest (int8, float16 weights, a target's passes
     and fixed shapes, Keras files and live models, TF1 SavedModels and initializers that do more than restore)."""
     if (kind != "SavedModel" or options.int8 or options.float16_weights or target is not None
-            or options.input_shapes):
+            or options.input_shapes or options.explain):
         return None
     try:
         proto = saved_model.read(model)
@@ -497,8 +584,33 @@ def _within_rounding_envelope(reference, source, arrays, graph_outputs, scales, 
                      f"{rounding_envelope.FRACTION:.0%} of each activation's values moves the graph so far)")
 
 
+def _judge_budget(tflite_model, source, options, report, arrays, explainer):
+    """An int8 model's worst output cosine against the float model, on the parity inputs (--inputs, the
+    calibration samples, or seeded random ones), held to --min-cosine: below it, a ParityFailure naming the
+    tensor where the signal went (the explanation's worst), and what would help. With --explain, the
+    explanation goes in the report, passed or not."""
+    if explainer is not None and options.explain and explainer.available:
+        report.explanation = explainer.explained(tflite_model, arrays, report)
+    if not (options.int8 and options.min_cosine) or not report.drift:
+        return
+    worst = min(report.drift, key=lambda c: c["cosine"])
+    report.budget = {"min_cosine": options.min_cosine, "cosine": worst["cosine"], "output": worst["output"],
+                     "passed": bool(worst["cosine"] >= options.min_cosine)}
+    if report.budget["passed"]:
+        return
+    if report.explanation is None and explainer is not None and explainer.available:
+        report.explanation = explainer.explained(tflite_model, arrays, report)
+    where = "" if report.explanation is None else explanation.where_lost(report.explanation)
+    where = f"; {where}" if where else ""
+    help_ = "keras_gelu.qat (quantization-aware training), calibration on real samples"
+    look = "" if options.explain else ", --explain DIR to see every tensor"
+    raise errors.ParityFailure(report, f"{source.path}: the int8 model's {worst['output']} reaches cosine "
+                               f"{worst['cosine']:.4f} against the float model, below --min-cosine "
+                               f"{options.min_cosine:g}{where}; {help_}{look} may help; nothing written")
+
+
 def _verify(tflite_model, source, reference, options, report, target, arrays, source_outputs, batch_fixed,
-            reference_outputs=None):
+            reference_outputs=None, explainer=None):
     """Fill in the parity figures; `reference` is the rewritten graph as TFLite should compute it (a GraphDef,
     or a rewritten SavedModel's folder).
 
@@ -510,8 +622,9 @@ def _verify(tflite_model, source, reference, options, report, target, arrays, so
     def fixed_batch(run):
         return (lambda batch: target_checks.per_sample(run, batch)) if batch_fixed else run
 
-    report.inputs_used = (f"inputs from {options.inputs}" if options.inputs else
-                          f"seeded random inputs (seed {options.seed}, dynamic dimensions = {options.dynamic_size})")
+    report.inputs_used = report.inputs_used or (
+        f"inputs from {options.inputs}" if options.inputs else
+        f"seeded random inputs (seed {options.seed}, dynamic dimensions = {options.dynamic_size})")
     _, report.runtime = parity.interpreter_class()
     try:
         tflite_outputs = fixed_batch(parity.signature_runner(tflite_model, source.signature))(arrays)
@@ -561,6 +674,7 @@ def _verify(tflite_model, source, reference, options, report, target, arrays, so
                                    f"finite, on output(s) {', '.join(garbage)}; nothing written")
     parity.fail_unless_passed(report.fidelity, source.path, report, "the .tflite differs from the rewritten graph",
                               limit)
+    _judge_budget(tflite_model, source, options, report, arrays, explainer)
     drifted = [c["output"] for c in report.drift if not c["passed"]]
     if drifted:
         worst = max(c["max_abs"] for c in report.drift)

@@ -1,0 +1,231 @@
+"""Where the precision goes: every tensor of a .tflite against the float model, on the same samples.
+
+The float model, tensor by tensor, is the original graph converted to float with its GELUs as written (native
+mode: the GELU op for exact and tanh GELU, the sigmoid form as it is), run on LiteRT with every intermediate
+kept (`experimental_preserve_all_tensors`). Its tensors carry the names the converter gives the graph's nodes,
+as the converted model's do: a tensor is matched by the first node its name lists, with what a GELU rewrite
+spliced in (`rewrite.REWRITE_SCOPE`) taken as the GELU's own output. Each matched tensor gets its largest
+error, that error in steps of its own scale, the cosine and the signal-to-noise ratio of its values against
+the float model's; and the decibels it lost against the tensors it was computed from, which puts the blame on
+the op where the signal went, not on every op after it.
+
+Everything here is data for the supervisor, which checks it and draws the page (`converters/explanation.py`).
+"""
+
+import math
+import warnings
+
+import numpy as np
+
+from ..rewriting import rewrite
+from . import verify
+
+# An exact tensor's signal-to-noise ratio, as reported: float32's own rounding is about 140 dB below its signal.
+EXACT_DB = 140.0
+# Ops that only move values from one type to another: a row of theirs is about the op that computed the values.
+_VALUE_MOVING = ("QUANTIZE", "DEQUANTIZE")
+
+
+def rounding_db(bits):
+    """The signal-to-noise ratio a `bits`-bit grid gives a signal that fills it uniformly: what rounding to it
+    costs at best (6.02 dB a bit, and 1.76). A tensor has lost only what it falls below this, or below what it
+    was computed from, whichever is lower: int8's first layer is not to blame for being int8."""
+    return 6.02 * bits + 1.76
+# A channel whose values reach this many times the median channel's holds a per-tensor grid for itself: the
+# others keep log2(ratio) bits fewer of int8's eight (16: half of them).
+OUTLIER_RATIO = 16.0
+# How many of the worst tensor's errors the page's histogram draws, and in how many bins.
+HISTOGRAM_BINS = 40
+_MAX_HISTOGRAM_VALUES = 1 << 16
+
+
+def origin(name):
+    """The graph node a tensor of the converter's comes from: the first its name lists, and for a node a GELU
+    rewrite spliced in, the GELU it replaced."""
+    first = name.split(";")[0]
+    return first.split("/" + rewrite.REWRITE_SCOPE.strip("/"))[0]
+
+
+_NOISE = ("StatefulPartitionedCall", "PartitionedCall", "inlined")
+
+
+def layer_of(name):
+    """The Keras layer (or TensorFlow scope) a tensor was computed in: its node's name scope, without the
+    scopes tracing adds."""
+    parts = [part for part in origin(name).split("/") if part not in _NOISE
+             and not part.startswith("StatefulPartitionedCall")]
+    return "/".join(parts[:-1]) or "/".join(parts)
+
+
+class _Statistics:
+    """Running sums of one tensor's values against the float model's, over every sample."""
+
+    def __init__(self):
+        self.reference_energy = self.value_energy = self.product = self.error_energy = 0.0
+        self.max_abs, self.count, self.errors = 0.0, 0, []
+        self.channel_peaks = None  # each channel's (last axis) largest magnitude in the float model
+
+    def add(self, value, reference):
+        if reference.ndim >= 2 and reference.shape[-1] >= 2:
+            peaks = np.abs(np.nan_to_num(reference.reshape(-1, reference.shape[-1]), posinf=0, neginf=0)).max(axis=0)
+            self.channel_peaks = peaks if self.channel_peaks is None else np.maximum(self.channel_peaks, peaks)
+        value, reference = value.astype(np.float64).ravel(), reference.astype(np.float64).ravel()
+        finite = np.isfinite(value) & np.isfinite(reference)
+        value, reference = value[finite], reference[finite]
+        error = value - reference
+        self.reference_energy += float(reference @ reference)
+        self.value_energy += float(value @ value)
+        self.product += float(value @ reference)
+        self.error_energy += float(error @ error)
+        self.max_abs = max(self.max_abs, float(np.abs(error).max()) if error.size else 0.0)
+        self.count += error.size
+        if sum(len(kept) for kept in self.errors) < _MAX_HISTOGRAM_VALUES:
+            self.errors.append(error[:_MAX_HISTOGRAM_VALUES])
+
+    def cosine(self):
+        norms = math.sqrt(self.reference_energy * self.value_energy)
+        return self.product / norms if norms > 0 else (1.0 if self.error_energy == 0 else 0.0)
+
+    def snr_db(self):
+        if self.error_energy == 0:
+            return EXACT_DB
+        if self.reference_energy == 0:
+            return -EXACT_DB
+        return min(EXACT_DB, 10.0 * math.log10(self.reference_energy / self.error_energy))
+
+    def outlier(self):
+        """{"channel", "ratio"} for the channel whose range is OUTLIER_RATIO times the median channel's, or None."""
+        if self.channel_peaks is None:
+            return None
+        median = float(np.median(self.channel_peaks))
+        channel = int(np.argmax(self.channel_peaks))
+        ratio = float(self.channel_peaks[channel]) / median if median > 0 else float("inf")
+        return {"channel": channel, "ratio": min(ratio, 1e9)} if ratio >= OUTLIER_RATIO else None
+
+    def histogram(self):
+        errors = np.concatenate(self.errors) if self.errors else np.zeros(0)
+        counts, edges = np.histogram(errors, bins=HISTOGRAM_BINS)
+        return {"edges": [float(edge) for edge in edges], "counts": [int(count) for count in counts]}
+
+
+def _descriptions(computed, details):
+    """{tensor: (layer, op)}: the layer a tensor's node scope names, else (a model output's op, named after the
+    output) the scope of the op's weights; a QUANTIZE's or DEQUANTIZE's, the op's that computed its input."""
+    producers = {index: (op_name, inputs) for index, op_name, _, inputs in computed}
+    described = {}
+    for index, op_name, _, inputs in computed:
+        layer = layer_of(details[index]["name"])
+        if "/" not in layer:
+            weights = [source for source in inputs if source not in producers and "/" in layer_of(details[source]["name"])]
+            layer = layer_of(details[weights[0]]["name"]) if weights else layer
+        moved = [source for source in inputs if source in described]
+        if op_name in _VALUE_MOVING and moved:
+            layer, producer = described[moved[0]]
+            op_name = f"{producer}, then {op_name}"
+        described[index] = (layer, op_name)
+    return described
+
+
+def _interpreter(tflite_model):
+    interpreter_type, _ = verify.interpreter_class()
+    with warnings.catch_warnings():  # its notice that keeping every tensor is for debugging: it is
+        warnings.simplefilter("ignore")
+        interpreter = interpreter_type(model_content=tflite_model, experimental_preserve_all_tensors=True)
+    return interpreter
+
+
+def _computed_tensors(interpreter):
+    """[(tensor index, op name, position of its op, the op's input indices)], in the order the ops run."""
+    computed = []
+    for position, op in enumerate(interpreter._get_ops_details()):
+        for output in op["outputs"]:
+            computed.append((int(output), op["op_name"], position, [int(i) for i in op["inputs"] if i >= 0]))
+    return computed
+
+
+def _float_values(interpreter, index, detail):
+    value = interpreter.get_tensor(index)
+    scale, zero_point = detail["quantization"]
+    if np.issubdtype(value.dtype, np.integer) and scale:
+        return (value.astype(np.float64) - zero_point) * scale
+    return value.astype(np.float64) if value.dtype.kind == "f" else None
+
+
+def _run(interpreter, signature, sample):
+    runner = interpreter.get_signature_runner(signature)
+    details = runner.get_input_details()
+    runner(**{name: verify.input_value(details[name], array) for name, array in sample.items()})
+
+
+def tensor_errors(tflite_model, float_model, signature, samples, findings=()):
+    """The explanation of `tflite_model` against `float_model` (both .tflite bytes with `signature`) on
+    `samples` ([{input name: array}]): {"tensors": [a row per computed tensor], "gelus": [a row per GELU
+    found], "worst": the name of the tensor that lost the most, "histogram": its errors'}.
+
+    `findings`: the rewrite's GELUs (rewrite.Finding), each named by its output in the graph."""
+    model, reference = _interpreter(tflite_model), _interpreter(float_model)
+    details = {detail["index"]: detail for detail in model.get_tensor_details()}
+    reference_details = {detail["index"]: detail for detail in reference.get_tensor_details()}
+    # the float model's tensor for each node, the last computed where several come from one (a GELU's ops)
+    by_origin = {origin(reference_details[index]["name"]): index for index, *_ in _computed_tensors(reference)}
+    computed = _computed_tensors(model)
+    last_of_origin = {origin(details[index]["name"]): index for index, *_ in computed}
+    matched = {index: by_origin.get(origin(details[index]["name"])) for index, *_ in computed
+               if last_of_origin[origin(details[index]["name"])] == index}
+    statistics = {index: _Statistics() for index, counterpart in matched.items() if counterpart is not None}
+    for sample in samples:
+        _run(model, signature, sample)
+        _run(reference, signature, sample)
+        for index, statistic in statistics.items():
+            value = _float_values(model, index, details[index])
+            expected = _float_values(reference, matched[index], reference_details[matched[index]])
+            if value is None or expected is None or value.size != expected.size:
+                statistics[index] = None
+                continue
+            statistic.add(value, expected)
+    statistics = {index: statistic for index, statistic in statistics.items() if statistic is not None}
+    return _rows(computed, details, statistics, findings)
+
+
+def _rows(computed, details, statistics, findings):
+    """The rows, each tensor's lost decibels against the nearest tensors above it that were compared."""
+    snr = {index: statistic.snr_db() for index, statistic in statistics.items()}
+    # What each tensor is computed from, as good as: the worst of its inputs, each its own ratio where it was
+    # compared, else what it was computed from; a model input or a constant is exact. In the order the ops
+    # run, so that every input's level is known before it is read.
+    upstream, level = {}, {}
+    for index, _, _, inputs in computed:
+        upstream[index] = min((snr.get(source, level.get(source, EXACT_DB)) for source in inputs), default=EXACT_DB)
+        level[index] = snr.get(index, upstream[index])
+    described = _descriptions(computed, details)
+
+    gelus = {origin(finding.root.split(":")[0]): finding for finding in findings}
+    rows = []
+    for index, op_name, position, _ in computed:
+        statistic = statistics.get(index)
+        if statistic is None:
+            continue
+        name = details[index]["name"]
+        scale, _ = details[index]["quantization"]
+        dtype = np.dtype(details[index]["dtype"])
+        finding = gelus.get(origin(name))
+        layer, op_name = described[index]
+        rows.append({
+            "name": name, "layer": layer, "op": op_name, "position": position, "type": dtype.name,
+            "scale": float(scale) if scale else None,
+            "max_abs": statistic.max_abs, "steps": statistic.max_abs / scale if scale else None,
+            "cosine": statistic.cosine(), "snr_db": snr[index],
+            "lost_db": max(0.0, min(upstream[index], rounding_db(8 * dtype.itemsize)) - snr[index]),
+            "gelu": None if finding is None else f"{finding.pattern} -> {finding.became}",
+            "outlier": statistic.outlier()})
+    worst = max(rows, key=lambda row: (row["lost_db"], -row["snr_db"]), default=None)
+    histogram = None
+    if worst is not None:
+        worst_index = next(index for index, *_ in computed if details[index]["name"] == worst["name"])
+        histogram = statistics[worst_index].histogram()
+    # the outlier channel nearest above the worst tensor: what a per-tensor grid gave its range to
+    outliers = [row for row in rows if row["outlier"] and worst is not None and row["position"] <= worst["position"]]
+    return {"tensors": rows, "worst": None if worst is None else worst["name"], "histogram": histogram,
+            "worst_outlier": outliers[-1]["name"] if outliers else None,
+            "gelus": [row for row in rows if row["gelu"] is not None]}
+
