@@ -124,6 +124,17 @@ def test_mixed_precision_model_quantizes_like_a_float32_one(tmp_path):
     assert report.promoted_to_float32 and report.float_ops == {}, report.op_types
 
 
+@pytest.mark.xfail(strict=True, reason="a bare erf's int8 replacement is off by up to 0.99 on some inputs (its SUB: "
+                   "cosine 0.86), so the model misses the budget at 0.97; found by the budget, named by --explain")
+def test_a_bare_erf_in_int8_keeps_its_values_within_a_few_steps(tmp_path):
+    import spelling_models
+
+    path = spelling_models.save("bare_erf", str(tmp_path / "bare_erf"))
+    _, report = converters.convert(path, int8=True, calibration="random:16", explain=str(tmp_path / "why"))
+    (erf,) = [row for row in report.explanation["tensors"] if row["name"].endswith("Erf/keras_gelu_rewrite/sub")]
+    assert erf["steps"] <= 4, erf
+
+
 def test_report_names_ops_that_stayed_float(tmp_path):
     import tensorflow as tf
 

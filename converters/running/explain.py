@@ -98,9 +98,11 @@ class _Statistics:
         if self.channel_peaks is None:
             return None
         median = float(np.median(self.channel_peaks))
+        if not median > 0:  # most channels hold nothing (a mask, padding): no range to crowd out
+            return None
         channel = int(np.argmax(self.channel_peaks))
-        ratio = float(self.channel_peaks[channel]) / median if median > 0 else float("inf")
-        return {"channel": channel, "ratio": min(ratio, 1e9)} if ratio >= OUTLIER_RATIO else None
+        ratio = float(self.channel_peaks[channel]) / median
+        return {"channel": channel, "ratio": ratio} if ratio >= OUTLIER_RATIO else None
 
     def histogram(self):
         errors = np.concatenate(self.errors) if self.errors else np.zeros(0)
@@ -183,7 +185,9 @@ def tensor_errors(tflite_model, float_model, signature, samples, findings=()):
                 statistics[index] = None
                 continue
             statistic.add(value, expected)
-    statistics = {index: statistic for index, statistic in statistics.items() if statistic is not None}
+    # a tensor the float model holds at zero throughout (a mask where nothing is masked) has no signal to lose
+    statistics = {index: statistic for index, statistic in statistics.items()
+                  if statistic is not None and statistic.reference_energy > 0}
     return _rows(computed, details, statistics, findings)
 
 
