@@ -78,7 +78,7 @@ install-chromium:
 
 # The picture of --explain's page that docs/int8.md shows, taken by the browser test.
 screenshot: $(INSTALLED) install-chromium
-	KG_UPDATE_SCREENSHOT=1 $(VENV_PYTHON) -m pytest -q tests/test_explain.py -k chromium
+	KG_UPDATE_SCREENSHOT=1 TF_USE_LEGACY_KERAS=1 $(VENV_PYTHON) -m pytest -q tests/test_explain.py -k chromium
 
 demo: $(INSTALLED)
 	$(VENV_PYTHON) examples/demo.py --output-dir demo_output
@@ -99,8 +99,8 @@ demo: $(INSTALLED)
 # more CPU time. The JAX and PyTorch legs beside the installs left a core
 # idle for a minute and a half.) Which tests the legs run is chosen so that
 # the chains finish together; each chain's make prints a leg when it ends.
-CHAIN_A := test-keras3 test-torch
-CHAIN_B := test-tf-keras test-tf218 test-jax
+CHAIN_A := test-keras3 test-jax
+CHAIN_B := test-tf-keras test-tf218 test-torch
 
 test:
 	$(MAKE) --jobs=5 --output-sync=target install install-tf218 install-jax install-torch install-chromium

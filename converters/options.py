@@ -82,6 +82,9 @@ class Options:
         self.exact_as = vocabulary.resolve_exact_as(self.mode, self.exact_as)
         if self.input_shapes:
             self.input_shapes = {name: tuple(shape) for name, shape in self.input_shapes.items()}
+        if self.explain and not self.verify:
+            raise ValueError("Argument `explain` runs the model to compare its tensors, which `verify=False` skips. "
+                             f"Received: explain={self.explain!r}, verify=False")
         if self.min_cosine is None or not 0.0 <= self.min_cosine <= 1.0:
             raise ValueError(f"Argument `min_cosine` must be from 0 (no budget) to 1. Received: "
                              f"min_cosine={self.min_cosine}")

@@ -18,7 +18,9 @@ from keras_gelu.converters.sandbox import seccomp as sandbox_seccomp
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 seccomp = sandbox_seccomp._library()  # loaded before confinement (finding it runs ldconfig, a program)
-zygote, victim, bystander = os.getppid(), job["victim"], job["bystander"]
+# In a PID namespace of its own its parent is outside, id 0 to it (which system calls take as itself): the
+# namespace's init, another process, stands in for it there
+zygote, victim, bystander = os.getppid() or 1, job["victim"], job["bystander"]
 seen = {}
 
 def call(label, name, *arguments):

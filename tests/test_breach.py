@@ -15,8 +15,9 @@ runs Python in a real worker, once it is confined, and each test states what mus
 * and, with the default flags, no module planted beside the model or in the working folder imported by any
   process of the converter.
 
-In both Keras flavours' legs, as root, and as an unprivileged user (a user namespace mapping this process's
-uid to nobody's; in one flavour's leg a day, the other's the next).
+The battery in both Keras flavours' legs (the zygote imports the flavour's Keras), the forgeries each in one
+(what the supervisor does with them is the same), as root, and as an unprivileged user (a user namespace mapping
+this process's uid to nobody's; in one flavour's leg a day, the other's the next).
 """
 
 import json
@@ -30,6 +31,7 @@ import pytest
 import sandbox_payloads
 import spelling_models
 from conftest import LEG
+from conftest import rotated
 from conftest import todays_seed
 from keras_gelu import converters
 from keras_gelu.converters import cli
@@ -211,7 +213,7 @@ def trojan(tmp_path_factory):
 
 
 @needs_containment
-@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+@pytest.mark.parametrize("forgery", rotated(sorted(FORGERIES)))  # each in one flavour's leg: the supervisor's
 def test_what_the_worker_leaves_is_never_followed_nor_trusted(forgery, small_model, victim, tmp_path, monkeypatch,
                                                                capsys, request):
     """Each forgery put in place after the worker's honest answer: one line, its own exit code, nothing written,

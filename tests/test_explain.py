@@ -218,6 +218,7 @@ def _chromium(tmp_path, *arguments):
     return result, console
 
 
+@pytest.mark.legs("tf_keras")  # the page is drawn outside the sandbox, the same in either flavour
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make test installs Debian's chromium)")
 def test_the_page_renders_in_chromium_worst_first_with_the_outlier_and_no_console_error(models, tmp_path, capsys):
     folder, paths, _ = models
@@ -248,3 +249,20 @@ def test_the_page_renders_in_chromium_worst_first_with_the_outlier_and_no_consol
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000  # a drawn page, not a blank one
     if os.environ.get("KG_UPDATE_SCREENSHOT") == "1":  # `make screenshot`: the picture docs/int8.md shows
         shutil.copyfile(screenshot, os.path.join(os.path.dirname(__file__), "..", "docs", "images", "explain.png"))
+
+
+def test_every_kind_of_conversion_explains_itself(models, tmp_path, capsys):
+    """A float conversion (the approximation's error, tensor by tensor) and a .tflite given as input (the
+    rewrite's own error against the .tflite as given) write the three files too, each GELU shown as what it
+    became."""
+    _, paths, _ = models
+    native = tmp_path / "native.tflite"
+    assert cli.main([paths["plain"], "-o", str(native), "--mode", "native"]) == 0
+    for source, flags in ((paths["plain"], []), (str(native), ["--form", "tanh"])):
+        why = tmp_path / f"why-{os.path.basename(source)}"
+        assert cli.main([source, "-o", str(tmp_path / "out.tflite"), "--force", "--explain", str(why), *flags]) == 0
+        saved = json.loads((why / "report.json").read_text())["explanation"]
+        assert sorted(os.listdir(why)) == sorted(explanation.FILES) and saved["tensors"], source
+        # float32 throughout: every tensor close to the float model, the GELU's the approximation's error
+        assert all(row["cosine"] > 0.999 for row in saved["tensors"]), saved["tensors"]
+    capsys.readouterr()

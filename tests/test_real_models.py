@@ -247,9 +247,25 @@ def test_int8_hugging_face_gpt2_keeps_its_attention_mask(hugging_face_cases, tmp
     assert report.budget["cosine"] >= 0.99, report.budget
 
 
+def _each_model_in_each_conversion(names):
+    """(name, mode, exact_as) for every model and conversion: a matrix of one mechanism on two parameters, of
+    which `make test` takes today's share (todays_share: every case within two days)."""
+    cases = [(name, *conversion) for name in names for conversion in FLOAT_CONVERSIONS + [INT8]]
+    return todays_share(cases, len(cases) // 2)
+
+
+def _case_id(case):
+    name, mode, exact_as = case
+    return f"{name}-{mode}" + ("" if exact_as is None else f"-{exact_as}")
+
+
+KERAS_HUB_TODAY = _each_model_in_each_conversion(["keras_hub_bert", "keras_hub_gpt2", "keras_hub_vit",
+                                                  "keras_hub_swin"])
+HUGGING_FACE_TODAY = _each_model_in_each_conversion(["hf_bert_gelu", "hf_gpt2"])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, exact_as", FLOAT_CONVERSIONS + [INT8], ids=conversions.ids(FLOAT_CONVERSIONS + [INT8]))
-@pytest.mark.parametrize("name", ["keras_hub_bert", "keras_hub_gpt2", "keras_hub_vit", "keras_hub_swin"])
+@pytest.mark.parametrize("name, mode, exact_as", KERAS_HUB_TODAY, ids=[_case_id(case) for case in KERAS_HUB_TODAY])
 def test_keras_hub_exported(keras_hub_cases, name, mode, exact_as):
     _skip_a_conversion_made_already(keras_hub_cases[f"{name}-exported"], mode, exact_as)
     _assert_converts_faithfully(keras_hub_cases[f"{name}-exported"], mode, exact_as)
@@ -274,8 +290,8 @@ def _in_the_tf_keras_leg():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, exact_as", FLOAT_CONVERSIONS + [INT8], ids=conversions.ids(FLOAT_CONVERSIONS + [INT8]))
-@pytest.mark.parametrize("name", ["hf_bert_gelu", "hf_gpt2"])
+@pytest.mark.parametrize("name, mode, exact_as", HUGGING_FACE_TODAY,
+                         ids=[_case_id(case) for case in HUGGING_FACE_TODAY])
 def test_hugging_face(hugging_face_cases, name, mode, exact_as):
     _in_the_tf_keras_leg()
     _skip_a_conversion_made_already(hugging_face_cases[name], mode, exact_as)

@@ -13,6 +13,8 @@ nothing of ours, and fake no success.
 
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -131,8 +133,17 @@ def test_the_report_says_what_confined_the_conversion(small_model):
     _, report = converters.convert(small_model)
     assert report.containment.startswith("contained: Landlock ABI "), report.containment
     assert " + seccomp allow-list" in report.containment or "seccomp:" in report.containment
-    assert report.containment.endswith("without capabilities" if os.getuid() == 0 else "no capabilities") or \
-        "namespaces:" in report.containment
+    closed = re.search(r"an unprivileged uid: (.*) is closed to other users\)$", report.containment)
+    if os.getuid() != 0:
+        assert report.containment.endswith("no capabilities") or "namespaces:" in report.containment
+    elif closed is None:
+        assert "uid 65534 (nobody), no capabilities" in report.containment, report.containment
+    else:  # kept uid 0, naming what nobody could not reach: which util-linux's setpriv, as nobody, confirms
+        assert "uid 0 without capabilities" in report.containment, report.containment
+        if shutil.which("setpriv"):
+            as_nobody = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "ls",
+                                        closed[1]], capture_output=True)
+            assert as_nobody.returncode != 0, closed[1]
     assert report.containment in report.to_text()
     assert report.peak_bytes > 0
 
@@ -402,7 +413,7 @@ def test_the_environment_a_conversion_sees_is_named_not_inherited(tmp_path, monk
 @pytest.mark.parametrize("plan, root, line", [
     ({"landlock": 7, "seccomp": True, "namespaces": True, "pid_namespace": True, "missing": []}, True,
      "contained: Landlock ABI 7 (files, TCP, signals) + seccomp allow-list + own user, PID, IPC and network "
-     "namespaces, uid 0 without capabilities"),
+     "namespaces, uid 65534 (nobody), no capabilities"),
     ({"landlock": 3, "seccomp": True, "namespaces": False, "pid_namespace": False,
       "missing": ["namespaces: refused"]}, False,
      "contained: Landlock ABI 3 (files) + seccomp allow-list, no capabilities (namespaces: refused)"),
@@ -418,7 +429,76 @@ def test_the_containment_line_says_what_held_and_what_is_missing(plan, root, lin
     from keras_gelu.converters.sandbox import policy
 
     assert policy.describe({**plan, "root": root}) == line
+    kept = policy.describe({**plan, "root": root}, uid_refused="an unprivileged uid: /root is closed to other users")
+    assert kept == line if not root else kept == line.replace("uid 65534 (nobody), no capabilities", (
+        "uid 0 without capabilities (an unprivileged uid: /root is closed to other users)"))
     assert policy.describe({**plan, "root": root}, sandbox=False).startswith("not contained: switched off")
+
+
+@pytest.fixture
+def open_tmp_path():
+    """A folder any user may pass (pytest's own are root's alone): in the system's temporary folder, 0755."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="keras_gelu_open_")
+    os.chmod(folder, 0o755)
+    yield __import__("pathlib").Path(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_an_unprivileged_uid_is_taken_only_where_every_file_read_is_open_to_others(open_tmp_path):
+    """The gate on nobody: search permission on every folder on the way, read on the file; the plan's own reads
+    (the Python installation) first, then the job's."""
+    from keras_gelu.converters.sandbox import policy
+    from keras_gelu.converters.sandbox import privileges
+
+    tmp_path = open_tmp_path
+    open_folder, closed_folder = tmp_path / "open", tmp_path / "closed"
+    for folder, mode in ((open_folder, 0o755), (closed_folder, 0o700)):
+        folder.mkdir()
+        (folder / "model.keras").write_bytes(b"x")
+        os.chmod(folder, mode)
+    (open_folder / "private.npz").write_bytes(b"x")
+    os.chmod(open_folder / "private.npz", 0o600)
+    assert privileges.closed_to_others([str(tmp_path)]) is None
+    assert privileges.closed_to_others([str(closed_folder / "model.keras")]) == str(closed_folder)
+    assert privileges.closed_to_others([str(open_folder / "private.npz")]) == str(open_folder / "private.npz")
+    assert privileges.closed_to_others([str(tmp_path / "gone")]) is None  # nothing there to read
+    plan = {"root": True, "uid_reads_closed": None}
+    assert policy.job_uid(plan, [str(open_folder / "model.keras")]) == (privileges.NOBODY, None)
+    uid, why = policy.job_uid(plan, [str(closed_folder / "model.keras")])
+    assert uid is None and why.startswith("an unprivileged uid: ") and why.endswith(" is closed to other users")
+    assert policy.job_uid({"root": True, "uid_reads_closed": "/root"}, [str(open_folder / "model.keras")]) == (
+        None, "an unprivileged uid: /root is closed to other users")
+    assert policy.job_uid({"root": False, "uid_reads_closed": None}, []) == (None, None)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="becoming nobody is root's")
+def test_a_process_that_becomes_nobody_writes_its_folder_and_reads_none_of_roots_files(open_tmp_path):
+    """The kernel's own permission checks, in a child that became nobody: its scratch folder is its own, a file
+    only root may read is not, and no capability is left to change that."""
+    from keras_gelu.converters.sandbox import privileges
+
+    tmp_path = open_tmp_path
+    scratch, secret = tmp_path / "scratch", tmp_path / "secret"
+    scratch.mkdir(mode=0o700)
+    secret.write_text("root's")
+    os.chmod(secret, 0o600)
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            privileges.become_nobody([str(scratch)])
+            (scratch / "written").write_text("ok")
+            try:
+                secret.read_text()
+            except PermissionError:
+                held = privileges.capabilities_held()
+                status = 0 if os.getuid() == os.geteuid() == privileges.NOBODY and not held["CapEff"] else 2
+        finally:
+            os._exit(status)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert (scratch / "written").read_text() == "ok" and (scratch / "written").stat().st_uid == privileges.NOBODY
 
 
 def test_the_plan_takes_every_namespace_util_linux_can_make_here():

@@ -233,3 +233,15 @@ def _rows(computed, details, statistics, findings):
             "worst_outlier": outliers[-1]["name"] if outliers else None,
             "gelus": [row for row in rows if row["gelu"] is not None]}
 
+
+def explained(tflite_model, float_model, signature, samples, reference, report, findings=()):
+    """tensor_errors' explanation with how many samples and what the reference is, or None with a warning in
+    `report` where a runtime cannot run the models tensor by tensor."""
+    try:
+        explanation = tensor_errors(tflite_model, float_model, signature, samples, findings)
+    except (RuntimeError, ValueError) as error:
+        report.warnings.append("no tensor compared: LiteRT cannot run the models tensor by tensor "
+                               f"({' '.join(str(error).split())[:200]})")
+        return None
+    explanation.update(samples=sum(len(next(iter(sample.values()))) for sample in samples), reference=reference)
+    return explanation

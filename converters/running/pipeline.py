@@ -357,16 +357,9 @@ class _Explainer:
         if self.batch_fixed:
             count = len(next(iter(arrays.values())))
             samples = [{name: array[index:index + 1] for name, array in arrays.items()} for index in range(count)]
-        try:
-            explanation = explain.tensor_errors(tflite_model, float_model, self.source.signature, samples,
-                                                self.findings)
-        except (RuntimeError, ValueError) as error:
-            report.warnings.append("no tensor compared: LiteRT cannot run the models tensor by tensor "
-                                   f"({' '.join(str(error).split())[:200]})")
-            return None
-        explanation.update(samples=len(samples) * len(next(iter(arrays.values()))),
-                           reference="the original graph in float, its GELUs as written (native mode), on LiteRT")
-        return explanation
+        return explain.explained(tflite_model, float_model, self.source.signature, samples,
+                                 "the original graph in float, its GELUs as written (native mode), on LiteRT", report,
+                                 self.findings)
 
 
 def _rewritable_in_place(model, kind, options, target):
@@ -587,10 +580,8 @@ def _within_rounding_envelope(reference, source, arrays, graph_outputs, scales, 
 def _judge_budget(tflite_model, source, options, report, arrays, explainer):
     """An int8 model's worst output cosine against the float model, on the parity inputs (--inputs, the
     calibration samples, or seeded random ones), held to --min-cosine: below it, a ParityFailure naming the
-    tensor where the signal went (the explanation's worst), and what would help. With --explain, the
-    explanation goes in the report, passed or not."""
-    if explainer is not None and options.explain and explainer.available:
-        report.explanation = explainer.explained(tflite_model, arrays, report)
+    tensor where the signal went (the explanation's worst, made here unless --explain made it), and what would
+    help."""
     if not (options.int8 and options.min_cosine) or not report.drift:
         return
     worst = min(report.drift, key=lambda c: c["cosine"])
@@ -672,6 +663,8 @@ def _verify(tflite_model, source, reference, options, report, target, arrays, so
     if garbage:
         raise errors.ParityFailure(report, f"{source.path}: the .tflite gives NaN or Inf where the original model is "
                                    f"finite, on output(s) {', '.join(garbage)}; nothing written")
+    if explainer is not None and options.explain and explainer.available:  # before any refusal: wanted most then
+        report.explanation = explainer.explained(tflite_model, arrays, report)
     parity.fail_unless_passed(report.fidelity, source.path, report, "the .tflite differs from the rewritten graph",
                               limit)
     _judge_budget(tflite_model, source, options, report, arrays, explainer)

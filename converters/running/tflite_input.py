@@ -41,6 +41,7 @@ from ..tflite import float_islands
 from ..tflite import operators
 from ..tflite import tflite_gelus
 from ..tflite import validation
+from . import explain
 from . import target_checks
 from . import verify as parity
 
@@ -261,6 +262,9 @@ def _verify(original, interpreter, tflite_model, model, signature, options, repo
             else f"{runtime} cannot run the original .tflite: {loading.first_line(error)}")
         _run_on_target(tflite_model, target, options, report, ordered, actual, None, scales, limits, limit)
         return
+    if options.explain:  # the model as given is the one to compare with: the rewrite's own error, tensor by tensor
+        report.explanation = explain.explained(tflite_model, original, signature, [arrays],
+                                               "the original .tflite, as given, on LiteRT", report)
     # TFLite's int16 GELU op is itself far from GELU where its input's range is wide: the rewrite is held to
     # GELU rounded once, and its drift from the op reported
     expected = (dict(zip(output_names, parity.invoke(tflite_gelus.with_float_gelus(original), ordered)))

@@ -15,6 +15,7 @@ import site
 import sys
 
 from . import landlock
+from . import privileges
 
 # What the C library, Python and TensorFlow read about the machine and the process while converting (measured
 # with strace over conversions in every mode and target): CPU and memory figures, time zone, the dynamic
@@ -57,7 +58,6 @@ def plan():
     """Which layers of confinement this machine lets a worker apply, decided once by the zygote before any job
     (each worker then applies exactly these, or dies): {"landlock": ABI or 0, "seccomp", "namespaces",
     "pid_namespace", "missing": [why a layer is absent], "root"}."""
-    from . import privileges
     from . import seccomp
 
     result = {"landlock": 0, "seccomp": False, "namespaces": False, "pid_namespace": False, "missing": [],
@@ -71,6 +71,9 @@ def plan():
         result["seccomp"] = True
     except seccomp.Unavailable as error:
         result["missing"].append(f"seccomp: {error}")
+    result["uid_reads_closed"] = None
+    if result["root"]:  # which of what every worker reads another user could not
+        result["uid_reads_closed"] = privileges.closed_to_others(sorted(_static_reads()))
     own_processes, refused = privileges.namespaces_available()
     result["namespaces"], result["pid_namespace"] = own_processes is not None, bool(own_processes)
     if refused is not None:
@@ -78,17 +81,32 @@ def plan():
     return result
 
 
-def describe(plan, sandbox=True):
+def job_uid(plan, reads):
+    """(the uid a job's process takes, or None for its own; why not nobody, or None): under root, nobody, where
+    every file the plan and the job (`reads`: the model, --inputs, --calibration) read is open to others."""
+    if not plan["root"]:
+        return None, None
+    closed = plan.get("uid_reads_closed") or privileges.closed_to_others(reads)
+    if closed is not None:
+        return None, f"an unprivileged uid: {closed} is closed to other users"
+    return privileges.NOBODY, None
+
+
+def describe(plan, sandbox=True, uid_refused=None):
     """The report's containment line for a plan: what held, and why any layer is missing; `sandbox` False: the
-    test suite's switch (KERAS_GELU_SANDBOX=off) was thrown."""
+    test suite's switch (KERAS_GELU_SANDBOX=off) was thrown; `uid_refused`: why the job's process, under root,
+    kept uid 0 (job_uid), or None where it became nobody."""
     if not sandbox:
         return "not contained: switched off (KERAS_GELU_SANDBOX=off); op checks only"
     in_force = ([landlock.describe(plan["landlock"])] if plan["landlock"] else []) + \
         (["seccomp allow-list"] if plan["seccomp"] else []) + \
         ([f"own user, {'PID, ' if plan['pid_namespace'] else ''}IPC and network namespaces"]
          if plan["namespaces"] else [])
-    who = "uid 0 without capabilities" if plan["root"] else "no capabilities"
-    absent = f" ({'; '.join(plan['missing'])})" if plan["missing"] else ""
+    who = "no capabilities"
+    if plan["root"]:
+        who = "uid 0 without capabilities" if uid_refused else "uid 65534 (nobody), no capabilities"
+    missing = plan["missing"] + ([uid_refused] if plan["root"] and uid_refused else [])
+    absent = f" ({'; '.join(missing)})" if missing else ""
     if not plan["landlock"] and not plan["seccomp"]:
         return f"not contained: op checks only, {who}{absent}"
     kind = "contained" if plan["landlock"] and plan["seccomp"] else "partly contained"
@@ -151,11 +169,16 @@ def _cgroup_limits():
     return {os.path.join(root, group, name) for root, group in groups for name in _CGROUP_LIMITS}
 
 
+def _static_reads():
+    """What every worker reads, whatever its job: the Python installation and the code loaded, the libraries, the
+    system's files, Keras's settings."""
+    return _python_reads() | _mapped_libraries() | set(SYSTEM_READS) | _cgroup_limits() | {_keras_settings()}
+
+
 def file_rules(model_reads, scratch):
     """[(path, Landlock rights)]: the model's own files (the model, --inputs, --calibration) and the system's
     to read, the scratch folder to write."""
-    reads = {os.path.abspath(path) for path in model_reads}
-    reads |= _python_reads() | _mapped_libraries() | set(SYSTEM_READS) | _cgroup_limits() | {_keras_settings()}
+    reads = {os.path.abspath(path) for path in model_reads} | _static_reads()
     rules = [(path, landlock.READ) for path in sorted(reads)]
     rules += [(path, landlock.READ_FILE | landlock.WRITE_FILE | landlock.TRUNCATE) for path in DEVICE_WRITES]
     rules.append((scratch, landlock.READ_WRITE))

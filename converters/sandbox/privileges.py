@@ -12,26 +12,32 @@ namespaces it shares with the rest of the machine. Through ctypes; Linux only.
   capability can give one back. Root's process keeps uid 0 in name (its files and the ones it writes are
   root's), with none of root's powers: it may change no file's owner, bypass no permission, signal, trace or
   set the limits of no process of another user, load nothing into the kernel.
+* An unprivileged uid: under root, where every file the worker reads is open to other users (the Python
+  installation, the libraries, the model), the job's process becomes nobody (65534) before anything else, its
+  scratch folder handed to it, so that root's own files are not its own. Where one is closed (here the Python
+  installation lies in /root, mode 0700), it keeps uid 0, without any capability, and the report says why.
 
 A PID namespace's first process is its init, and the kernel drops the signals an init sends itself: a
 runtime's abort() would end as SIGSEGV after a detour, and its crash would be named wrongly. So the worker is
-not the first: the job's process makes the namespaces, forks the init, which mounts the /proc and forks the
-worker (pid 2), and each of the two ends as the one below it ended, by the same signal or with the same code.
-The init dies with the job's process (its parent-death signal, which a process in an ancestor namespace may
-send it), and the kernel kills whatever is left in a namespace whose init has died.
+not the first: the job's process makes the namespaces, spawns an init that only waits (`sleep`, without a copy
+of the converter's memory), and forks the worker (pid 2), which mounts the /proc; the job's process waits for
+the worker, kills the init, whose namespace dies with it, and ends as the worker ended, by the same signal or
+with the same code.
 """
 
 import ctypes
 import os
-import select
+import shutil
 import signal
-import traceback
+import stat
 
 _CLONE_NEWUSER, _CLONE_NEWIPC, _CLONE_NEWNET = 0x10000000, 0x08000000, 0x40000000
 _CLONE_NEWPID, _CLONE_NEWNS = 0x20000000, 0x00020000
 NAMESPACES = _CLONE_NEWUSER | _CLONE_NEWIPC | _CLONE_NEWNET
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 _PR_SET_PDEATHSIG = 1
+# The PID namespace's init: `sleep`, as long as a job may last and more (a job's process kills it).
+_INIT = (shutil.which("sleep") or "/bin/sleep", "2147483647")
 # Exit status of a process of the job whose own code failed past catching (its answer is missing: the
 # supervisor says so).
 FAILED = 70
@@ -48,6 +54,43 @@ class _CapHeader(ctypes.Structure):
 
 class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+NOBODY = 65534
+
+
+def closed_to_others(paths):
+    """The first folder or file on the way to one of `paths` that a user other than its owner and group cannot
+    pass or read (search permission on each folder, read on the end), or None; a path that is not there has
+    nothing to read."""
+    for path in paths:
+        real = os.path.realpath(path)
+        try:
+            mode = os.stat(real).st_mode
+        except OSError:
+            continue
+        folder = os.path.dirname(real)
+        while True:
+            if not os.stat(folder).st_mode & stat.S_IXOTH:
+                return folder
+            if folder == os.path.dirname(folder):
+                break
+            folder = os.path.dirname(folder)
+        needed = stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(mode) else 0)
+        if mode & needed != needed:
+            return real
+    return None
+
+
+def become_nobody(owned):
+    """This root process as nobody, for good, with the files in `owned` (its scratch folder and what it made
+    there) given to it first; the parent-death signal, which a change of uid clears, set again."""
+    for path in owned:
+        os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    os.setgroups([])
+    os.setresgid(NOBODY, NOBODY, NOBODY)
+    os.setresuid(NOBODY, NOBODY, NOBODY)
+    die_with_parent()
 
 
 def _checked(result, what):
@@ -71,30 +114,20 @@ def enter_namespaces(own_processes):
 
 
 def _below_an_init():
-    """Returns in pid 2 of the new PID namespace; the job's process and the namespace's init never return, and
-    each ends as the process below it did."""
-    parent_alive, parent_holds = os.pipe()  # end of file once the job's process is gone, however it went
-    init = os.fork()
-    if init:
-        os.close(parent_alive)
-        _end_as(os.waitpid(init, 0)[1])
-    try:
-        os.close(parent_holds)
-        die_with_parent()
-        if select.select([parent_alive], [], [], 0)[0]:
-            os._exit(1)  # the job's process died before the parent-death signal was set: no one is watching
-        os.close(parent_alive)
-        _mount_own_proc()
-        worker = os.fork()
-    except BaseException:  # noqa: BLE001 - the init's failure ends the job without an answer; its log says why
-        traceback.print_exc()
-        os._exit(FAILED)
+    """Returns in the worker, pid 2 of the new PID namespace, whose parent is this process; this process never
+    returns: it waits for the worker, then ends the namespace's init and ends as the worker did."""
+    # pid 1: a program that waits and does nothing else, spawned without copying this process (vfork); the
+    # worker has no process to leave it, and any left of a job is the zygote's to kill (a child subreaper)
+    init = os.posix_spawn(_INIT[0], _INIT, {})
+    worker = os.fork()
     if worker == 0:
+        die_with_parent()
+        _mount_own_proc()
         return
-    while True:  # the init reaps whatever ends in its namespace, and ends with the worker
-        ended, status = os.wait()
-        if ended == worker:
-            os._exit(_exit_code_for(status))
+    _, status = os.waitpid(worker, 0)
+    os.kill(init, signal.SIGKILL)  # an init takes SIGKILL from a process of an ancestor namespace
+    os.waitpid(init, 0)
+    _end_as(status)
 
 
 def die_with_parent():
@@ -109,25 +142,15 @@ def _mount_own_proc():
     _checked(_libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None), "mount(/proc)")
 
 
-# How an init, which cannot die of a signal it sends itself, passes a death by signal up: as a shell does.
-_SIGNALLED = 128
-
-
-def _exit_code_for(status):
-    code = os.waitstatus_to_exitcode(status)
-    return _SIGNALLED - code if code < 0 else code
-
-
 def _end_as(status):
-    """End this process as the one whose wait status (or an init's code for it) is `status`: a death by a
-    signal by the same signal, so that its parent reads the crash it was."""
+    """End this process as the one whose wait status is `status`: a death by a signal by the same signal, so that
+    its parent reads the crash it was."""
     code = os.waitstatus_to_exitcode(status)
-    number = -code if code < 0 else code - _SIGNALLED if _SIGNALLED < code < _SIGNALLED + signal.NSIG else 0
-    if number:
-        signal.signal(number, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [number])
-        os.kill(os.getpid(), number)
-    os._exit(code if code >= 0 and not number else FAILED)
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+        os.kill(os.getpid(), -code)
+    os._exit(code if code >= 0 else FAILED)
 
 
 def _last_capability():

@@ -165,9 +165,9 @@ def run(job, scratch_folder, destination, progress=None):
 
 
 def _ran(job, progress):
-    """(the zygote, its {"ended"} event) for `job`, given a nonce of its own."""
-    job = {**job, "nonce": secrets.token_hex(16)}
+    """(the zygote, its {"ended"} event) for `job`, given a nonce of its own and the uid its process takes."""
     zygote = _zygote(progress)
+    job = {**job, "nonce": secrets.token_hex(16), "uid": policy.job_uid(zygote.plan, job["reads"])[0]}
     try:
         zygote.send({"job": job})
     except OSError:  # it died since: once more, with a new one
@@ -310,7 +310,7 @@ def _report(result, job, plan, ended):
     report = Report.from_untrusted(result["report"])
     report.input, report.kind = job["name"], job["kind"]
     report.trusted = bool(job["options"]["trust_model"])
-    report.containment = policy.describe(plan, job["sandbox"])
+    report.containment = policy.describe(plan, job["sandbox"], policy.job_uid(plan, job["reads"])[1])
     report.peak_bytes, report.stage_peak_bytes = ended.get("peak_bytes", 0), ended.get("stage_peak_bytes", {})
     return report
 

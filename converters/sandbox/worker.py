@@ -90,6 +90,9 @@ def _confine(job):
     plan = job["plan"]
     if not job["sandbox"]:
         return
+    if job.get("uid") is not None:
+        scratch = job["scratch"]
+        privileges.become_nobody([scratch] + [os.path.join(scratch, name) for name in os.listdir(scratch)])
     if plan["namespaces"]:
         privileges.enter_namespaces(own_processes=plan["pid_namespace"])
     privileges.drop_capabilities()

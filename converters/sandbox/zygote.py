@@ -38,6 +38,8 @@ OPTIONAL = ("ai_edge_litert.interpreter", "h5py")
 _NOT_PRELOADED = ("sklearn", "matplotlib", "jax")
 _POLL_SECONDS = 0.05
 _PR_SET_CHILD_SUBREAPER = 36
+# A job's processes: its child, the PID namespace's init, the worker (and room for what a kernel adds).
+_JOB_PROCESSES = 8
 # The scratch folder is counted every this many polls (a walk of its entries; a worker writes at most its file
 # size cap, RLIMIT_FSIZE, into each file between two counts).
 _SCRATCH_POLLS = 10
@@ -87,37 +89,47 @@ def _hidden_bytes(pid):
     return held
 
 
-def _line_of(pid):
-    """The job's processes, from the zygote's child down: [the child], or, where the worker runs below an init
-    of its own PID namespace (privileges._below_an_init), [the child, the init, the worker] once forked. Their
-    ids as the zygote sees them (/proc/<pid>/task/<pid>/children); the last is the worker, which is watched."""
-    line = [pid]
-    while len(line) < 3:
+def _job_processes(pid):
+    """The job's processes as the zygote sees them: its child, and below it, where the worker runs in a PID
+    namespace of its own (privileges._below_an_init), the namespace's init and the worker."""
+    found, pending = [], [pid]
+    while pending and len(found) < _JOB_PROCESSES:
+        current = pending.pop(0)
+        found.append(current)
         try:
-            with open(f"/proc/{line[-1]}/task/{line[-1]}/children") as stream:
-                children = stream.read().split()
-        except OSError:
-            break
-        if len(children) != 1:
-            break
-        line.append(int(children[0]))
-    return line
+            with open(f"/proc/{current}/task/{current}/children") as stream:
+                pending.extend(int(child) for child in stream.read().split())
+        except (OSError, ValueError):
+            pass
+    return found
 
 
-def _killed(line):
-    """SIGKILL to each of the job's processes, the init first (its namespace dies with it), then waited for: the
-    child, and any process of the line left to the zygote (a child subreaper) when its parent died first."""
-    for pid in reversed(line[:2]):
+def _killed(processes):
+    """SIGKILL to each of the job's processes, then all waited for: the child, and those left to the zygote (a
+    child subreaper) when their parent died first."""
+    for pid in processes:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    _, status, usage = os.wait4(line[0], 0)
+    _, status, usage = os.wait4(processes[0], 0)
     _reap_orphans()
     return status, usage
 
 
 def _reap_orphans():
+    """Every other child of the zygote is what a job left (its init, or a worker whose parent died): killed, and
+    waited for."""
+    try:
+        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as stream:
+            left = [int(child) for child in stream.read().split()]
+    except (OSError, ValueError):
+        left = []
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     while True:
         try:
             os.waitpid(-1, 0)
@@ -153,8 +165,11 @@ def _watched(pid, job, requests):
             if ended:
                 _reap_orphans()
                 break
-            line = _line_of(pid)
-            (resident, threads), stage = _footprint(line[-1]), _stage(folder, stage)
+            processes = _job_processes(pid)
+            footprints = [_footprint(process) for process in processes]
+            # the largest (each counts the pages it shares with the zygote), and every thread of them
+            resident, threads = max(memory for memory, _ in footprints), sum(count for _, count in footprints)
+            stage = _stage(folder, stage)
             if resident:  # 0: it has just ended
                 peak, stage_peaks[stage] = max(peak, resident), max(stage_peaks.get(stage, 0), resident)
             polls += 1
@@ -164,12 +179,12 @@ def _watched(pid, job, requests):
                 stopped = "memory"
             elif threads > job["thread_limit"]:
                 stopped = "threads"  # each a process id: past this, a worker could leave the machine none
-            elif polls % _SCRATCH_POLLS == 0 and _past_scratch_limits(line[-1], folder, job["scratch_limits"]):
+            elif polls % _SCRATCH_POLLS == 0 and _past_scratch_limits(processes, folder, job["scratch_limits"]):
                 stopped = "scratch"
             elif requests.waiting(_POLL_SECONDS, also=() if ending is None else (ending,)):
                 stopped = "cancelled" if requests.next() is not None else "caller gone"
             if stopped is not None:
-                status, usage = _killed(line)
+                status, usage = _killed(processes)
                 break
     finally:
         if ending is not None:
@@ -179,9 +194,9 @@ def _watched(pid, job, requests):
             "stage_peak_bytes": stage_peaks}
 
 
-def _past_scratch_limits(pid, folder, limits):
+def _past_scratch_limits(processes, folder, limits):
     used, entries = scratch.usage(folder, limits)
-    return used + _hidden_bytes(pid) > limits["bytes"] or entries > limits["entries"]
+    return used + sum(_hidden_bytes(pid) for pid in processes) > limits["bytes"] or entries > limits["entries"]
 
 
 def _own_limits():
