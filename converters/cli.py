@@ -36,6 +36,7 @@ EPILOG = """examples:
   keras-gelu-convert qat_saved_model --int8 --mode native  # a keras_gelu.qat QAT model -> int8
   keras-gelu-convert saved_model_dir --int8 --calibration samples.npz --int8-io   # post-training int8
   keras-gelu-convert model.keras --int8 --calibration samples.npz --explain why/  # every tensor's error, a page
+  keras-gelu-convert model.keras --int16 --calibration samples.npz --target tflm  # 16x8, run in TFLite Micro
   keras-gelu-convert model.keras --target tflm --int8 --calibration samples.npz   # run and sized in TFLite Micro
   keras-gelu-convert qat_saved_model --target ethos-u55                           # compiled by Vela, 100% NPU
 
@@ -92,7 +93,11 @@ def _parser():
     parser.add_argument("--calibration", metavar="FILE.npz|random:N",
                         help="post-training int8: samples along the first axis of one array per input, or N seeded "
                              "random samples")
-    parser.add_argument("--int8-io", action="store_true", help="int8 inputs and outputs instead of float32")
+    parser.add_argument("--int8-io", action="store_true", help="int8 inputs and outputs instead of float32 (int16 "
+                                                                 "with --int16)")
+    parser.add_argument("--int16", action="store_true",
+                        help="16x8: int16 activations, int8 weights (TFLite Micro and LiteRT run it); like --int8, "
+                             "a float model needs --calibration")
     parser.add_argument("--max-steps", type=float,
                         help="int8 fidelity tolerance in steps of each output's int8 scale (default "
                              "10 for quantization-aware models; post-training differences are only reported)")
@@ -150,6 +155,14 @@ def _input_shapes(parser, given):
 
 def _check_flags(parser, args):
     args.input_shapes = _input_shapes(parser, args.input_shape)
+    if args.int16:
+        if args.float16_weights:
+            parser.error("--int16 and --float16-weights exclude each other")
+        if args.target is not None and not targets.TARGETS[args.target].takes_int16:
+            target = targets.TARGETS[args.target]
+            parser.error(f"--target {args.target}: {target.runtime} runs no 16x8 model (int16 activations); "
+                         "drop --int16")
+        args.int8 = True
     if args.target is not None:
         try:
             args.mode, args.exact_as, args.int8, args.int8_io = targets.resolve(
@@ -277,8 +290,8 @@ def run(args):
             exact_as=args.exact_as, signature=args.signature, float16_weights=args.float16_weights,
             verify=args.verify, inputs=args.inputs, seed=args.seed, dynamic_size=args.dynamic_size, atol=args.atol,
             rtol=args.rtol, max_drift=args.max_drift, int8=args.int8, calibration=args.calibration,
-            int8_io=args.int8_io, max_steps=args.max_steps, trust_model=args.trust_model, target=args.target,
-            allow_cpu_fallback=args.allow_cpu_fallback, input_shapes=args.input_shapes, time_limit=args.time_limit,
+            int8_io=args.int8_io, int16=args.int16, max_steps=args.max_steps, trust_model=args.trust_model,
+            target=args.target, allow_cpu_fallback=args.allow_cpu_fallback, input_shapes=args.input_shapes, time_limit=args.time_limit,
             memory_limit=args.memory_limit, config_limit=args.config_limit, min_cosine=args.min_cosine,
             explain=args.explain, progress=progress)
         if args.report_json:

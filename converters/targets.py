@@ -95,6 +95,7 @@ TWINS = {"SELECT": "SELECT_V2", "SELECT_V2": "SELECT"}
 # Tensor types, by what an op outputs.
 INT8_ONLY = frozenset({"int8", "int32", "bool"})  # int32/bool: indices, shapes and masks beside int8 data
 FLOAT_ONLY = frozenset({"float32", "float16", "int32", "bool"})
+NO_INT16 = frozenset({"float32", "float16", "int8", "uint8", "int32", "int64", "bool"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +121,11 @@ class Target:
     def takes_int8(self):
         """Whether the runtime runs int8 models: a quantization-aware model converts to int8 for it unasked."""
         return self.output_types is None or "int8" in self.output_types
+
+    @property
+    def takes_int16(self):
+        """Whether the runtime runs 16x8 models (int16 activations, int8 weights)."""
+        return self.output_types is None or "int16" in self.output_types
 
     @property
     def keeps_non_finite_guards(self):
@@ -154,8 +160,9 @@ TARGETS = {target.name: target for target in (
            output_types=FLOAT_ONLY, static_shapes=True, verifier="gpu-analyzer", lacks="ZEROS_LIKE; int8 kernels",
            notes=("the GPU delegate's OpenGL backend computes GELU as the tanh form, also where exact GELU is asked "
                   "for (gpu/gl/kernels/elementwise.cc); its OpenCL backend computes exact GELU",)),
+    # NNAPI has int16 tensors for a few ops only (TENSOR_QUANT16_SYMM: LSTM's state, QUANTIZE): no 16x8 model
     Target("nnapi", "Android NNAPI delegate", NNAPI_OPS, ("builtin",), ("sigmoid", "tanh", "erf"), static_shapes=True,
-           lacks="GELU; SELECT_V2, ZEROS_LIKE"),
+           output_types=NO_INT16, lacks="GELU; SELECT_V2, ZEROS_LIKE; 16x8"),
     Target("coreml", "Core ML delegate", COREML_OPS, ("builtin",), ("sigmoid", "tanh"), output_types=FLOAT_ONLY,
            static_shapes=True, lacks="GELU, SUB, MAXIMUM, SELECT; int8"),
     Target("hexagon", "Hexagon delegate", HEXAGON_OPS, ("builtin",), ("sigmoid", "tanh"), output_types=INT8_ONLY,

@@ -10,6 +10,7 @@ import pytest
 import keras_gelu
 from conftest import IS_KERAS3
 from conftest import keras
+from conftest import todays_seed
 from conversions import DEPTHWISE_INT8_STEPS
 from conversions import QAT_INT8_STEPS
 
@@ -442,6 +443,11 @@ def test_the_ranges_calibrating_block_ends_even_on_error(rng):
     assert abs(after[1] - before[1]) < 0.01 * 100  # a moving average, not the batch's range
 
 
+# The two loads in a process of their own (TensorFlow and Keras imported again, 13 s) take turns, a day each; the
+# rest of each test runs every day.
+_FRESH_PROCESS_TODAY = ("saved", "composite")[todays_seed() % 2]
+
+
 def test_a_saved_qat_model_loads_in_a_fresh_process_and_converts_from_keras_and_export(tmp_path, rng):
     import subprocess
     import sys
@@ -457,8 +463,9 @@ def test_a_saved_qat_model_loads_in_a_fresh_process_and_converts_from_keras_and_
              f"model = keras.models.load_model({str(tmp_path / 'qat.keras')!r}); "
              f"np.testing.assert_array_equal(model(np.load({str(tmp_path / 'x.npy')!r})).numpy(), "
              f"np.load({str(tmp_path / 'expected.npy')!r}))")
-    subprocess.run([sys.executable, "-c", check], check=True, env={**__import__("os").environ,
-                                                                    "TF_USE_LEGACY_KERAS": "0"})
+    if _FRESH_PROCESS_TODAY == "saved":
+        subprocess.run([sys.executable, "-c", check], check=True, env={**__import__("os").environ,
+                                                                        "TF_USE_LEGACY_KERAS": "0"})
     qat.export(str(tmp_path / "exported"))
     for source in ("qat.keras", "exported"):
         _, report = converters.convert(str(tmp_path / source), int8=True)
@@ -1489,8 +1496,9 @@ def test_a_composite_building_its_sublayers_at_their_first_call_loads_in_a_fresh
              f"data = np.load({str(tmp_path / 'data.npz')!r}); "
              f"model = keras.models.load_model({str(tmp_path / 'qat.keras')!r}); "
              "np.testing.assert_array_equal(model([data['tokens'], data['memory']]).numpy(), data['expected'])")
-    subprocess.run([sys.executable, "-c", check], check=True, env={**__import__("os").environ,
-                                                                    "TF_USE_LEGACY_KERAS": "0"})
+    if _FRESH_PROCESS_TODAY == "composite":
+        subprocess.run([sys.executable, "-c", check], check=True, env={**__import__("os").environ,
+                                                                        "TF_USE_LEGACY_KERAS": "0"})
 
 
 @keras.saving.register_keras_serializable(package="test_keras3_qat")

@@ -1182,11 +1182,14 @@ def calibration_samples(spec, inputs, seed):
     return [[arrays[info.name][index:index + 1] for info in inputs] for index in range(count)]
 
 
-def configure(converter, samples, int8_io):
-    """Set a TFLiteConverter up for integer quantization (QAT ranges, or calibration on `samples`)."""
+def configure(converter, samples, int8_io, int16=False):
+    """Set a TFLiteConverter up for integer quantization (QAT ranges, or calibration on `samples`); `int16`: 16x8,
+    int16 activations and int8 weights, in the op set whose kernels LiteRT and TFLite Micro have for it."""
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     if samples is not None:
         converter.representative_dataset = lambda: iter(samples)
+    if int16:
+        converter.target_spec.supported_ops = [
+            tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
     if int8_io:
-        converter.inference_input_type = tf.int8
-        converter.inference_output_type = tf.int8
+        converter.inference_input_type = converter.inference_output_type = tf.int16 if int16 else tf.int8

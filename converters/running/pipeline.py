@@ -138,7 +138,8 @@ def serialized_for_converter(graph_def):
 
 
 def to_tflite(graph_def, source, mode, float16_weights, int8=None):
-    """Convert with mode.op_sets; `int8`: None for float, else (calibration samples or None for QAT, int8_io).
+    """Convert with mode.op_sets; `int8`: None for float, else (calibration samples or None for QAT, int8_io,
+    int16).
 
     `graph_def` is a GraphDef, what serialized_for_converter made of one, or the folder of a SavedModel
     rewritten where it keeps its graph.
@@ -546,19 +547,24 @@ def _int8_setup(source, options, report):
             report.warnings.append("the model is quantization-aware (FakeQuant ops): pass --int8 for an int8 model")
         return None
     report.int8 = True
+    report.step_type = "int16" if options.int16 else "int8"
     if quantization_aware:
+        if options.int16:
+            raise errors.BadInputs(f"{source.path}: the model is quantization-aware, trained for int8 ranges; drop "
+                                   "--int16, or convert its float model with --int16 --calibration")
         if options.calibration:
             raise errors.BadInputs(f"{source.path}: the model is quantization-aware, its int8 ranges are trained; "
                                    "drop --calibration")
         report.int8_ranges = "ranges trained by quantization-aware training (FakeQuant ops)"
-        return None, options.int8_io
+        return None, options.int8_io, False
     if not options.calibration:
         implied = f" (implied by --target {options.target})" if options.target else ""
+        flag = "--int16" if options.int16 else "--int8"
         raise errors.BadInputs(f"{source.path}: a float model needs --calibration file.npz or random:N for "
-                               f"--int8{implied} (or train it with keras_gelu.qat.quantize_model)")
+                               f"{flag}{implied} (or train it with keras_gelu.qat.quantize_model)")
     samples = integer.calibration_samples(options.calibration, source.inputs, options.seed)
     report.int8_ranges = f"post-training, calibrated on {len(samples)} samples ({options.calibration})"
-    return samples, options.int8_io
+    return samples, options.int8_io, options.int16
 
 
 def _within_rounding_envelope(reference, source, arrays, graph_outputs, scales, limits, limit, report, run):
