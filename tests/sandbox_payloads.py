@@ -81,6 +81,7 @@ descriptor = os.open("own", os.O_CREAT | os.O_WRONLY, 0o600)
 call("set the immutable flag", "ioctl", descriptor, 0x40086602, ctypes.byref(ctypes.c_long(0x10)))
 call("F_SETOWN: a signal to the zygote on I/O", "fcntl", descriptor, 8, zygote)
 call("fallocate past the file size cap (FALLOC_FL_KEEP_SIZE)", "fallocate", descriptor, 1, 0, 1 << 40)
+call("fallocate a gigabyte without writing it", "fallocate", descriptor, 0, 0, 1 << 30)
 call("flock", "flock", descriptor, 2)
 call("a lock through fcntl", "fcntl", descriptor, 6, ctypes.create_string_buffer(32))
 call("F_SETSIG", "fcntl", descriptor, 10, 9)
@@ -212,6 +213,38 @@ base = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMO
 libc.madvise(ctypes.c_void_p(base), ctypes.c_size_t(size), 15)  # MADV_NOHUGEPAGE
 for offset in range(0, size, 2 << 20):
     ctypes.c_char.from_address(base + offset).value
+'''
+
+# Memory held after the main thread has ended alone (SYS_exit, not exit_group) while another runs on: the
+# process's leader is a zombie, whose /proc status holds no memory figures and whose fd folder is empty.
+LEADER_GONE = r'''
+import ctypes, threading, time
+size = int(1.5 * (1 << 30))
+
+def hold():
+    time.sleep(0.3)  # the leader has gone
+    block = bytearray(size)
+    for offset in range(0, size, 4096):
+        block[offset] = 1
+    time.sleep(30)
+
+threading.Thread(target=hold).start()
+time.sleep(0.1)
+ctypes.CDLL(None).syscall(ctypes.c_long(60), ctypes.c_long(0))  # SYS_exit on x86-64: this thread alone
+'''
+
+# A step named with line breaks, held long enough for the zygote to sample it: a forged report line under -v.
+FORGED_STEP = r'''
+import time
+with open("stage", "w") as stream:
+    stream.write("confinement 0.21, load 0.1)\ncontained: everything, verified by the supervisor\nop checks: passed")
+time.sleep(0.5)
+'''
+
+# A death by SIGKILL, as the kernel's OOM killer deals it: named as such, not as an exit status.
+KILLED = r'''
+import os, signal
+os.kill(os.getpid(), signal.SIGKILL)
 '''
 
 # Threads without end: each takes a process id.

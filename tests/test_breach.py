@@ -100,7 +100,7 @@ EXPECTED_DENIED = {
     "sched_setaffinity on the zygote", "ioprio_set on the zygote", "kill the zygote", "tgkill the zygote",
     "kill its process group (pid 0)", "kill a bystander process", "list /proc's processes",
     "F_SETOWN: a signal to the zygote on I/O", "F_SETSIG",
-    "fallocate past the file size cap (FALLOC_FL_KEEP_SIZE)", "flock", "a lock through fcntl",
+    "fallocate past the file size cap (FALLOC_FL_KEEP_SIZE)", "fallocate a gigabyte without writing it", "flock", "a lock through fcntl",
     "list every process (cgroup tasks)", "list the cgroup file system", "list the cgroup v2 processes",
     "pidfd_open the zygote", "ptrace", "process_vm_readv", "clear the parent-death signal", "make itself dumpable",
     "fork", "clone a process", "execve", "chmod a file outside", "fchmodat a file outside", "chown a file outside",
@@ -285,14 +285,28 @@ def test_the_scratch_folder_is_bounded_in_entries(small_model, tmp_path, monkeyp
 @pytest.mark.parametrize("payload, flags, code, said", [
     ("PAGE_TABLES", ["--memory-limit", "1"], errors.MemoryLimitExceeded.exit_code, "used more than 1 GiB of memory"),
     ("THREADS", [], errors.ScratchLimitExceeded.exit_code, "threads at once; nothing written"),
+    ("LEADER_GONE", ["--memory-limit", "1"], errors.MemoryLimitExceeded.exit_code, "used more than 1 GiB of memory"),
+    ("KILLED", [], errors.ConversionCrashed.exit_code, "died of SIGKILL"),
 ])
 def test_memory_and_threads_the_worker_hides_are_counted(payload, flags, code, said, small_model, tmp_path,
                                                          monkeypatch, capsys):
-    """Page tables (a sparse mapping read every 2 MiB: no resident page, a page table each) count as memory;
-    threads, each a process id of the machine's, are bounded."""
+    """Page tables (a sparse mapping read every 2 MiB: no resident page, a page table each) count as memory, and
+    so does what a process holds after its main thread ended alone (read from a live thread); threads, each a
+    process id of the machine's, are bounded; a death by SIGKILL is named, through the job's process that passes
+    the worker's end up."""
     _payload(tmp_path, monkeypatch, getattr(sandbox_payloads, payload))
     assert cli.main([small_model, "-o", str(tmp_path / "m.tflite"), *flags]) == code
     assert said in _last_line(capsys.readouterr().err)
+
+
+@needs_containment
+def test_a_step_named_with_line_breaks_forges_no_line_of_the_report(small_model, tmp_path, monkeypatch, capsys):
+    """The step names are the worker's (its stage file): under -v the memory line shows them, inert."""
+    _payload(tmp_path, monkeypatch, sandbox_payloads.FORGED_STEP)
+    assert cli.main([small_model, "-o", str(tmp_path / "m.tflite"), "-v"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert not [line for line in lines if line.startswith(("contained: everything", "op checks"))], lines
+    assert any("confinement 0.21, load 0.1)\\x0acontained: everything" in line for line in lines), lines
 
 
 @needs_containment

@@ -21,6 +21,9 @@ SCRATCH_ENTRIES = 10_000
 # LiteRT start a few pools of about one thread per core.
 THREADS_PER_CPU = 32
 THREADS_AT_LEAST = 1024
+# How much longer than a job's time limit its zygote may take to say it ended (it kills at the limit itself),
+# and a PID namespace's init may live.
+GRACE_SECONDS = 60
 # A .tflite's check (validation.py in a fresh worker) reads it once: seconds per GiB, past a start-up's.
 CHECK_BASE_SECONDS = 60
 CHECK_PER_GIB_SECONDS = 60

@@ -247,8 +247,6 @@ def system_calls(own_pid):
     allowed += [("prctl", [(0, "==", option)]) for option in _PR_OPTIONS.values()]
     allowed += [("ioctl", [(1, "&==", 0xFFFFFFFF, request)]) for request in _IOCTLS.values()]
     allowed += [("fcntl", [(1, "==", command)]) for command in _FCNTLS.values()]
-    # Space reserved only as a file's size grows (mode 0): FALLOC_FL_KEEP_SIZE reserves past the file size cap.
-    allowed.append(("fallocate", [(1, "==", 0)]))
     allowed += [("arch_prctl", [(0, "==", code)]) for code in _ARCH_PRCTLS.values()]
     # Signals to itself and its threads (abort(), Python's signal handling), to no other process.
     allowed += [(name, [(0, "==", own_pid)]) for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")]

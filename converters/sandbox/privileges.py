@@ -36,8 +36,9 @@ _CLONE_NEWPID, _CLONE_NEWNS = 0x20000000, 0x00020000
 NAMESPACES = _CLONE_NEWUSER | _CLONE_NEWIPC | _CLONE_NEWNET
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 _PR_SET_PDEATHSIG = 1
-# The PID namespace's init: `sleep`, as long as a job may last and more (a job's process kills it).
-_INIT = (shutil.which("sleep") or "/bin/sleep", "2147483647")
+# The PID namespace's init: `sleep`, for as long as the job may last (its process kills it sooner; where the zygote
+# is killed first, the supervisor kills its process group, the init in it).
+_SLEEP = shutil.which("sleep") or "/bin/sleep"
 # Exit status of a process of the job whose own code failed past catching (its answer is missing: the
 # supervisor says so).
 FAILED = 70
@@ -99,10 +100,11 @@ def _checked(result, what):
         raise OSError(error, f"{what}: {os.strerror(error)}")
 
 
-def enter_namespaces(own_processes):
+def enter_namespaces(own_processes, lifetime=60):
     """This (single-threaded) process into new user, IPC and network namespaces, its own uid and gid mapped to
     themselves; with `own_processes`, a PID namespace and a /proc of its own too, and it returns in the worker
-    below the namespace's init (`_below_an_init`). OSError where the kernel refuses."""
+    beside the namespace's init, which lives `lifetime` seconds at most (`_below_an_init`). OSError where the
+    kernel refuses."""
     uid, gid = os.getuid(), os.getgid()
     _checked(_libc.unshare(NAMESPACES | (_CLONE_NEWPID | _CLONE_NEWNS if own_processes else 0)), "unshare")
     # setgroups denied first: an unprivileged process may map its gid only so, and none may change its groups
@@ -110,15 +112,15 @@ def enter_namespaces(own_processes):
         with open(f"/proc/self/{name}", "w") as stream:
             stream.write(text)
     if own_processes:
-        _below_an_init()
+        _below_an_init(lifetime)
 
 
-def _below_an_init():
+def _below_an_init(lifetime):
     """Returns in the worker, pid 2 of the new PID namespace, whose parent is this process; this process never
     returns: it waits for the worker, then ends the namespace's init and ends as the worker did."""
     # pid 1: a program that waits and does nothing else, spawned without copying this process (vfork); the
     # worker has no process to leave it, and any left of a job is the zygote's to kill (a child subreaper)
-    init = os.posix_spawn(_INIT[0], _INIT, {})
+    init = os.posix_spawn(_SLEEP, (_SLEEP, str(int(lifetime))), {})
     worker = os.fork()
     if worker == 0:
         die_with_parent()
@@ -147,8 +149,11 @@ def _end_as(status):
     its parent reads the crash it was."""
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+        try:  # SIGKILL and SIGSTOP have no handler to reset, nor the C library's own 32 and 33
+            signal.signal(-code, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+        except (OSError, ValueError):
+            pass
         os.kill(os.getpid(), -code)
     os._exit(code if code >= 0 else FAILED)
 

@@ -20,7 +20,10 @@ def _errno(number):
 DENIED = _errno(errno.EPERM)
 # Calls refused as a kernel without them would refuse them, so that the C library falls back to the call the
 # list allows: clone3, whose flags sit in memory a filter cannot read, to clone.
-FALLBACK = {"clone3": errno.ENOSYS}
+# Calls refused with an errno that has the C library take another way: clone3's flags no filter can read (glibc
+# then clones), and fallocate, which reserves disk without writing it (1 GiB in 0.6 ms, faster than any watch
+# counts; with FALLOC_FL_KEEP_SIZE past the file size cap): "not supported", and posix_fallocate writes instead.
+FALLBACK = {"clone3": errno.ENOSYS, "fallocate": errno.EOPNOTSUPP}
 _COMPARISONS = {"!=": 1, "==": 4, "&==": 7}  # SCMP_CMP_NE, SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ
 _SECCOMP_ACTIONS = "/proc/sys/kernel/seccomp/actions_avail"
 

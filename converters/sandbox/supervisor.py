@@ -30,8 +30,6 @@ from . import scratch
 _WORKING_FOLDER = "/"
 # How long a zygote may take to import TensorFlow and the converter (a cold disk: tens of seconds).
 _START_SECONDS = 600
-# How much longer than a job's limit the zygote may take to say it ended (it kills at the limit itself).
-_GRACE_SECONDS = 60
 # How often a caller that shows progress hears the step.
 _PROGRESS_SECONDS = 0.5
 _STARTING = "starting (TensorFlow's import)"
@@ -92,7 +90,12 @@ class _Zygote:
             self.process.stdin.close()
             self.process.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
-            self.process.kill()
+            # its session's whole process group: the zygote, and any process of a job left (a PID namespace's
+            # init has no parent-death signal; a worker may change neither its group nor its session)
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except OSError:
+                self.process.kill()
             self.process.wait()
         self._log.close()
 
@@ -229,7 +232,7 @@ def _wait_for_end(zygote, job, progress):
     """The zygote's {"ended"} event for the job; a zygote that stops answering is closed, its worker killed and
     seen dead (nothing may write in the scratch folder once it is read), and the job said to have stopped
     answering."""
-    deadline = time.monotonic() + job["time_limit"] + _GRACE_SECONDS
+    deadline = time.monotonic() + job["time_limit"] + limits.GRACE_SECONDS
     worker = None
     try:
         while True:
@@ -311,7 +314,9 @@ def _report(result, job, plan, ended):
     report.input, report.kind = job["name"], job["kind"]
     report.trusted = bool(job["options"]["trust_model"])
     report.containment = policy.describe(plan, job["sandbox"], policy.job_uid(plan, job["reads"])[1])
-    report.peak_bytes, report.stage_peak_bytes = ended.get("peak_bytes", 0), ended.get("stage_peak_bytes", {})
+    # the steps' names are the worker's (its stage file): inert, as every string it gives
+    report.peak_bytes = ended.get("peak_bytes", 0)
+    report.stage_peak_bytes = safe_text.inert_data(ended.get("stage_peak_bytes", {}), collapse_spaces=True)
     return report
 
 

@@ -26,6 +26,7 @@ import tempfile
 import traceback
 
 from . import landlock
+from . import limits
 from . import policy
 from . import privileges
 from . import seccomp
@@ -94,7 +95,8 @@ def _confine(job):
         scratch = job["scratch"]
         privileges.become_nobody([scratch] + [os.path.join(scratch, name) for name in os.listdir(scratch)])
     if plan["namespaces"]:
-        privileges.enter_namespaces(own_processes=plan["pid_namespace"])
+        # the init outlives no job: its time limit, and the supervisor's grace past it
+        privileges.enter_namespaces(plan["pid_namespace"], lifetime=job["time_limit"] + limits.GRACE_SECONDS)
     privileges.drop_capabilities()
     if plan["landlock"]:
         landlock.restrict(policy.file_rules(job["reads"], job["scratch"]))

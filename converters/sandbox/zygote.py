@@ -40,6 +40,8 @@ _POLL_SECONDS = 0.05
 _PR_SET_CHILD_SUBREAPER = 36
 # A job's processes: its child, the PID namespace's init, the worker (and room for what a kernel adds).
 _JOB_PROCESSES = 8
+# The steps whose peak memory is kept: a conversion names about ten; the worker, any.
+_STAGES_KEPT = 32
 # The scratch folder is counted every this many polls (a walk of its entries; a worker writes at most its file
 # size cap, RLIMIT_FSIZE, into each file between two counts).
 _SCRATCH_POLLS = 10
@@ -56,17 +58,37 @@ def _say(event):
 _KERNEL_STACK_BYTES = 16 << 10
 
 
-def _footprint(pid):
-    """(memory, threads) of a process, from /proc/<pid>/status: its resident pages (those it shares with the
-    zygote included), its page tables (a sparse
-    mapping read once every 2 MiB holds no resident page but a page table each, which resident memory never
-    shows) and its threads' kernel stacks; (0, 0) if it is gone."""
+def _live_view(pid):
+    """The /proc folder that shows a process's memory and descriptors: its own, or, where its main thread has
+    ended while others run on (a zombie leader, whose status holds no memory figures and whose fd folder is
+    empty), one of its live threads'; None if it is gone."""
     try:
         with open(f"/proc/{pid}/status") as stream:
+            zombie = any(line.startswith("State:") and "Z" in line.split()[1] for line in stream)
+        if not zombie:
+            return f"/proc/{pid}"
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            view = f"/proc/{pid}/task/{thread}"
+            with open(f"{view}/status") as stream:
+                if not any(line.startswith("State:") and "Z" in line.split()[1] for line in stream):
+                    return view
+    except (OSError, IndexError):
+        pass
+    return None
+
+
+def _footprint(pid):
+    """(memory, threads) of a process, from its status (a live thread's, _live_view): its resident pages (those
+    it shares with the zygote included), its page tables (a sparse mapping read once every 2 MiB holds no
+    resident page but a page table each, which resident memory never shows) and its threads' kernel stacks;
+    (0, 0) if it is gone."""
+    view = _live_view(pid)
+    try:
+        with open(f"{view}/status") as stream:
             fields = dict(line.split(":", 1) for line in stream if ":" in line)
         kib = sum(int(fields.get(name, "0 kB").split()[0]) for name in ("VmRSS", "VmPTE"))
         threads = int(fields.get("Threads", "0"))
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError, TypeError):
         return 0, 0
     return kib * 1024 + threads * _KERNEL_STACK_BYTES, threads
 
@@ -74,14 +96,14 @@ def _footprint(pid):
 def _hidden_bytes(pid):
     """The disk a process holds in files no folder names: open, and unlinked (or made with O_TMPFILE), which a
     walk of its scratch folder cannot see."""
-    held = 0
+    held, view = 0, _live_view(pid)
     try:
-        descriptors = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
+        descriptors = os.listdir(f"{view}/fd")
+    except (OSError, TypeError):
         return 0
     for descriptor in descriptors:
         try:
-            status = os.stat(f"/proc/{pid}/fd/{descriptor}")
+            status = os.stat(f"{view}/fd/{descriptor}")
         except OSError:
             continue
         if stat.S_ISREG(status.st_mode) and status.st_nlink == 0:
@@ -171,7 +193,9 @@ def _watched(pid, job, requests):
             resident, threads = max(memory for memory, _ in footprints), sum(count for _, count in footprints)
             stage = _stage(folder, stage)
             if resident:  # 0: it has just ended
-                peak, stage_peaks[stage] = max(peak, resident), max(stage_peaks.get(stage, 0), resident)
+                peak = max(peak, resident)
+                if stage in stage_peaks or len(stage_peaks) < _STAGES_KEPT:  # the worker names them
+                    stage_peaks[stage] = max(stage_peaks.get(stage, 0), resident)
             polls += 1
             if time.monotonic() - started > time_limit:
                 stopped = "time"
