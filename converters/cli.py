@@ -42,10 +42,10 @@ EPILOG = """examples:
 
 exit codes: 0 ok (the .tflite written), 2 bad flags (an unknown --target among them), 3 missing path,
 4 not a model, 5 corrupt model, 6 unknown signature, 7 output exists, 8 output folder missing or not
-writable, 9 bad --inputs or --calibration, 10 parity failure (an int8 model below --min-cosine too), 11 the TFLite converter failed,
-12 the model carries code or file-system ops (see --trust-model), 13 the model has ops or types the
---target lacks, 14 the --target's runtime or compiler refused it, 15 that tool crashed, 16 past
---time-limit, 17 past --memory-limit, 18 part of the file past its size limit (--config-limit),
+writable, 9 bad --inputs or --calibration, 10 parity failure (an int8 model below --min-cosine too),
+11 the TFLite converter failed, 12 the model carries code or file-system ops (see --trust-model), 13 the
+model has ops or types the --target lacks, 14 the --target's runtime or compiler refused it, 15 that tool
+crashed, 16 past --time-limit, 17 past --memory-limit, 18 part of the file past its size limit (--config-limit),
 19 the conversion process crashed, ended without an answer or left what no conversion leaves, 20 NaN or
 Inf weights, 21 weights past what the route holds (2 GB frozen), 22 the conversion wrote past its scratch
 folder's limits, 23 its scratch folder could not be removed, 1 internal error
@@ -291,7 +291,8 @@ def run(args):
             verify=args.verify, inputs=args.inputs, seed=args.seed, dynamic_size=args.dynamic_size, atol=args.atol,
             rtol=args.rtol, max_drift=args.max_drift, int8=args.int8, calibration=args.calibration,
             int8_io=args.int8_io, int16=args.int16, max_steps=args.max_steps, trust_model=args.trust_model,
-            target=args.target, allow_cpu_fallback=args.allow_cpu_fallback, input_shapes=args.input_shapes, time_limit=args.time_limit,
+            target=args.target, allow_cpu_fallback=args.allow_cpu_fallback, input_shapes=args.input_shapes,
+            time_limit=args.time_limit,
             memory_limit=args.memory_limit, config_limit=args.config_limit, min_cosine=args.min_cosine,
             explain=args.explain, progress=progress)
         if args.report_json:

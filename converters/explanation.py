@@ -189,7 +189,8 @@ h1{font-size:1.4em} h2{font-size:1.1em;margin-top:2em} svg{width:100%;height:aut
 svg text{font-size:11px;fill:#555} .grid{stroke:#eee} .rounding{stroke:#999;stroke-dasharray:4 3}
 .trace{fill:none;stroke:#2c7bb6;stroke-width:1.5} .bar{fill:#d7191c} .strip{border:1px solid #ccc}
 table{border-collapse:collapse;width:100%;font-size:12px} th,td{padding:3px 6px;border-bottom:1px solid #eee;
-text-align:left;vertical-align:top} td.n{white-space:nowrap} td.name{min-width:12em;overflow-wrap:anywhere} td.lost{position:relative;min-width:90px} td.lost span{position:absolute;left:0;top:2px;
+text-align:left;vertical-align:top} td.n{white-space:nowrap} td.name{min-width:12em;overflow-wrap:anywhere}
+td.lost{position:relative;min-width:90px} td.lost span{position:absolute;left:0;top:2px;
 bottom:2px;z-index:-1} .verdict{padding:.6em 1em;border-radius:4px;background:#f4f4f4} .fail{background:#fde0dd}
 """
 

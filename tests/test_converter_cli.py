@@ -359,7 +359,8 @@ def _help_and_version(run):
 def _check_help_and_version(help_text, version_text):
     from importlib import metadata
 
-    for flag in ("--memory-limit", "--trust-model", "--int8", "--target", "--version"):
+    for flag in ("--memory-limit", "--trust-model", "--int8", "--int16", "--min-cosine", "--explain", "--target",
+                 "--version"):
         assert flag in help_text
     flowing = " ".join(help_text.split())
     assert "(default 75% of the machine's)" in flowing and "23 its scratch folder could not be removed" in flowing

@@ -118,7 +118,8 @@ def _descriptions(computed, details):
     for index, op_name, _, inputs in computed:
         layer = layer_of(details[index]["name"])
         if "/" not in layer:
-            weights = [source for source in inputs if source not in producers and "/" in layer_of(details[source]["name"])]
+            weights = [source for source in inputs
+                       if source not in producers and "/" in layer_of(details[source]["name"])]
             layer = layer_of(details[weights[0]]["name"]) if weights else layer
         moved = [source for source in inputs if source in described]
         if op_name in _VALUE_MOVING and moved:
