@@ -96,6 +96,21 @@ def test_an_int8_model_that_lost_its_signal_is_refused_naming_where_and_why(mode
     assert outliers[0]["outlier"]["channel"] == 0 and outliers[0]["outlier"]["ratio"] > OUTLIER_SCALE / 4
 
 
+def test_the_refusal_s_first_advice_recovers_the_signal(models, tmp_path, capsys):
+    """--int16, which the refusal names first: the same int8 weights, activations on a grid 256 times finer, on
+    which the outlier's channel leaves the others theirs."""
+    folder, paths, _ = models
+    output = tmp_path / "m.tflite"
+    code = cli.main([paths["outlier"], "-o", str(output), "--int8", "--calibration", str(folder / "calibration.npz")])
+    advice = _one_line_error(capsys.readouterr().err).split("; ")[-2]
+    assert code == 10 and advice.startswith("--int16 (16x8") and advice.endswith("may help"), advice
+    assert cli.main([paths["outlier"], "-o", str(output), "--int16", "--calibration",
+                     str(folder / "calibration.npz")]) == 0
+    budget = re.search(r"budget +\S+: cosine ([0-9.]+) against the float model, --min-cosine 0.99 ok",
+                       capsys.readouterr().err)
+    assert budget and float(budget[1]) >= 0.99
+
+
 def test_a_budget_of_zero_writes_the_model_that_lost_its_signal(models, tmp_path, capsys):
     folder, paths, _ = models
     output = tmp_path / "m.tflite"

@@ -599,9 +599,11 @@ def _judge_budget(tflite_model, source, options, report, arrays, explainer):
         report.explanation = explainer.explained(tflite_model, arrays, report)
     where = "" if report.explanation is None else explanation.where_lost(report.explanation)
     where = f"; {where}" if where else ""
-    help_ = "keras_gelu.qat (quantization-aware training), calibration on real samples"
+    finer = "" if options.int16 or report.quantization_aware else "--int16 (16x8: activations on a finer grid), "
+    help_ = f"{finer}keras_gelu.qat (quantization-aware training), calibration on real samples"
     look = "" if options.explain else ", --explain DIR to see every tensor"
-    raise errors.ParityFailure(report, f"{source.path}: the int8 model's {worst['output']} reaches cosine "
+    raise errors.ParityFailure(report, f"{source.path}: the {'16x8' if options.int16 else 'int8'} model's "
+                               f"{worst['output']} reaches cosine "
                                f"{worst['cosine']:.4f} against the float model, below --min-cosine "
                                f"{options.min_cosine:g}{where}; {help_}{look} may help; nothing written")
 
