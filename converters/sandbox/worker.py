@@ -32,7 +32,6 @@ from . import privileges
 from . import seccomp
 
 
-
 def run(job):
     """Confine this (forked) process, do the job, answer; never returns."""
     status = privileges.FAILED
