@@ -156,12 +156,10 @@ def _input_shapes(parser, given):
 def _check_flags(parser, args):
     args.input_shapes = _input_shapes(parser, args.input_shape)
     if args.int16:
-        if args.float16_weights:
-            parser.error("--int16 and --float16-weights exclude each other")
-        if args.target is not None and not targets.TARGETS[args.target].takes_int16:
-            target = targets.TARGETS[args.target]
-            parser.error(f"--target {args.target}: {target.runtime} runs no 16x8 model (int16 activations); "
-                         "drop --int16")
+        try:
+            targets.check_int16(args.target, args.float16_weights)
+        except ValueError as error:
+            parser.error(str(error))
         args.int8 = True
     if args.target is not None:
         try:

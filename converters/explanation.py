@@ -22,8 +22,18 @@ from . import errors
 from . import paths
 
 FILES = ("report.json", "index.html", "model_explorer.json")
-# int8's rounding at best, as running/explain.rounding_db(8) gives it: the level the plot marks.
-_INT8_ROUNDING_DB = 6.02 * 8 + 1.76
+
+
+def rounding_db(bits):
+    """The signal-to-noise ratio a `bits`-bit grid gives a signal that fills it uniformly: what rounding to it
+    costs at best (6.02 dB a bit, and 1.76). A tensor has lost only what it falls below this, or below what it
+    was computed from, whichever is lower (running/explain.py): int8's first layer is not to blame for being
+    int8."""
+    return 6.02 * bits + 1.76
+
+
+# The level the page's plot marks: int8's rounding at best.
+_INT8_ROUNDING_DB = rounding_db(8)
 # From no loss to the most: white, amber, red (Model Explorer's gradient, and the page's).
 _COLOURS = ((0.0, (255, 255, 255)), (0.5, (253, 174, 97)), (1.0, (215, 25, 28)))
 

@@ -83,13 +83,7 @@ class Options:
         elif self.allow_cpu_fallback:
             raise ValueError("Argument `allow_cpu_fallback` applies to a `target` only. Received: target=None")
         if self.int16:
-            if self.float16_weights:
-                raise ValueError("Argument `int16` quantizes weights to int8, which `float16_weights` excludes. "
-                                 "Received: int16=True, float16_weights=True")
-            target = targets.TARGETS.get(self.target)
-            if target is not None and not target.takes_int16:
-                raise ValueError(f"--target {self.target}: {target.runtime} runs no 16x8 model (int16 "
-                                 "activations); drop --int16")
+            targets.check_int16(self.target, self.float16_weights)
             self.int8 = True
         self.mode = self.mode or "builtin"
         self.exact_as = vocabulary.resolve_exact_as(self.mode, self.exact_as)

@@ -168,7 +168,8 @@ class Report:
         if not isinstance(data, dict):
             raise ValueError("its report is not a record")
         for name, shape in _SHAPES.items():
-            if name in data and not (isinstance(shape, _Optional) and not data[name]) and not _conforms(data[name], shape):
+            absent = isinstance(shape, _Optional) and not data.get(name)
+            if name in data and not absent and not _conforms(data[name], shape):
                 raise ValueError(f"its report's {safe_text.inert(name)} is not as a conversion gives it")
         for name, values in (("mode", vocabulary.MODE_NAMES), ("exact_as", (*vocabulary.EXACT_AS, None)),
                              ("step_type", ("int8", "int16"))):

@@ -173,6 +173,16 @@ TARGETS = {target.name: target for target in (
 TARGET_NAMES = tuple(TARGETS)
 
 
+def check_int16(name, float16_weights):
+    """ValueError where a 16x8 conversion cannot be had: with float16 weights (16x8's are int8), or for target
+    `name` (None: none) whose runtime runs no 16x8 model."""
+    if float16_weights:
+        raise ValueError("--int16 and --float16-weights exclude each other")
+    target = TARGETS.get(name)
+    if target is not None and not target.takes_int16:
+        raise ValueError(f"--target {name}: {target.runtime} runs no 16x8 model (int16 activations); drop --int16")
+
+
 def resolve(name, mode=None, exact_as=None, int8=False, int8_io=False, float16_weights=False):
     """(mode, exact_as, int8, int8_io) of a conversion for target `name`, completing what was not given.
 

@@ -131,6 +131,14 @@ def on_a_terminal(argv, environment):
     return code, stdout, b"".join(received).decode(errors="replace").replace("\r\n", "\n")
 
 
+def last_error_line(stderr):
+    """The command's one error line, the last on stderr, after no traceback."""
+    lines = stderr.strip().splitlines()
+    assert lines and "Traceback" not in stderr, stderr
+    assert lines[-1].startswith("keras-gelu-convert: error: "), stderr
+    return lines[-1]
+
+
 keras3_only = pytest.mark.skipif(not IS_KERAS3, reason="Keras 3 API (TF_USE_LEGACY_KERAS unset)")
 tf_keras_only = pytest.mark.skipif(IS_KERAS3, reason="tf-keras API (TF_USE_LEGACY_KERAS=1)")
 

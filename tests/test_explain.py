@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import keras
+from conftest import last_error_line
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
 from keras_gelu.converters import explanation
@@ -67,18 +68,12 @@ def models(tmp_path_factory):
     return folder, paths, samples
 
 
-def _one_line_error(stderr):
-    lines = stderr.strip().splitlines()
-    assert lines and "Traceback" not in stderr, stderr
-    return lines[-1]
-
-
 def test_an_int8_model_that_lost_its_signal_is_refused_naming_where_and_why(models, tmp_path, capsys):
     folder, paths, _ = models
     output, why = tmp_path / "m.tflite", tmp_path / "why"
     code = cli.main([paths["outlier"], "-o", str(output), "--int8", "--calibration", str(folder / "calibration.npz"),
                      "--explain", str(why)])
-    line = _one_line_error(capsys.readouterr().err)
+    line = last_error_line(capsys.readouterr().err)
     assert code == errors.ParityFailure.exit_code == 10 and not output.exists()
     cosine = float(re.search(r"reaches cosine (-?[0-9.]+) against the float model, below --min-cosine 0.99", line)[1])
     assert cosine < 0.5, line
@@ -102,7 +97,7 @@ def test_the_refusal_s_first_advice_recovers_the_signal(models, tmp_path, capsys
     folder, paths, _ = models
     output = tmp_path / "m.tflite"
     code = cli.main([paths["outlier"], "-o", str(output), "--int8", "--calibration", str(folder / "calibration.npz")])
-    advice = _one_line_error(capsys.readouterr().err).split("; ")[-2]
+    advice = last_error_line(capsys.readouterr().err).split("; ")[-2]
     assert code == 10 and advice.startswith("--int16 (16x8") and advice.endswith("may help"), advice
     assert cli.main([paths["outlier"], "-o", str(output), "--int16", "--calibration",
                      str(folder / "calibration.npz")]) == 0
@@ -178,7 +173,7 @@ def test_explain_refuses_to_write_over_its_files_without_force(models, tmp_path,
     why.mkdir()
     (why / "index.html").write_text("the user's page")
     code = cli.main([paths["plain"], "-o", str(tmp_path / "m.tflite"), "--explain", str(why)])
-    assert code == errors.OutputExists.exit_code and "index.html: exists; pass --force" in _one_line_error(
+    assert code == errors.OutputExists.exit_code and "index.html: exists; pass --force" in last_error_line(
         capsys.readouterr().err)
     assert (why / "index.html").read_text() == "the user's page" and not (tmp_path / "m.tflite").exists()
 
@@ -249,12 +244,12 @@ def test_the_page_renders_in_chromium_worst_first_with_the_outlier_and_no_consol
     result, console = _chromium(tmp_path, "--dump-dom", (why / "index.html").as_uri())
     assert result.returncode == 0 and console == [], console
     dom = result.stdout
-    assert re.search(r'id="worst">The signal is lost first in [^<]*head[^<]*, after [^<]*outlier_dense[^<]*\'s channel 0 '
-                     r'reached \d+x the median', dom), dom[:1500]
+    assert re.search(r'id="worst">The signal is lost first in [^<]*head[^<]*, after [^<]*outlier_dense[^<]*'
+                     r"'s channel 0 reached \d+x the median", dom), dom[:1500]
     table = dom.split("Tensors, the worst first", 1)[1]
     first_row = re.search(r"<tr><td[^>]*>1</td><td[^>]*>([^<]*)</td>", table)[1]
-    outlier_rows = [row for row in table.split("<tr>")
-                    if "outlier_dense" in (re.search(r'<td class="name" title="[^"]*">([^<]*)</td>', row) or ["", ""])[1]]
+    layer_cell = re.compile(r'<td class="name" title="[^"]*">([^<]*)</td>')
+    outlier_rows = [row for row in table.split("<tr>") if "outlier_dense" in (layer_cell.search(row) or ["", ""])[1]]
     assert "head" in first_row and len(outlier_rows) == 1 and re.search(r"<td>0 \(\d+x median\)</td>",
                                                                          outlier_rows[0]), table[:2000]
     screenshot = tmp_path / "explain.png"

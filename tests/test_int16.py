@@ -15,6 +15,7 @@ import pytest
 import conversions
 from conftest import IS_KERAS3
 from conftest import keras
+from conftest import last_error_line
 from conftest import rotated
 from gelu_models import every_gelu_functional
 from keras_gelu import converters
@@ -73,12 +74,6 @@ def test_every_builtin_form_at_int16_runs_in_tflite_micro(every_gelu_model, exac
     assert all(types == {"int16"} for types in _computing_types(report).values()), report.op_types
 
 
-def _one_line_error(stderr):
-    lines = stderr.strip().splitlines()
-    assert lines and "Traceback" not in stderr, stderr
-    return lines[-1]
-
-
 @pytest.mark.parametrize("flags, code, said", [
     (["--target", "edgetpu"], 2, "--target edgetpu: Coral Edge TPU runs no 16x8 model (int16 activations); drop "
                                  "--int16"),
@@ -94,7 +89,7 @@ def test_what_cannot_be_16x8_is_refused_in_one_line(every_gelu_model, tmp_path, 
         assert exit_info.value.code == 2
     else:
         assert cli.main([every_gelu_model, "--int16", "-o", str(output), *flags]) == code
-    assert said in _one_line_error(capsys.readouterr().err) and not output.exists()
+    assert said in last_error_line(capsys.readouterr().err) and not output.exists()
 
 
 def test_a_quantization_aware_model_is_refused_for_int16(tmp_path, capsys):
@@ -109,5 +104,5 @@ def test_a_quantization_aware_model_is_refused_for_int16(tmp_path, capsys):
     path = str(tmp_path / "qat")
     quantized.export(path, verbose=False) if IS_KERAS3 else quantized.save(path)  # a SavedModel in both
     code = cli.main([path, "--int16", "-o", str(tmp_path / "m.tflite")])
-    line = _one_line_error(capsys.readouterr().err)
+    line = last_error_line(capsys.readouterr().err)
     assert code == errors.BadInputs.exit_code and re.search(r"trained for int8 ranges; drop --int16", line), line

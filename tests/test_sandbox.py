@@ -28,8 +28,9 @@ import tensorflow as tf
 import spelling_models
 import tflite_helpers
 from conftest import IS_KERAS3
-from conftest import on_a_terminal
 from conftest import keras
+from conftest import last_error_line
+from conftest import on_a_terminal
 from conversions import convert_here
 from keras_gelu import converters
 from keras_gelu.converters import cli
@@ -49,13 +50,6 @@ try:
 except landlock.Unavailable:
     LANDLOCK = None
 needs_landlock = pytest.mark.skipif(LANDLOCK is None, reason="this kernel offers no Landlock")
-
-
-def _last_line(stderr):
-    lines = stderr.strip().splitlines()
-    assert lines and "Traceback" not in stderr, stderr
-    assert lines[-1].startswith("keras-gelu-convert: error: "), stderr
-    return lines[-1]
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +180,7 @@ def test_a_loop_that_never_ends_stops_at_the_time_limit(tmp_path, capsys):
 
     output = tmp_path / "m.tflite"
     code = cli.main([_saved(tmp_path, "forever", forever), "-o", str(output), "--time-limit", "3"])
-    line = _last_line(capsys.readouterr().err)
+    line = last_error_line(capsys.readouterr().err)
     assert code == errors.TimeLimitExceeded.exit_code and not output.exists()
     assert "ran past the time limit of 3 s (--time-limit); nothing written" in line
 
@@ -198,7 +192,7 @@ def test_an_allocation_past_the_memory_limit_is_stopped_and_said_in_one_last_lin
     output = tmp_path / "m.tflite"
     code = cli.main([_saved(tmp_path, "fills", fills), "-o", str(output), "--memory-limit", "2"])
     stderr = capsys.readouterr().err
-    line = _last_line(stderr)
+    line = last_error_line(stderr)
     assert code == errors.MemoryLimitExceeded.exit_code and not output.exists(), stderr
     assert "used more than 2 GiB of memory (--memory-limit); nothing written" in line
     assert "allocator" not in stderr.lower()
@@ -217,7 +211,7 @@ def test_a_keras_config_that_inflates_past_its_limit_is_refused_before_it_is_rea
                                    + b" " * (80 << 20))
     assert os.path.getsize(bomb) < 1 << 20
     code = cli.main([bomb, "-o", str(tmp_path / "m.tflite")])
-    line = _last_line(capsys.readouterr().err)
+    line = last_error_line(capsys.readouterr().err)
     assert code == errors.SizeLimitExceeded.exit_code
     assert f"config.json inflates to {(80 << 20) + 42:,} bytes, past the limit of {64 << 20:,} (--config-limit)" in line
 
@@ -230,7 +224,7 @@ def test_an_h5_config_past_a_small_limit_is_refused(tmp_path, capsys):
         stream.attrs["model_config"] = json.dumps({"class_name": "Sequential", "config": {"pad": "x" * (2 << 20)}})
     assert cli.main([path, "-o", str(tmp_path / "m.tflite"), "--config-limit", "1"]) == \
         errors.SizeLimitExceeded.exit_code
-    assert "its model_config inflates to" in _last_line(capsys.readouterr().err)
+    assert "its model_config inflates to" in last_error_line(capsys.readouterr().err)
 
 
 @pytest.mark.legs("keras3")  # a .keras archive is Keras 3's
@@ -242,7 +236,7 @@ def test_an_archive_member_past_the_memory_limit_is_refused_before_it_is_inflate
         for _ in range(5):
             member.write(bytes(1 << 28))  # 1.25 GiB of zeros, a few MB compressed
     code = cli.main([str(path), "-o", str(tmp_path / "m.tflite"), "--memory-limit", "1"])
-    line = _last_line(capsys.readouterr().err)
+    line = last_error_line(capsys.readouterr().err)
     assert code == errors.SizeLimitExceeded.exit_code, line
     assert "archive member model.weights.h5 inflates to 1,342,177,280 bytes" in line and "(--memory-limit)" in line
 
@@ -260,7 +254,7 @@ def test_a_worker_that_dies_of_a_signal_is_one_line_naming_the_step(small_model,
     monkeypatch.setenv("KERAS_GELU_TEST_CRASH_AT", stage)
     output = tmp_path / "m.tflite"
     code = cli.main([small_model, "-o", str(output), *options])
-    line = _last_line(capsys.readouterr().err)
+    line = last_error_line(capsys.readouterr().err)
     assert code == errors.ConversionCrashed.exit_code and not output.exists()
     assert (f"the conversion process died of SIGSEGV (Segmentation fault) during {stage}, without an answer; "
             "nothing written") in line
@@ -286,7 +280,7 @@ def test_a_model_whose_weights_diverged_is_refused_naming_how_many_and_the_first
     output = tmp_path / "m.tflite"
     assert cli.main([path, "-o", str(output), "--int8", "--calibration", "random:4"]) == \
         errors.NonFiniteWeights.exit_code and not output.exists()
-    assert "weight variables hold NaN or Inf" in _last_line(capsys.readouterr().err)
+    assert "weight variables hold NaN or Inf" in last_error_line(capsys.readouterr().err)
 
 
 @pytest.fixture(scope="module")
@@ -328,7 +322,7 @@ def test_a_tflite_a_runtime_must_not_read_is_refused_before_any_does(int8_tflite
     path = tmp_path / "broken.tflite"
     path.write_bytes(broken)
     assert cli.main([str(path), "--target", "tflm", "-o", str(tmp_path / "m.tflite")]) == errors.CorruptModel.exit_code
-    assert problem in _last_line(capsys.readouterr().err)
+    assert problem in last_error_line(capsys.readouterr().err)
 
 
 def test_a_tflite_that_gives_nan_where_the_model_is_finite_fails_parity(small_model, monkeypatch):

@@ -31,6 +31,7 @@ from conftest import LEG
 from conftest import LEGS
 from conftest import keras
 from conftest import keras3_only
+from conftest import last_error_line
 from conftest import tf_keras_only
 from conftest import todays_seed
 from conversions import convert_here
@@ -81,16 +82,10 @@ def sandbox_off(monkeypatch):
     monkeypatch.setenv("KERAS_GELU_SANDBOX", "off")
 
 
-def _one_line_error(stderr):
-    lines = stderr.strip().splitlines()
-    assert lines and lines[-1].startswith("keras-gelu-convert: error: ") and "Traceback" not in stderr, stderr
-    return lines[-1]
-
-
 def _one_line_refusal(code, stderr, refused_as=errors.UntrustedModel):
     assert code == refused_as.exit_code, stderr
     assert len(stderr.strip().splitlines()) == 1, stderr
-    line = _one_line_error(stderr)
+    line = last_error_line(stderr)
     assert "refused" in line and (refused_as is not errors.UntrustedModel or "--trust-model" in line)
     return line
 
@@ -132,7 +127,7 @@ def test_with_every_check_off_the_sandbox_alone_stops_every_hostile_model(corpus
     assert (code == 0) == output.exists()
     if code != 0:
         assert code != errors.InternalError.exit_code, stderr
-        _one_line_error(stderr)
+        last_error_line(stderr)
 
 
 # Which mechanism refuses each kind: a hole closed by an unrelated rule would not show here.
@@ -194,7 +189,7 @@ def test_an_abort_in_a_model_trusted_is_a_dead_process_in_one_line(corpus, tmp_p
     for kind, death in (("abort_quietly", "ended (exit status 0)"), ("abort", "died of SIGABRT")):
         output = tmp_path / f"{kind}.tflite"
         code = cli.main([corpus[kind][0], "-o", str(output), "--trust-model"])
-        line = _one_line_error(capsys.readouterr().err)
+        line = last_error_line(capsys.readouterr().err)
         assert code == errors.ConversionCrashed.exit_code and not output.exists()
         assert death in line and "during verify: the original model, without an answer; nothing written" in line
 
@@ -242,7 +237,7 @@ def test_saved_model_writing_a_file_is_refused_then_trusted(tmp_path, side_effec
     if code == 0:
         assert "model trusted (--trust-model)" in stderr and "contained: Landlock" in stderr
     else:
-        assert "the sandbox stopped the model: it tried to" in _one_line_error(stderr)
+        assert "the sandbox stopped the model: it tried to" in last_error_line(stderr)
     output.write_bytes(convert_here(path, mode="select", trust_model=True, verify=False)[0])
     # The trusted .tflite ships FlexWriteFile; our own check of select-mode outputs refuses it.
     with pytest.raises(errors.UntrustedModel, match="would ship Flex op WriteFile"):
@@ -291,7 +286,7 @@ def test_a_keras_layer_writing_a_file_is_refused_before_it_runs_then_trusted(tmp
     assert not output.exists() and not side_effect.exists()
     # Trusted, the sandboxed process cannot build a class this program registered as it ran: one line says so.
     code = cli.main([path, "--mode", "select", "--trust-model", "-o", str(output)])
-    line = _one_line_error(capsys.readouterr().err)
+    line = last_error_line(capsys.readouterr().err)
     assert code == errors.CorruptModel.exit_code and re.search(r"it names (class|layer) '(test_trust>)?Writing'", line)
     assert not output.exists() and not side_effect.exists()
 

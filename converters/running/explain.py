@@ -17,6 +17,7 @@ import warnings
 
 import numpy as np
 
+from ..explanation import rounding_db
 from ..rewriting import rewrite
 from . import verify
 
@@ -24,13 +25,6 @@ from . import verify
 EXACT_DB = 140.0
 # Ops that only move values from one type to another: a row of theirs is about the op that computed the values.
 _VALUE_MOVING = ("QUANTIZE", "DEQUANTIZE")
-
-
-def rounding_db(bits):
-    """The signal-to-noise ratio a `bits`-bit grid gives a signal that fills it uniformly: what rounding to it
-    costs at best (6.02 dB a bit, and 1.76). A tensor has lost only what it falls below this, or below what it
-    was computed from, whichever is lower: int8's first layer is not to blame for being int8."""
-    return 6.02 * bits + 1.76
 # A channel whose values reach this many times the median channel's holds a per-tensor grid for itself: the
 # others keep log2(ratio) bits fewer of int8's eight (16: half of them).
 OUTLIER_RATIO = 16.0
@@ -62,7 +56,7 @@ class _Statistics:
 
     def __init__(self):
         self.reference_energy = self.value_energy = self.product = self.error_energy = 0.0
-        self.max_abs, self.count, self.errors = 0.0, 0, []
+        self.max_abs, self.errors = 0.0, []
         self.channel_peaks = None  # each channel's (last axis) largest magnitude in the float model
 
     def add(self, value, reference):
@@ -78,7 +72,6 @@ class _Statistics:
         self.product += float(value @ reference)
         self.error_energy += float(error @ error)
         self.max_abs = max(self.max_abs, float(np.abs(error).max()) if error.size else 0.0)
-        self.count += error.size
         if sum(len(kept) for kept in self.errors) < _MAX_HISTOGRAM_VALUES:
             self.errors.append(error[:_MAX_HISTOGRAM_VALUES])
 
@@ -147,10 +140,9 @@ def _computed_tensors(interpreter):
 
 
 def _float_values(interpreter, index, detail):
-    value = interpreter.get_tensor(index)
-    scale, zero_point = detail["quantization"]
-    if np.issubdtype(value.dtype, np.integer) and scale:
-        return (value.astype(np.float64) - zero_point) * scale
+    """A tensor's values as float (dequantized with its scale), or None for what holds no real values (int32
+    indices, a bool mask)."""
+    value = verify.output_value(detail, interpreter.get_tensor(index))
     return value.astype(np.float64) if value.dtype.kind == "f" else None
 
 

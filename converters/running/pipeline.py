@@ -354,10 +354,7 @@ class _Explainer:
         except errors.ConversionError as error:
             report.warnings.append(f"no tensor compared: the float model does not convert ({error.message[:200]})")
             return None
-        samples = [arrays]
-        if self.batch_fixed:
-            count = len(next(iter(arrays.values())))
-            samples = [{name: array[index:index + 1] for name, array in arrays.items()} for index in range(count)]
+        samples = target_checks.one_by_one(arrays) if self.batch_fixed else [arrays]
         return explain.explained(tflite_model, float_model, self.source.signature, samples,
                                  "the original graph in float, its GELUs as written (native mode), on LiteRT", report,
                                  self.findings)

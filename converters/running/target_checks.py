@@ -68,10 +68,15 @@ def with_static_shapes(source, target=None, input_shapes=None):
     return dataclasses.replace(source, graph_def=fixed_graph, inputs=inputs), parity_inputs, batch_fixed
 
 
+def one_by_one(arrays):
+    """[{name: array of one sample}] of a batch {name: array}, in order."""
+    count = len(next(iter(arrays.values())))
+    return [{name: array[index:index + 1] for name, array in arrays.items()} for index in range(count)]
+
+
 def per_sample(run, arrays):
     """run({name: array}) -> {name: output} for a model whose batch is fixed at 1: each sample, stacked."""
-    count = len(next(iter(arrays.values())))
-    results = [run({name: array[index:index + 1] for name, array in arrays.items()}) for index in range(count)]
+    results = [run(sample) for sample in one_by_one(arrays)]
     return {name: np.concatenate([result[name] for result in results]) for name in results[0]}
 
 

@@ -225,7 +225,8 @@ _ANY = (
     # scratch folder: the rewritten SavedModel links to the model's variables): the checks on paths are
     # Landlock's. No metadata is changed (chmod, chown, utime, xattrs), no hard link made.
     "read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev", "lseek", "open", "openat",
-    "close", "close_range", "dup", "dup2", "dup3", "fsync", "fdatasync", "ftruncate", "stat", "fstat", "lstat", "newfstatat", "statx", "statfs", "fstatfs", "access", "faccessat",
+    "close", "close_range", "dup", "dup2", "dup3", "fsync", "fdatasync", "ftruncate", "stat", "fstat", "lstat",
+    "newfstatat", "statx", "statfs", "fstatfs", "access", "faccessat",
     "faccessat2", "getdents64", "getcwd", "readlink", "readlinkat", "mkdir", "mkdirat", "rmdir", "unlink",
     "unlinkat", "rename", "renameat", "renameat2", "symlink", "symlinkat", "umask", "pipe2", "eventfd2", "poll",
     "ppoll", "epoll_create1", "epoll_ctl", "epoll_wait", "epoll_pwait",

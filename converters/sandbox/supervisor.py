@@ -168,9 +168,11 @@ def run(job, scratch_folder, destination, progress=None):
 
 
 def _ran(job, progress):
-    """(the zygote, its {"ended"} event) for `job`, given a nonce of its own and the uid its process takes."""
+    """(the zygote, its {"ended"} event) for `job`, given a nonce of its own and the uid its process takes; the
+    event says why that is not nobody, where it is not (policy.job_uid)."""
     zygote = _zygote(progress)
-    job = {**job, "nonce": secrets.token_hex(16), "uid": policy.job_uid(zygote.plan, job["reads"])[0]}
+    uid, uid_refused = policy.job_uid(zygote.plan, job["reads"])
+    job = {**job, "nonce": secrets.token_hex(16), "uid": uid}
     try:
         zygote.send({"job": job})
     except OSError:  # it died since: once more, with a new one
@@ -183,7 +185,7 @@ def _ran(job, progress):
         zygote.send({"cancel": True})
         _wait_for_end(zygote, job, progress)
         raise
-    return zygote, {**ended, "nonce": job["nonce"]}
+    return zygote, {**ended, "nonce": job["nonce"], "uid_refused": uid_refused}
 
 
 def _checked(job, path, size, progress, report):
@@ -313,7 +315,7 @@ def _report(result, job, plan, ended):
     report = Report.from_untrusted(result["report"])
     report.input, report.kind = job["name"], job["kind"]
     report.trusted = bool(job["options"]["trust_model"])
-    report.containment = policy.describe(plan, job["sandbox"], policy.job_uid(plan, job["reads"])[1])
+    report.containment = policy.describe(plan, job["sandbox"], ended.get("uid_refused"))
     # the steps' names are the worker's (its stage file): inert, as every string it gives
     report.peak_bytes = ended.get("peak_bytes", 0)
     report.stage_peak_bytes = safe_text.inert_data(ended.get("stage_peak_bytes", {}), collapse_spaces=True)
