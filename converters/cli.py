@@ -37,6 +37,7 @@ EPILOG = """examples:
   keras-gelu-convert saved_model_dir --int8 --calibration samples.npz --int8-io   # post-training int8
   keras-gelu-convert model.keras --int8 --calibration samples.npz --explain why/  # every tensor's error, a page
   keras-gelu-convert model.keras --int16 --calibration samples.npz --target tflm  # 16x8, run in TFLite Micro
+  keras-gelu-convert model.keras --int8 --calibration samples.npz --mixed-precision  # float where int8 loses it
   keras-gelu-convert model.keras --target tflm --int8 --calibration samples.npz   # run and sized in TFLite Micro
   keras-gelu-convert qat_saved_model --target ethos-u55                           # compiled by Vela, 100% NPU
 
@@ -104,6 +105,9 @@ def _parser():
     parser.add_argument("--min-cosine", type=float, default=DEFAULT_MIN_COSINE,
                         help=f"int8: the least cosine any output may keep against the float model, on the "
                              f"calibration samples or --inputs (default {DEFAULT_MIN_COSINE:g}; 0: no budget)")
+    parser.add_argument("--mixed-precision", action="store_true",
+                        help="int8 below --min-cosine: lift the ops that lose the most to float, one at a time, "
+                             "until it holds; the report lists what was lifted and why")
     parser.add_argument("--explain", metavar="DIR",
                         help="write DIR/index.html, report.json and model_explorer.json: every tensor's error "
                              "against the float model, the worst first (also when the budget refuses the model)")
@@ -188,7 +192,8 @@ def _check_flags(parser, args):
         # A quantization-aware model converts to int8 for a target that runs int8, unasked: its limit may be set
         int8_implied = args.target is not None and targets.TARGETS[args.target].takes_int8
         for flag, given in (("--calibration", args.calibration is not None), ("--int8-io", args.int8_io),
-                            ("--max-steps", args.max_steps is not None and not int8_implied)):
+                            ("--max-steps", args.max_steps is not None and not int8_implied),
+                            ("--mixed-precision", args.mixed_precision)):
             if given:
                 parser.error(f"{flag} applies to --int8 only")
     elif args.float16_weights:
@@ -199,6 +204,14 @@ def _check_flags(parser, args):
         parser.error("--min-cosine must be from 0 (no budget) to 1")
     if args.explain and not args.verify:
         parser.error("--explain runs the model to compare its tensors; drop --no-verify")
+    if args.mixed_precision:
+        if not args.verify or not args.min_cosine:
+            parser.error("--mixed-precision lifts ops until --min-cosine holds on samples it runs: drop "
+                         + ("--no-verify" if not args.verify else "--min-cosine 0"))
+        try:
+            targets.check_mixed_precision(args.target, args.int16, args.allow_cpu_fallback)
+        except ValueError as error:
+            parser.error(str(error))
 
 
 def parse(argv=None):
@@ -292,7 +305,7 @@ def run(args):
             target=args.target, allow_cpu_fallback=args.allow_cpu_fallback, input_shapes=args.input_shapes,
             time_limit=args.time_limit,
             memory_limit=args.memory_limit, config_limit=args.config_limit, min_cosine=args.min_cosine,
-            explain=args.explain, progress=progress)
+            explain=args.explain, mixed_precision=args.mixed_precision, progress=progress)
         if args.report_json:
             paths.write_atomically(report.to_json().encode(), args.report_json, force=True)
     except errors.ConversionError as error:

@@ -75,6 +75,7 @@ class Options:
     config_limit: float = DEFAULT_CONFIG_LIMIT_MIB  # MiB a Keras file's model config may inflate to
     min_cosine: float = DEFAULT_MIN_COSINE  # an int8 model's budget against the float model; 0: none
     explain: str = None  # a folder for the per-tensor explanation (written outside the sandbox); None: none
+    mixed_precision: bool = False  # int8: ops lifted to float, the worst first, until min_cosine holds
 
     def __post_init__(self):
         if self.target is not None:
@@ -95,6 +96,12 @@ class Options:
         if self.min_cosine is None or not 0.0 <= self.min_cosine <= 1.0:
             raise ValueError(f"Argument `min_cosine` must be from 0 (no budget) to 1. Received: "
                              f"min_cosine={self.min_cosine}")
+        if self.mixed_precision:
+            if not self.int8 or not self.verify or not self.min_cosine:
+                raise ValueError("Argument `mixed_precision` lifts an int8 model's ops until `min_cosine` holds on "
+                                 "samples it runs: it needs int8=True, verify=True and min_cosine > 0. Received: "
+                                 f"int8={self.int8}, verify={self.verify}, min_cosine={self.min_cosine}")
+            targets.check_mixed_precision(self.target, self.int16, self.allow_cpu_fallback)
         for name in ("time_limit", "memory_limit", "config_limit"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -44,6 +44,10 @@ _SHAPES = {
                               "histogram": _Optional({"edges": [_NUMBER], "counts": [int]}), "samples": int,
                               "reference": str}),
     "budget": _Optional({"min_cosine": _NUMBER, "cosine": _NUMBER, "output": str, "passed": bool}),
+    "ranges_repaired": _Optional({"widened": [str], "float_ops": [str]}),
+    "lifted": _Optional({"cosine_before": _NUMBER, "cosine": _NUMBER, "trials": int, "float_ops": [str],
+                         "lifts": [{"tensor": str, "layer": str, "op": str, "lost_db": _NUMBER, "float_ops": [str],
+                                    "layers": [str], "cosine": _NUMBER}]}),
     "target": _Optional({"name": str, "runtime": str, "lacks": str, "runtime_check": _Optional(str),
                          "fidelity": [_COMPARISON], "agreement": [_COMPARISON], "notes": [str],
                          "ops": _Optional({"on_target": _COUNTS, "cpu_fallback": _COUNTS})}),
@@ -89,6 +93,10 @@ def counted(counts):
     return ", ".join(f"{count} x {name}" for name, count in sorted(counts.items()))
 
 
+def _ops(count):
+    return f"{count} op" + ("" if count == 1 else "s")
+
+
 @dataclasses.dataclass
 class Report:
     input: str
@@ -107,6 +115,7 @@ class Report:
     step_type: str = "int8"  # what an output step is: "int8", or "int16" for a 16x8 .tflite
     quantization_aware: bool = False
     int8_ranges: str = ""  # where the int8 ranges came from
+    ranges_repaired: dict = None  # calibrated ranges the quantizer could not take: quantizer.Repairs, as a dict
     op_types: dict = dataclasses.field(default_factory=dict)  # {op: {output type: count}}
     float_ops: dict = dataclasses.field(default_factory=dict)  # what stayed float in an int8 model
     islands_made_integer: dict = dataclasses.field(default_factory=dict)  # a .tflite's float ops, {op: count}
@@ -132,7 +141,20 @@ class Report:
     # "passed"}; {} where no budget applies
     budget: dict = dataclasses.field(default_factory=dict)
     explanation: dict = None  # --explain, or a refusal for the budget: every tensor against the float model
+    lifted: dict = None  # --mixed-precision: what was lifted to float and why (running/lifting.py's Lifting)
     explained_in: str = ""  # the folder --explain wrote its files in (set outside the sandbox)
+
+    def _lifted_lines(self):
+        if self.lifted is None:
+            return []
+        lifted = self.lifted
+        lines = [f"  mixed precision: cosine {lifted['cosine_before']:.6f} in int8, {lifted['cosine']:.6f} with "
+                 f"{_ops(len(lifted['float_ops']))} kept float ({len(lifted['lifts'])} of "
+                 f"{lifted['trials']} lifts tried kept)"]
+        lines.extend(f"    lifted {lift['layer']} ({lift['op']}, lost {lift['lost_db']:.1f} dB): "
+                     f"{_ops(len(lift['float_ops']))} in float ({', '.join(lift['layers'])}), cosine then "
+                     f"{lift['cosine']:.6f}" for lift in lifted["lifts"])
+        return lines
 
     def note_flex_ops(self):
         """Name the Flex ops left in `ops`, with a warning: most runtimes cannot run them."""
@@ -225,6 +247,11 @@ class Report:
             lines.append(f"{label}: {counted(self.leftover_erf)} ({what})")
         if self.int8:
             lines.append(f"{self.step_type}: {self.int8_ranges}")
+            if self.ranges_repaired:
+                widened, kept = self.ranges_repaired["widened"], self.ranges_repaired["float_ops"]
+                lines.append(f"  ranges the quantizer cannot take: {len(widened)} too narrow for a grid (0 throughout) "
+                             f"widened to [-1, 1]; {_ops(len(kept))} kept float beside an unbounded one (an "
+                             "infinity, or float32's largest value, that a later op discards)")
             lines.append("ops: " + ", ".join(f"{name} {kind} {count}" for name, types in self.op_types.items()
                                              for kind, count in types.items()))
             if self.islands_made_integer:
@@ -251,6 +278,7 @@ class Report:
                 lines.append(f"  budget   {self.budget['output']}: cosine {self.budget['cosine']:.9f} against the "
                              f"float model, --min-cosine {self.budget['min_cosine']:g} "
                              + ("ok" if self.budget["passed"] else "FAIL"))
+            lines.extend(self._lifted_lines())
             envelope = self.tolerance.get("rounding_envelope")
             if envelope:
                 lines.append(f"  rounding envelope (the rewritten graph with one step on {envelope['fraction']:.0%} "

@@ -183,6 +183,22 @@ def check_int16(name, float16_weights):
         raise ValueError(f"--target {name}: {target.runtime} runs no 16x8 model (int16 activations); drop --int16")
 
 
+def check_mixed_precision(name, int16, allow_cpu_fallback):
+    """ValueError where --mixed-precision cannot be had: with --int16 (a 16x8 model is quantized in one step,
+    which keeps no op float on request), or for target `name` (None: none) whose runtime runs no float op."""
+    if int16:
+        raise ValueError("--mixed-precision lifts int8 ops to float, and a 16x8 conversion keeps none float on "
+                         "request; drop one of --int16 and --mixed-precision")
+    target = TARGETS.get(name)
+    if target is None or target.output_types is None or "float32" in target.output_types:
+        return
+    if target.fallback is not None and allow_cpu_fallback:
+        return
+    hint = " (--allow-cpu-fallback runs float ops on the CPU beside it)" if target.fallback is not None else ""
+    raise ValueError(f"--target {name}: {target.runtime} runs no float op, and --mixed-precision lifts ops to "
+                     f"float{hint}")
+
+
 def resolve(name, mode=None, exact_as=None, int8=False, int8_io=False, float16_weights=False):
     """(mode, exact_as, int8, int8_io) of a conversion for target `name`, completing what was not given.
 

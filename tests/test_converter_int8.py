@@ -642,3 +642,35 @@ def test_a_float_function_of_an_int8_tensor_is_looked_up_in_a_table_of_its_256_r
     np.testing.assert_array_equal(outputs["truncated"], expected["truncated"].numpy())
     np.testing.assert_array_equal(outputs["nonzero"], expected["nonzero"].numpy())
     np.testing.assert_array_equal(outputs["counted"], expected["counted"].numpy())
+
+
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
+def test_calibrated_ranges_the_quantizer_cannot_take_are_repaired_and_the_values_kept(tmp_path):
+    """Two ranges TensorFlow's quantizer aborts the process on ("scale out of expressed type range"), as
+    LayoutLMv3's int8 conversion met them: a tensor 0 throughout calibration (an additive mask where nothing is
+    masked), which the calibrator records as [0, FLT_MIN], and one holding -inf (the logarithm of a relative
+    position of 0, which a select then discards). The first is widened; the second, and the ops computing from
+    it, stay float. The .tflite computes what the graph does: the values the select keeps are small integers and
+    the mask adds 0, so any rounding of either would show."""
+    import tensorflow as tf
+
+    def buckets(distance):
+        mask = (1.0 - tf.ones_like(distance)) * -10000.0  # 0 throughout
+        far = tf.math.log(distance) * 2.0 + 1.0  # -inf where the distance is 0, discarded below
+        return {"y": tf.where(distance < 2.0, distance, tf.floor(far)) + mask}
+
+    module = tf.Module()
+    module.serve = tf.function(buckets, input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
+    path = str(tmp_path / "graph")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    # distances from 0 to 255, on which an int8 grid (scale 1) is exact: what is rounded is the repairs' doing
+    x = np.random.default_rng(5).integers(0, 256, size=(16, 16)).astype(np.float32)
+    x[:, :3] = [0.0, 1.0, 255.0]  # distances of 0 in every sample: -inf in every calibration run
+    np.savez(tmp_path / "x.npz", x=x)
+    tflite_model, report = converters.convert(path, int8=True, calibration=str(tmp_path / "x.npz"),
+                                              inputs=str(tmp_path / "x.npz"))
+    assert report.ranges_repaired["widened"] and any("Log" in name for name in report.ranges_repaired["float_ops"])
+    expected = buckets(tf.constant(x))["y"].numpy()
+    actual = tflite_helpers.run(tflite_model, x)[0]
+    (scale,) = operators.output_scales(tflite_model)
+    assert np.max(np.abs(actual - expected)) <= scale * 0.5 + 1e-6  # the output's own rounding only

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import gelu_models
 from conftest import keras
 from conftest import last_error_line
 from keras_gelu.converters import cli
@@ -32,29 +33,6 @@ from keras_gelu.converters.running import explain
 
 pytestmark = pytest.mark.legs("keras3", "tf_keras")
 
-OUTLIER_SCALE = 300.0
-
-
-def _model(outlier):
-    """x -> Dense(64) -> GELU -> Dense(8) (channel 0 scaled by OUTLIER_SCALE when `outlier`) -> Dense(8), whose
-    kernel reads nothing of channel 0: all it reads is what per-tensor int8 rounds away next to the outlier."""
-    keras.utils.set_random_seed(7)
-    inputs = keras.Input((16,), name="x")
-    hidden = keras.layers.Dense(64, name="up")(inputs)
-    hidden = keras.layers.Activation("gelu", name="act")(hidden)
-    wide = keras.layers.Dense(8, name="outlier_dense")(hidden)
-    outputs = keras.layers.Dense(8, name="head")(wide)
-    model = keras.Model(inputs, outputs)
-    kernel, bias = model.get_layer("outlier_dense").get_weights()
-    if outlier:
-        kernel[:, 0] *= OUTLIER_SCALE
-    model.get_layer("outlier_dense").set_weights([kernel, bias])
-    head_kernel, head_bias = model.get_layer("head").get_weights()
-    head_kernel[0, :] = 0.0
-    model.get_layer("head").set_weights([head_kernel, head_bias])
-    return model
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("explain")
@@ -62,7 +40,7 @@ def models(tmp_path_factory):
     np.savez(folder / "calibration.npz", x=samples)
     paths = {}
     for name, outlier in (("outlier", True), ("plain", False)):
-        model = _model(outlier)
+        model = gelu_models.outlier_model(outlier)
         paths[name] = str(folder / f"{name}.keras")
         model.save(paths[name])
     return folder, paths, samples
@@ -88,7 +66,7 @@ def test_an_int8_model_that_lost_its_signal_is_refused_naming_where_and_why(mode
     rows = saved["explanation"]["tensors"]
     outliers = [row for row in rows if row["outlier"]]
     assert [row["layer"].split("/")[-1].rstrip("_0123456789") for row in outliers] == ["outlier_dense"]
-    assert outliers[0]["outlier"]["channel"] == 0 and outliers[0]["outlier"]["ratio"] > OUTLIER_SCALE / 4
+    assert outliers[0]["outlier"]["channel"] == 0 and outliers[0]["outlier"]["ratio"] > gelu_models.OUTLIER_SCALE / 4
 
 
 def test_the_refusal_s_first_advice_recovers_the_signal(models, tmp_path, capsys):

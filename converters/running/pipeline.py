@@ -2,6 +2,7 @@
 
 import collections
 import contextlib
+import copy
 import dataclasses
 import gc
 import logging
@@ -37,9 +38,11 @@ from ..tflite import equivalent_ops
 from ..tflite import float_islands
 from ..tflite import kernel_grids
 from ..tflite import operators
+from ..tflite import quantizer
 from ..tflite import signatures
 from ..tflite import validation
 from . import explain
+from . import lifting
 from . import progress
 from . import rounding_envelope
 from . import target_checks
@@ -137,13 +140,57 @@ def serialized_for_converter(graph_def):
     return _SerializedGraph(graph.without_weights(graph_def), graph_def.SerializeToString())
 
 
-def to_tflite(graph_def, source, mode, float16_weights, int8=None):
+def to_tflite(graph_def, source, mode, float16_weights, int8=None, report=None):
     """Convert with mode.op_sets; `int8`: None for float, else (calibration samples or None for QAT, int8_io,
-    int16).
+    int16); `report`, where given, is told of calibrated ranges repaired.
 
     `graph_def` is a GraphDef, what serialized_for_converter made of one, or the folder of a SavedModel
     rewritten where it keeps its graph.
     """
+    if int8 is not None and _calibrated_apart(int8):
+        samples, int8_io, _ = int8
+        calibrated_model, repairs = calibrated(graph_def, source, mode, samples, report)
+        return quantized(calibrated_model, source, int8_io, repairs.float_ops)
+    converter = _stock_converter(graph_def, source, mode)
+    if float16_weights:
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.target_spec.supported_types = [tf.float16]
+    if int8 is not None:
+        integer.configure(converter, *int8)
+    return _run(converter, source, mode)
+
+
+def _calibrated_apart(int8):
+    """Whether an integer conversion calibrates and quantizes in two steps (`tflite/quantizer.py`): post-training
+    int8, which the MLIR quantizer makes; not QAT (no calibration), nor 16x8 (the older quantizer, in one call)."""
+    samples, _, int16 = int8
+    return samples is not None and not int16
+
+
+def calibrated(graph_def, source, mode, samples, report=None):
+    """(the float model with every tensor's calibrated range, which `quantized` makes int8, quantizer.Repairs):
+    the ranges repaired where the quantizer could not take them, with the ops to keep float for that; `report`,
+    where given, says what was repaired."""
+    converter = _stock_converter(graph_def, source, mode)
+    integer.configure(converter, samples, int8_io=False)
+    quantizer.calibrate_only(converter)
+    calibrated_model, repairs = quantizer.repaired(_run(converter, source, mode))
+    if report is not None and (repairs.widened or repairs.float_ops):
+        report.ranges_repaired = repairs._asdict()
+    return calibrated_model, repairs
+
+
+def quantized(calibrated_model, source, int8_io, float_ops=()):
+    """`calibrated`'s model in int8, with the ops named in `float_ops` kept in float."""
+    try:
+        return quantizer.quantized(calibrated_model, int8_io, float_ops)
+    except Exception as error:  # the quantizer raises ConverterError and friends
+        failure = error
+    raise errors.ConverterFailed(f"{source.path}: the TFLite quantizer failed: "
+                                 f"{' '.join(str(failure).split())[:400]}") from failure
+
+
+def _stock_converter(graph_def, source, mode):
     if isinstance(graph_def, str):
         converter = _saved_model_converter(graph_def, source.signature)
     else:
@@ -151,11 +198,10 @@ def to_tflite(graph_def, source, mode, float16_weights, int8=None):
             graph_def = serialized_for_converter(graph_def)
         converter = _tflite_converter(graph_def, source)
     converter.target_spec.supported_ops = [getattr(tf.lite.OpsSet, name) for name in mode.op_sets]
-    if float16_weights:
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        converter.target_spec.supported_types = [tf.float16]
-    if int8 is not None:
-        integer.configure(converter, *int8)
+    return converter
+
+
+def _run(converter, source, mode):
     try:
         return native_logs.converted(converter)
     except Exception as error:  # the converter raises ConverterError and friends
@@ -271,7 +317,15 @@ def convert(model, options, kind=None, name=None):
             else:
                 keep_source = options.verify and source_outputs is None
                 serialized, reference = _handed_to_converter(source, result, reference, keep_source)
-                tflite_model = _converted(serialized, source, requested, options, int8_setup, target, report)
+                if not options.mixed_precision:
+                    tflite_model = _converted(serialized, source, requested, options, int8_setup, target, report)
+        explainer = _Explainer(original_graph, source, options, result.findings, batch_fixed)
+        if options.mixed_precision:
+            with _timed(stages, "convert"):
+                if source_outputs is None:
+                    source_outputs = parity.run_source(source, arrays)
+                tflite_model = _lifted(serialized, source, requested, options, int8_setup, target, report, arrays,
+                                       source_outputs, explainer)
         if options.verify:
             with _timed(stages, "verify"):
                 if kept_graph is None:
@@ -279,7 +333,7 @@ def convert(model, options, kind=None, name=None):
                         reference = tf.compat.v1.GraphDef.FromString(serialized.serialized)
                     del serialized
                 _verify(tflite_model, source, reference, options, report, target, arrays, source_outputs, batch_fixed,
-                        reference_outputs, _Explainer(original_graph, source, options, result.findings, batch_fixed))
+                        reference_outputs, explainer)
         else:
             report.not_verified_reason = "verification switched off (--no-verify)"
     finally:
@@ -335,7 +389,8 @@ class _Explainer:
         if self._float_model is None:
             float_options = dataclasses.replace(self.options, mode="native", exact_as=None, int8=False,
                                                 calibration=None, int8_io=False, max_steps=None,
-                                                float16_weights=False, target=None, allow_cpu_fallback=False)
+                                                float16_weights=False, target=None, allow_cpu_fallback=False,
+                                                mixed_precision=False)
             original = types.SimpleNamespace(graph_def=self.original_graph, inputs=self.source.inputs,
                                              outputs=self.source.outputs)
             result, _ = _rewritten(original, float_options, None)
@@ -458,7 +513,12 @@ def _handed_to_converter(source, result, reference, keep_source):
 
 def _converted(serialized, source, requested, options, int8_setup, target, report):
     """The .tflite with its signature and the target's op names; fills in the report's op figures."""
-    tflite_model = to_tflite(serialized, source, requested, options.float16_weights, int8_setup)
+    tflite_model = to_tflite(serialized, source, requested, options.float16_weights, int8_setup, report)
+    return _finished(tflite_model, serialized, source, options, target, report)
+
+
+def _finished(tflite_model, serialized, source, options, target, report):
+    """What the converter made of `serialized`, signed, checked and made runnable (see _converted)."""
     if not options.trust_model:  # a select-mode .tflite carries TensorFlow ops to the device: the same rules
         trust.check_flex_ops(source.path, tflite_model)
     if not isinstance(serialized, str):  # the converter signs what it imports from a SavedModel itself
@@ -483,7 +543,7 @@ def _converted(serialized, source, requested, options, int8_setup, target, repor
     if options.int8:
         report.op_types = operators.typed_op_histogram(tflite_model)
         report.float_ops = operators.float_islands(tflite_model)
-        if report.float_ops:
+        if report.float_ops and report.lifted is None:
             open_dimensions = [info.name for info in source.inputs
                                if info.shape is None or None in tuple(info.shape)[1:]]
             hint = (f"; --input-shape for {', '.join(open_dimensions)} folds what is computed from a shape "
@@ -499,6 +559,44 @@ def _converted(serialized, source, requested, options, int8_setup, target, repor
     if target is not None:  # before any runtime sees the model: a refusal here names what does not fit
         report.target["ops"] = target_checks.check(tflite_model, target, options.allow_cpu_fallback)
     return tflite_model
+
+
+def _lifted(serialized, source, requested, options, int8_setup, target, report, arrays, source_outputs, explainer):
+    """--mixed-precision: the int8 model with the ops that lose the most lifted to float, until its worst output
+    keeps --min-cosine against the float model on `arrays` (running/lifting.py); report.lifted says which."""
+    samples, int8_io, _ = int8_setup
+    if samples is None:
+        raise errors.BadInputs(f"{source.path}: --mixed-precision lifts the ops of a post-training int8 conversion "
+                               "(--calibration), and this model is quantization-aware: its ranges are trained")
+    calibrated_model, repairs = calibrated(serialized, source, requested, samples, report)
+
+    def made(float_ops, into):
+        return _finished(quantized(calibrated_model, source, int8_io, set(float_ops) | set(repairs.float_ops)),
+                         serialized, source, options, target, into)
+
+    def quantize(float_ops):  # a choice the quantizer, a check or the target refuses is no choice
+        try:
+            return made(float_ops, copy.deepcopy(report))
+        except errors.ConversionError:
+            return None
+
+    def judge(model):
+        progress.entered("mixed precision: judge a lift")
+        outputs = _on_batches(parity.signature_runner(model, source.signature), explainer.batch_fixed)(arrays)
+        return min(parity.compare(info.name, outputs[info.name], source_outputs[info.name], float("inf"), 0.0).cosine
+                   for info in source.outputs)
+
+    scratch = copy.deepcopy(report)  # what explaining a trial would warn of is about the trial alone
+    tflite_model, lifting_done = lifting.lifted(
+        made((), copy.deepcopy(report)), quantizer.ops(calibrated_model), options.min_cosine, quantize, judge,
+        lambda model: explainer.explained(model, arrays, scratch) if explainer.available else None)
+    report.lifted = lifting_done.as_dict()
+    return made(lifting_done.float_ops, report)
+
+
+def _on_batches(run, batch_fixed):
+    """`run` over a batch, sample by sample where the model fixes its batch at one."""
+    return (lambda batch: target_checks.per_sample(run, batch)) if batch_fixed else run
 
 
 def _without_clamp(build, alpha, x, nodes):
@@ -597,11 +695,15 @@ def _judge_budget(tflite_model, source, options, report, arrays, explainer):
     where = "" if report.explanation is None else explanation.where_lost(report.explanation)
     where = f"; {where}" if where else ""
     finer = "" if options.int16 or report.quantization_aware else "--int16 (16x8: activations on a finer grid), "
-    help_ = f"{finer}keras_gelu.qat (quantization-aware training), calibration on real samples"
+    lift = "" if options.int16 or report.quantization_aware or options.mixed_precision else \
+        "--mixed-precision (the ops that lose it in float), "
+    help_ = f"{finer}{lift}keras_gelu.qat (quantization-aware training), calibration on real samples"
     look = "" if options.explain else ", --explain DIR to see every tensor"
+    lifted = "" if report.lifted is None else (f" (--mixed-precision: {len(report.lifted['float_ops'])} op(s) "
+                                               "in float, and no further lift helped)")
     raise errors.ParityFailure(report, f"{source.path}: the {'16x8' if options.int16 else 'int8'} model's "
-                               f"{worst['output']} reaches cosine "
-                               f"{worst['cosine']:.4f} against the float model, below --min-cosine "
+                               f"{worst['output']} reaches cosine {worst['cosine']:.4f}{lifted} against the "
+                               f"float model, below --min-cosine "
                                f"{options.min_cosine:g}{where}; {help_}{look} may help; nothing written")
 
 
@@ -615,21 +717,18 @@ def _verify(tflite_model, source, reference, options, report, target, arrays, so
     (`batch_fixed`), the .tflite and the reference run them sample by sample.
     """
 
-    def fixed_batch(run):
-        return (lambda batch: target_checks.per_sample(run, batch)) if batch_fixed else run
-
     report.inputs_used = report.inputs_used or (
         f"inputs from {options.inputs}" if options.inputs else
         f"seeded random inputs (seed {options.seed}, dynamic dimensions = {options.dynamic_size})")
     _, report.runtime = parity.interpreter_class()
     try:
-        tflite_outputs = fixed_batch(parity.signature_runner(tflite_model, source.signature))(arrays)
+        tflite_outputs = _on_batches(parity.signature_runner(tflite_model, source.signature), batch_fixed)(arrays)
     except (RuntimeError, ValueError) as error:
         report.not_verified_reason = f"{report.runtime} cannot run this model: " + " ".join(str(error).split())[:300]
         return
     graph_outputs = reference_outputs
     if graph_outputs is None:
-        graph_outputs = fixed_batch(parity.reference_runner(reference, source))(arrays)
+        graph_outputs = _on_batches(parity.reference_runner(reference, source), batch_fixed)(arrays)
     if source_outputs is None:  # not run before converting (see convert)
         source_outputs = parity.run_source(source, arrays)
     report.tolerance = {"atol": options.atol, "rtol": options.rtol, "max_drift": options.max_drift}
@@ -656,7 +755,7 @@ def _verify(tflite_model, source, reference, options, report, target, arrays, so
     if options.int8 and options.max_steps is None and not isinstance(reference, str) and not all(
             fidelity.passed for fidelity in fidelities):  # QAT's default limit: the envelope too, when it is wider
         limits, limit = _within_rounding_envelope(reference, source, arrays, graph_outputs, scales, limits, limit,
-                                                  report, lambda runner: fixed_batch(runner)(arrays))
+                                                  report, lambda runner: _on_batches(runner, batch_fixed)(arrays))
         fidelities = compared(limits)
     for info, scale, fidelity in zip(source.outputs, scales, fidelities):
         drift = parity.compare(info.name, tflite_outputs[info.name], source_outputs[info.name], drift_limit, 0.0)

@@ -85,6 +85,8 @@ def _refuse_graph_flags(options, path, quantized, has_flex, target):
     for given, flag, why in (
             (options.trust_model and not has_flex, "--trust-model", "with no Flex op it runs no code of its own"),
             (options.calibration, "--calibration", "its int8 ranges are in the file; requantizing is not in scope"),
+            (options.mixed_precision, "--mixed-precision", "its ops' types are in the file; requantizing is not "
+                                                           "in scope"),
             (options.float16_weights, "--float16-weights", "its weights are kept as they are"),
             (options.int8_io and not (target and target.int8_io), "--int8-io",
              "its inputs and outputs are kept as they are"),

@@ -1,0 +1,103 @@
+"""The stock post-training quantizer in its two steps: calibrate, then quantize from the calibrated ranges.
+
+`TFLiteConverter.convert()` calibrates a float model on the representative samples and quantizes it in one
+call (TensorFlow's lite.py, `_quantize`). Taken apart, the calibrated model (float, with every tensor's
+smallest and largest value recorded) is read before it is quantized, and quantized as often as wanted
+without running the samples again: with chosen ops kept in float (`mlir_quantize`'s `denylisted_nodes`),
+which is what --mixed-precision lifts, one quantization of the same calibrated model per choice.
+
+16x8 keeps the one-call route: the MLIR quantizer makes int8 only (lite.py hands int16 activations to the
+older quantizer), so a 16x8 model has no op kept float on request.
+"""
+
+import collections
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.lite.python import convert as stock_convert
+
+from .. import native_logs
+from . import deduplication
+from . import flatbuffer_model
+from .operators import op_name
+
+
+def calibrate_only(converter):
+    """Set up a converter configured for post-training int8 to stop at the calibrated float model."""
+    converter._experimental_calibrate_only = True  # noqa: SLF001 (TensorFlow's switch for this split)
+
+
+def quantized(calibrated_model, int8_io, float_ops=()):
+    """The int8 model from a calibrated one, as `TFLiteConverter.convert()` makes it in one call; `float_ops`:
+    the ops kept in float, by name (`ops`), each between a DEQUANTIZE and a QUANTIZE."""
+    io_type = tf.int8 if int8_io else tf.float32
+    with native_logs.discarded():  # it prints its settings on every call
+        quantized_model = stock_convert.mlir_quantize(calibrated_model, input_data_type=io_type,
+                                                      output_data_type=io_type,
+                                                      denylisted_nodes=sorted(float_ops) or None)
+    return deduplication.deduplicated(quantized_model)  # as convert() shares repeated weights last
+
+
+# A calibrated range narrower than this, with zero in it as every int8 range has, holds nothing an int8 grid
+# could resolve beside its neighbours' (TensorFlow's calibrator records a tensor that was 0 throughout as
+# [0, FLT_MIN], whose scale, FLT_MIN / 255, is denormal: the quantizer aborts the process, "scale out of
+# expressed type range", LayoutLMv3's attention mask when nothing is masked). Widened to WIDENED_RANGE, on which
+# its values round to 0 as they are, and its consumers' rescales stay within what the kernels take.
+DEGENERATE_SPAN = 2.0 ** -32
+WIDENED_RANGE = (-1.0, 1.0)
+# A range reaching past this is held by a sentinel, not by data: an infinity (a logarithm of 0 that a later
+# select discards, as relative position buckets compute it), or what the calibrator saturates one to, float32's
+# largest value. No int8 grid spans it and resolves the rest (the quantizer aborts on an infinite one; on
+# -3.4e38 its step is 1e36, and every real value rounds to 0).
+UNBOUNDED = 2.0 ** 64
+
+# What the quantizer could not take, repaired before it sees it: the tensors whose ranges were widened, and the
+# ops kept float because a range they write or read is unbounded.
+Repairs = collections.namedtuple("Repairs", "widened float_ops")
+
+
+def repaired(calibrated_model):
+    """(the calibrated model with every range the quantizer can take, `Repairs`).
+
+    A degenerate range (narrower than DEGENERATE_SPAN) is widened. An unbounded one is taken away, and the op
+    writing it and those reading it stay float (`quantized`'s float_ops), computing what the float model does.
+    """
+    model = flatbuffer_model.as_object(calibrated_model)
+    subgraph = model.subgraphs[0]
+    names = [flatbuffer_model.tensor_name(tensor) for tensor in subgraph.tensors]
+    widened, unbounded = [], set()
+    for index, tensor in enumerate(subgraph.tensors):
+        quantization = tensor.quantization
+        if quantization is None or quantization.min is None or not len(quantization.min):
+            continue
+        low, high = np.asarray(quantization.min, np.float64), np.asarray(quantization.max, np.float64)
+        if not np.all(np.abs(np.concatenate([low, high])) < UNBOUNDED):  # NaN and infinities too
+            tensor.quantization = None
+            unbounded.add(index)
+            continue
+        resolvable = np.maximum(high, 0.0) - np.minimum(low, 0.0) >= DEGENERATE_SPAN
+        if not np.all(resolvable):
+            quantization.min = np.where(resolvable, low, WIDENED_RANGE[0]).astype(np.float32).tolist()
+            quantization.max = np.where(resolvable, high, WIDENED_RANGE[1]).astype(np.float32).tolist()
+            widened.append(names[index])
+    float_ops = {names[operator.outputs[0]] for operator in subgraph.operators
+                 if len(operator.outputs) and unbounded & (set(operator.inputs) | set(operator.outputs))}
+    if not widened and not unbounded:
+        return calibrated_model, Repairs([], [])
+    return flatbuffer_model.as_bytes(model, len(calibrated_model)), Repairs(widened, sorted(float_ops))
+
+
+Op = collections.namedtuple("Op", "name kind inputs outputs")
+
+
+def ops(calibrated_model):
+    """The calibrated model's ops, in the order they run: (the name `quantized` keeps one float by (its first
+    output's), its kind, the names of the tensors it reads that an op computes, and of those it writes)."""
+    model = flatbuffer_model.as_object(calibrated_model)
+    subgraph = model.subgraphs[0]
+    names = [flatbuffer_model.tensor_name(tensor) for tensor in subgraph.tensors]
+    computed = {index for operator in subgraph.operators for index in operator.outputs}
+    return [Op(names[operator.outputs[0]], op_name(model, operator),
+               tuple(names[index] for index in operator.inputs if index >= 0 and index in computed),
+               tuple(names[index] for index in operator.outputs))
+            for operator in subgraph.operators if len(operator.outputs)]

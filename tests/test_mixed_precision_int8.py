@@ -1,0 +1,181 @@
+"""--mixed-precision: an int8 model below --min-cosine gets the ops that lose the most lifted to float, one at a
+time, until it holds, and no more.
+
+The model with one outlier channel (gelu_models.outlier_model) loses its signal to per-tensor int8: its head
+reads only the small channels, which share a grid with the outlier. Lifting the head alone cannot help (it
+would read the same int8 values, dequantized); lifting it with the layer it reads from can. The figures are
+held to the Keras model run in float on samples the calibration never saw, and the lifting search itself to
+its rules on made-up models, where what each lift gains is known.
+"""
+
+import json
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+import gelu_models
+from conftest import last_error_line
+from keras_gelu.converters import cli
+from keras_gelu.converters import errors
+from keras_gelu.converters.rewriting import rewrite
+from keras_gelu.converters.running import lifting
+from keras_gelu.converters.tflite import quantizer
+
+pytestmark = pytest.mark.legs("keras3")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mixed")
+    rng = np.random.default_rng(11)
+    np.savez(folder / "calibration.npz", x=rng.normal(0.0, 1.0, size=(32, 16)).astype(np.float32))
+    held_out = rng.normal(0.0, 1.0, size=(64, 16)).astype(np.float32)  # the judge never saw these
+    paths = {}
+    for name, outlier in (("outlier", True), ("plain", False)):
+        model = gelu_models.outlier_model(outlier)
+        paths[name] = str(folder / f"{name}.keras")
+        model.save(paths[name])
+        paths[f"{name} float"] = model.predict(held_out, verbose=0).astype(np.float64)
+    return folder, paths, held_out
+
+
+def _converted(models, name, tmp_path, *flags):
+    folder, paths, _ = models
+    output, report = tmp_path / f"{name}.tflite", tmp_path / f"{name}.json"
+    code = cli.main([paths[name], "-o", str(output), "--int8", "--calibration", str(folder / "calibration.npz"),
+                     "--report-json", str(report), *flags])
+    return code, output, (json.loads(report.read_text()) if report.exists() else None)
+
+
+def _cosine_on_held_out(tflite_path, models, name):
+    from ai_edge_litert.interpreter import Interpreter
+
+    _, paths, held_out = models
+    runner = Interpreter(model_path=str(tflite_path)).get_signature_runner()
+    outputs = np.concatenate([next(iter(runner(x=row[None]).values())) for row in held_out]).astype(np.float64)
+    expected = paths[f"{name} float"]
+    return float(outputs.ravel() @ expected.ravel() / np.linalg.norm(outputs) / np.linalg.norm(expected))
+
+
+def test_plain_int8_below_its_budget_suggests_mixed_precision(models, tmp_path, capsys):
+    code, output, _ = _converted(models, "outlier", tmp_path, "-q")
+    line = last_error_line(capsys.readouterr().err)
+    assert code == errors.ParityFailure.exit_code and not output.exists()
+    assert "--mixed-precision" in line.split("below --min-cosine")[1], line
+
+
+def test_mixed_precision_lifts_the_layer_that_lost_it_and_the_layer_it_reads(models, tmp_path, capsys):
+    code, output, report = _converted(models, "outlier", tmp_path, "--mixed-precision")
+    text = capsys.readouterr().err  # the report, as the command prints it
+    assert code == 0 and output.exists()
+    lifted = report["lifted"]
+    assert lifted["cosine_before"] < 0.5 <= 0.99 <= lifted["cosine"] == report["budget"]["cosine"]
+    (lift,) = lifted["lifts"]  # one lift reaches the budget: no second one is kept
+    assert lift["layer"].endswith(("head", "head_1")) and any("outlier_dense" in layer for layer in lift["layers"])
+    # what is float in the .tflite is what was lifted: the two Dense layers; the first one and the GELU stay int8
+    types = report["op_types"]
+    assert types["FULLY_CONNECTED"] == {"float32": 2, "int8": 1}, types
+    assert set(types["LOGISTIC"]) == {"int8"}, types
+    assert len(lifted["float_ops"]) == 2
+    # held to the float Keras model on samples neither the calibration nor the judge saw
+    assert _cosine_on_held_out(output, models, "outlier") > 0.99
+    # and the report's text says so
+    before, after = map(float, re.search(r"mixed precision: cosine ([0-9.]+) in int8, ([0-9.]+) with 2 ops kept "
+                                         r"float", text).groups())
+    assert (before, after) == pytest.approx((lifted["cosine_before"], lifted["cosine"]), abs=1e-6)
+    assert re.search(r"lifted \S*head\S* \(FULLY_CONNECTED.*lost [0-9.]+ dB\): 2 ops in float \(.*outlier_dense",
+                     text), text
+
+
+def test_mixed_precision_changes_nothing_where_int8_holds(models, tmp_path):
+    code, plain, _ = _converted(models, "plain", tmp_path, "-q")
+    mixed_folder = tmp_path / "mixed"
+    mixed_folder.mkdir()
+    mixed_code, mixed, report = _converted(models, "plain", mixed_folder, "--mixed-precision", "-q")
+    assert code == mixed_code == 0
+    assert report["lifted"]["lifts"] == [] and report["lifted"]["trials"] == 0 and not report["float_ops"]
+    assert plain.read_bytes() == mixed.read_bytes()  # the same calibration, the same quantization
+
+
+def test_the_lifted_model_runs_in_tflite_micro(models, tmp_path):
+    pytest.importorskip("tflite_micro")
+    code, output, report = _converted(models, "outlier", tmp_path, "--mixed-precision", "--target", "tflm", "-q")
+    assert code == 0, report
+    assert report["target"]["runtime_check"] and all(c["passed"] for c in report["target"]["agreement"])
+    assert report["lifted"]["lifts"] and _cosine_on_held_out(output, models, "outlier") > 0.99
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--mixed-precision"], "applies to --int8 only"),
+    (["--int16", "--calibration", "random:4", "--mixed-precision"], "drop one of --int16 and --mixed-precision"),
+    (["--int8", "--calibration", "random:4", "--mixed-precision", "--min-cosine", "0"], "drop --min-cosine 0"),
+    (["--int8", "--calibration", "random:4", "--mixed-precision", "--no-verify"], "drop --no-verify"),
+    (["--target", "edgetpu", "--calibration", "random:4", "--mixed-precision"], "runs no float op"),
+    (["--target", "ethos-u55", "--calibration", "random:4", "--mixed-precision"], "--allow-cpu-fallback"),
+])
+def test_flags_mixed_precision_cannot_work_with_are_refused_in_one_line(flags, says, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse([str(tmp_path / "model.keras"), *flags])
+    assert exit_.value.code == 2
+    assert says in last_error_line(capsys.readouterr().err)
+
+
+# The search on made-up models: a chain of ops, op i reading op i-1's result. The "damage" an op does is undone
+# where it computes in float from a float input (it and the op before it lifted), as the outlier model's head.
+
+
+def _chain(length):
+    return [quantizer.Op(f"op{i}", "FULLY_CONNECTED", (f"op{i - 1}",) if i else (), (f"op{i}",))
+            for i in range(length)]
+
+
+def _search(damage, lost_db, budget):
+    ops = _chain(len(damage))
+    quantized_with = []
+
+    def quantize(float_ops):
+        quantized_with.append(frozenset(float_ops))
+        return frozenset(float_ops)  # the "model" is the set of its float ops
+
+    def judge(model):
+        undone = {i for i in range(len(damage)) if f"op{i}" in model and (i == 0 or f"op{i - 1}" in model)}
+        return 1.0 - sum(d for i, d in enumerate(damage) if i not in undone)
+
+    def explain_model(model):
+        return {"tensors": [{"name": f"op{i}", "layer": f"layer{i}", "op": "FULLY_CONNECTED", "lost_db": lost,
+                             "snr_db": 20.0} for i, lost in enumerate(lost_db)]}
+
+    model, done = lifting.lifted(frozenset(), ops, budget, quantize, judge, explain_model)
+    return model, done, judge, quantized_with
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.0, 0.001, 0.2, 0.5]), st.floats(0.0, 60.0)), min_size=1,
+                max_size=8), st.sampled_from([0.9, 0.99, 0.999]))
+def test_the_search_keeps_only_lifts_that_pay_and_stops_at_the_budget(chain, budget):
+    damage, lost_db = [d for d, _ in chain], [lost for _, lost in chain]
+    model, done, judge, quantized_with = _search(damage, lost_db, budget)
+    assert done.cosine == judge(model) and set(done.float_ops) == set(model)
+    assert done.trials == len(quantized_with) <= lifting.MAX_TRIALS
+    cosine = done.cosine_before
+    for lift in done.lifts:  # each kept lift closed its share of the distance to 1, and was needed then
+        assert cosine < budget and lift["cosine"] - cosine >= lifting.MIN_GAIN * (1.0 - cosine)
+        cosine = lift["cosine"]
+    if done.cosine < budget:  # every op where the signal went was tried: none left would have paid
+        tried = {name for float_ops in quantized_with for name in float_ops}
+        assert {f"op{i}" for i, lost in enumerate(lost_db) if lost >= lifting.MIN_LOST_DB} <= tried | set(model)
+    else:
+        assert not done.lifts or done.lifts[-1]["cosine"] >= budget
+
+
+def test_a_lift_takes_the_ops_its_op_reads_from_and_the_whole_of_a_rewritten_gelu():
+    spliced = f"g/{rewrite.REWRITE_SCOPE.strip('/')}/mul"  # one of the ops a GELU rewrite made of node g
+    ops = [quantizer.Op("a", "FULLY_CONNECTED", (), ("a",)), quantizer.Op(spliced, "MUL", ("a",), (spliced,)),
+           quantizer.Op("g", "MUL", (spliced, "a"), ("g",)), quantizer.Op("b", "FULLY_CONNECTED", ("g",), ("b",))]
+    assert lifting.float_ops_for({"name": "b"}, ops) == {"b", "g", spliced}
+    assert lifting.float_ops_for({"name": "g"}, ops) == {"a", "g", spliced}
+    assert lifting.float_ops_for({"name": "nowhere"}, ops) == set()
