@@ -124,6 +124,20 @@ def test_flags_mixed_precision_cannot_work_with_are_refused_in_one_line(flags, s
     assert says in last_error_line(capsys.readouterr().err)
 
 
+def test_a_quantization_aware_model_is_refused_with_the_way_to_float_layers(models, tmp_path, capsys):
+    """A QAT model's int8 model computes what it was trained to (its budget is its FakeQuant graph's): a layer
+    wanted in float is kept float in training, where the others learn around it."""
+    from keras_gelu import qat
+
+    _, _, held_out = models
+    path = tmp_path / "qat.keras"
+    qat.quantize_model(gelu_models.outlier_model(True), calibration_data=held_out).save(path)
+    code = cli.main([str(path), "-o", str(tmp_path / "m.tflite"), "--int8", "--mixed-precision"])
+    line = last_error_line(capsys.readouterr().err)
+    assert code == errors.BadInputs.exit_code and "keep_float" in line, line
+    assert not (tmp_path / "m.tflite").exists()
+
+
 # The search on made-up models: a chain of ops, op i reading op i-1's result. The "damage" an op does is undone
 # where it computes in float from a float input (it and the op before it lifted), as the outlier model's head.
 

@@ -566,8 +566,10 @@ def _lifted(serialized, source, requested, options, int8_setup, target, report, 
     keeps --min-cosine against the float model on `arrays` (running/lifting.py); report.lifted says which."""
     samples, int8_io, _ = int8_setup
     if samples is None:
-        raise errors.BadInputs(f"{source.path}: --mixed-precision lifts the ops of a post-training int8 conversion "
-                               "(--calibration), and this model is quantization-aware: its ranges are trained")
+        raise errors.BadInputs(f"{source.path}: --mixed-precision lifts the ops of a post-training int8 conversion, "
+                               "and this model is quantization-aware: its int8 model computes what it was trained "
+                               "to; keep layers float in training instead (keras_gelu.qat.quantize_model's "
+                               "keep_float), or convert its float model with --calibration")
     calibrated_model, repairs = calibrated(serialized, source, requested, samples, report)
 
     def made(float_ops, into):
