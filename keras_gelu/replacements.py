@@ -106,15 +106,25 @@ def erfc(t):
     return xp.where(t < constant_like(0.0, t), constant_like(2.0, t) - tail, tail)
 
 
+# erf(t) is +-1 within 2.2e-5 past |t| = 3, far below an int8 step: the bare erf's int8 form bounds
+# u = sqrt(2) t there, so that the int8 grid of the LOGISTIC's argument spans what matters. Unbounded, a Dense
+# output of +-13 gave that argument a range of +-470 and a step of 3.7: erf's values from -0.95 to 0.95 one grid
+# point. (u, not t: MINIMUM and MAXIMUM keep their input's grid, and t's is its other readers' too.)
+ERF_SATURATES = 3.0
+
+
 def _logistic_of_tanh_form(t, sign=1.0):
-    """sigmoid(1.5957691 u (1 + 0.044715 u^2)), u = sign sqrt(2) t: the tanh form's Phi(u), within 1.8e-4.
+    """sigmoid(1.5957691 u (1 + 0.044715 u^2)), u = sign sqrt(2) t bounded at +-sqrt(2) ERF_SATURATES: the tanh
+    form's Phi(u), within 1.8e-4.
 
     The sign rides on the constant: a NEG op would stay float in an int8 model.
     """
+    xp, bound = array_ops.of(t), math.sqrt(2.0) * ERF_SATURATES
     u = t * constant_like(sign * math.sqrt(2.0), t)
+    u = xp.minimum(xp.maximum(u, constant_like(-bound, t)), constant_like(bound, t))
     linear = constant_like(formulas.SIGMOID_OF_TANH_SCALE, t)
     cubic = constant_like(formulas.SIGMOID_OF_TANH_SCALE * formulas.TANH_CUBIC, t)
-    return array_ops.of(t).sigmoid(u * (linear + cubic * (u * u)))
+    return xp.sigmoid(u * (linear + cubic * (u * u)))
 
 
 def erf_from_logistic(t):

@@ -565,11 +565,6 @@ def _lifted(serialized, source, requested, options, int8_setup, target, report, 
     """--mixed-precision: the int8 model with the ops that lose the most lifted to float, until its worst output
     keeps --min-cosine against the float model on `arrays` (running/lifting.py); report.lifted says which."""
     samples, int8_io, _ = int8_setup
-    if samples is None:
-        raise errors.BadInputs(f"{source.path}: --mixed-precision lifts the ops of a post-training int8 conversion, "
-                               "and this model is quantization-aware: its int8 model computes what it was trained "
-                               "to; keep layers float in training instead (keras_gelu.qat.quantize_model's "
-                               "keep_float), or convert its float model with --calibration")
     calibrated_model, repairs = calibrated(serialized, source, requested, samples, report)
 
     def made(float_ops, into):
@@ -652,6 +647,12 @@ def _int8_setup(source, options, report):
         if options.calibration:
             raise errors.BadInputs(f"{source.path}: the model is quantization-aware, its int8 ranges are trained; "
                                    "drop --calibration")
+        if options.mixed_precision:
+            raise errors.BadInputs(f"{source.path}: --mixed-precision lifts the ops of a post-training int8 "
+                                   "conversion, and this model is quantization-aware: its int8 model computes what "
+                                   "it was trained to; keep layers float in training instead "
+                                   "(keras_gelu.qat.quantize_model's keep_float), or convert its float model with "
+                                   "--calibration")
         report.int8_ranges = "ranges trained by quantization-aware training (FakeQuant ops)"
         return None, options.int8_io, False
     if not options.calibration:
