@@ -277,7 +277,9 @@ def test_int8_hugging_face_layoutlmv3_gets_ranges_the_quantizer_can_take(tmp_pat
                         input_signature=[specs])
     arrays = samples(1)
     expected = serve(arrays)["last_hidden_state"].numpy().astype(np.float64)
-    tf.saved_model.save(model, str(tmp_path / "saved_model"), signatures={"serving_default": serve})
+    holder = tf.Module()  # the model's serving function alone: saving the model itself traces all of its calls
+    holder.model, holder.serve = model, serve
+    tf.saved_model.save(holder, str(tmp_path / "saved_model"), signatures={"serving_default": serve})
     np.savez(tmp_path / "calibration.npz", **samples(SAMPLES))
     np.savez(tmp_path / "inputs.npz", **arrays)
     tflite_model, report = converters.convert(str(tmp_path / "saved_model"), int8=True, min_cosine=0.0,
