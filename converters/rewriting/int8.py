@@ -167,6 +167,35 @@ def squares_as_multiplications(graph_def):
     return rewritten
 
 
+def squared_differences_as_products(graph_def):
+    """Rewrite SquaredDifference(x, y) and Square(Sub(x, y)) as Mul(d, d) of d = Sub(x, y), for 16x8: LiteRT's
+    SQUARED_DIFFERENCE has no int16 kernel ("only supports FLOAT32 and INT32"), which every LayerNormalization's
+    variance met; SUB and MUL have. Returns how many were rewritten."""
+    nodes = graph.nodes_by_name(graph_def)
+    rewritten = 0
+    for node in list(graph_def.node):
+        operands = graph.data_inputs(node)
+        if node.op == "SquaredDifference":
+            difference = graph_def.node.add(name=f"{node.name}/difference", op="Sub")
+            difference.input.extend(operands[:2])
+            difference.attr["T"].CopyFrom(node.attr["T"])
+            if node.device:
+                difference.device = node.device
+            operands = [difference.name]
+        elif node.op != "Square" or getattr(graph.producer(operands[0], nodes), "op", None) != "Sub":
+            continue
+        controls = [name for name in node.input if name.startswith("^")]
+        del node.input[:]
+        node.input.extend([operands[0], operands[0]] + controls)
+        node.op = "Mul"
+        rewritten += 1
+    return rewritten
+
+
+# What a 16x8 conversion runs after GRAPH_PASSES: the spellings LiteRT has no int16 kernel for.
+INT16_PASSES = (squared_differences_as_products,)
+
+
 def _in_four_axes(first, second):
     """The two shapes with adjacent axes merged where each operand is whole or broadcast alike, of at most four
     axes; None where more remain."""

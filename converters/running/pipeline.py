@@ -605,7 +605,7 @@ def _rewritten(source, options, target):
     """(rewrite.RewriteResult, the reference graph the .tflite must compute) for the conversion's mode."""
     passes, marker = (), None
     if options.int8:
-        passes, marker = integer.GRAPH_PASSES, integer.marker
+        passes, marker = integer.GRAPH_PASSES + (integer.INT16_PASSES if options.int16 else ()), integer.marker
     elif target is not None and not target.keeps_non_finite_guards:
         passes, marker = (integer.drop_non_finite_guards,), _without_clamp
     mode = vocabulary.conversion_mode(options.mode, options.int8)
@@ -727,7 +727,11 @@ def _verify(tflite_model, source, reference, options, report, target, arrays, so
     try:
         tflite_outputs = _on_batches(parity.signature_runner(tflite_model, source.signature), batch_fixed)(arrays)
     except (RuntimeError, ValueError) as error:
-        report.not_verified_reason = f"{report.runtime} cannot run this model: " + " ".join(str(error).split())[:300]
+        why = " ".join(str(error).split())[:300]
+        if not report.flex_ops:  # Flex ops are the runtime's to link; any other op it cannot run, no device runs
+            raise errors.ConverterFailed(f"{source.path}: the TFLite converter wrote a .tflite {report.runtime} "
+                                         f"cannot run ({why}); nothing written") from error
+        report.not_verified_reason = f"{report.runtime} cannot run this model: {why}"
         return
     graph_outputs = reference_outputs
     if graph_outputs is None:
