@@ -65,6 +65,10 @@ _PROBE = textwrap.dedent("""
     keras_gelu_launcher._create_packages_without_running_them()  # no TensorFlow: the policy is plain Python
     from keras_gelu.converters.sandbox import landlock, policy, seccomp
     model, scratch, secret, port, parent = sys.argv[1:6]
+    policy.static_reads()  # made before the fork, as the zygote makes them: the worker inherits them
+    if os.fork():
+        sys.exit(os.waitstatus_to_exitcode(os.wait()[1]))
+    zygote = os.getppid()
     landlock.restrict(policy.file_rules([model], scratch))
     seccomp.restrict(policy.system_calls(os.getpid()))
     def attempt(action):
@@ -90,14 +94,19 @@ _PROBE = textwrap.dedent("""
         "start a program": attempt(lambda: os.execv("/bin/true", ["/bin/true"])),
         "fork": attempt(os.fork),
         "signal its parent": attempt(lambda: os.kill(int(parent), 0)),
+        "read its own /proc entry": attempt(lambda: open("/proc/self/status").read()),
+        "read the /proc entry of the process it forked from": attempt(lambda: open(f"/proc/{zygote}/environ").read()),
     }
-    print(json.dumps(results))
+    print(json.dumps(results), flush=True)
+    os._exit(0)
 """)
 
 
 @needs_landlock
 def test_a_confined_process_reaches_its_model_and_scratch_folder_and_nothing_else(tmp_path):
-    """The worker's policy, applied in a bare Python process: everything a model could do outside is denied."""
+    """The worker's policy, applied in a bare Python process forked, as a worker is, from one that made the static
+    reads: everything a model could do outside is denied; /proc/self is the worker's own, not the process it was
+    forked from."""
     from keras_gelu.converters.sandbox import seccomp
 
     try:
@@ -117,9 +126,53 @@ def test_a_confined_process_reaches_its_model_and_scratch_folder_and_nothing_els
                                  str(port), str(os.getpid())], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     results = json.loads(result.stdout)
-    allowed = {"read the model", "write in the scratch folder", "import a module not loaded yet"}
+    allowed = {"read the model", "write in the scratch folder", "import a module not loaded yet",
+               "read its own /proc entry"}
     assert {what for what, outcome in results.items() if outcome == "allowed"} == allowed, results
     assert not (private / "secret.copy").exists() and not os.path.exists("/tmp/keras_gelu_sandbox_probe")
+
+
+def test_the_reads_a_worker_inherits_are_its_own_in_fewer_rules(tmp_path, monkeypatch):
+    """The reads every worker makes (the installation, the code loaded, the system's files), made once where the
+    zygote forks (policy.static_reads): each one a worker would make itself, and every other lies beneath one of
+    them where the kernel finds it (its real path), so the rules grant the same in fewer (a tenth as many here);
+    /proc/self left for each worker to resolve (here it would name this process); made again once a module is
+    loaded from a folder of its own."""
+    from keras_gelu.converters.sandbox import policy
+
+    every, inherited = policy._static_reads(), policy.static_reads()
+    assert set(inherited) <= every and len(inherited) < len(every) / 2, (len(inherited), len(every))
+    places = {os.path.realpath(path) for path in inherited if not path.startswith("/proc/")}
+    folders = {place for place in places if os.path.isdir(place)}
+    for path in every - set(inherited):
+        place = os.path.realpath(path)
+        assert place in places or any(place.startswith(folder + os.sep) for folder in folders), path
+    assert "/proc/self" in inherited
+    package = tmp_path / "loaded_late"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        __import__("loaded_late")
+        assert str(package) in policy.static_reads()
+    finally:
+        sys.modules.pop("loaded_late", None)
+
+
+def test_the_zygote_holds_no_thread_of_tensorflow_s(small_model):
+    """A worker is a fork of the zygote, which copies only the forking thread: a thread pool TensorFlow had started
+    in the zygote (for any graph it built, a session, an eager op; a conversion of a model of our own to warm it)
+    would be missing in every worker, its work queued for ever (measured: a conversion in a process forked after
+    one hangs). So the zygote imports and runs nothing, and TensorFlow names each thread it starts."""
+    from keras_gelu.converters.sandbox import supervisor
+
+    converters.convert(small_model)
+    zygote = next(iter(supervisor._zygotes.values())).process.pid
+    names = []
+    for thread in os.listdir(f"/proc/{zygote}/task"):
+        with open(f"/proc/{zygote}/task/{thread}/comm") as stream:
+            names.append(stream.read().strip())
+    assert names and not [name for name in names if name.startswith("tf_")], names
 
 
 @needs_landlock

@@ -279,6 +279,7 @@ def main(import_keras_gelu):
         if not _limits_restored(limits):
             return  # a changed zygote serves no job: the supervisor starts another
         _import_where_installed(job.get("preload", ()))
+        policy.static_reads()  # here, for every worker to inherit: made again only where a module was loaded since
         job["plan"] = sandbox_plan
         pid = os.fork()
         if pid == 0:
