@@ -110,7 +110,9 @@ def _range(scale, zero_point):
 
 def _converter(function, spec):
     module = tf.Module()
-    module.function = tf.function(function, input_signature=[spec])
+    # autograph=False: the replacements are graph code already (as the rewrite runs them), and AutoGraph would
+    # read and rewrite their source in every fresh worker
+    module.function = tf.function(function, input_signature=[spec], autograph=False)
     return tf.lite.TFLiteConverter.from_concrete_functions([module.function.get_concrete_function()], module)
 
 
