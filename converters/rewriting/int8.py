@@ -153,18 +153,22 @@ def squares_as_multiplications(graph_def):
             exponent = graph.constant_value(operands[1], nodes)
             if exponent is None or exponent.size != 1 or float(exponent.reshape(())) != 2.0:
                 continue
-            controls = [name for name in node.input if name.startswith("^")]
-            del node.input[:]
-            node.input.extend([operands[0], operands[0]] + controls)
-            node.op = "Mul"
+            _square_as_product(node, operands[0])
             rewritten += 1
             continue
         if node.op != "Square" or getattr(graph.producer(operands[0], nodes), "op", None) == "Sub":
             continue
-        node.op = "Mul"
-        node.input.insert(1, operands[0])
+        _square_as_product(node, operands[0])
         rewritten += 1
     return rewritten
+
+
+def _square_as_product(node, operand):
+    """Make `node` Mul(operand, operand), its control inputs kept."""
+    controls = [name for name in node.input if name.startswith("^")]
+    del node.input[:]
+    node.input.extend([operand, operand] + controls)
+    node.op = "Mul"
 
 
 def squared_differences_as_products(graph_def):
@@ -184,10 +188,7 @@ def squared_differences_as_products(graph_def):
             operands = [difference.name]
         elif node.op != "Square" or getattr(graph.producer(operands[0], nodes), "op", None) != "Sub":
             continue
-        controls = [name for name in node.input if name.startswith("^")]
-        del node.input[:]
-        node.input.extend([operands[0], operands[0]] + controls)
-        node.op = "Mul"
+        _square_as_product(node, operands[0])
         rewritten += 1
     return rewritten
 
