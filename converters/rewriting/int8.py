@@ -1218,8 +1218,9 @@ def configure(converter, samples, int8_io, int16=False):
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     if samples is not None:
         converter.representative_dataset = lambda: iter(samples)
-    if int16:
+    if int16:  # with the mode's op sets after it: an op without a 16x8 kernel (a mask's CAST) stays float, as in int8
         converter.target_spec.supported_ops = [
-            tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
+            tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8,
+            *converter.target_spec.supported_ops]
     if int8_io:
         converter.inference_input_type = converter.inference_output_type = tf.int16 if int16 else tf.int8
