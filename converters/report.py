@@ -46,6 +46,7 @@ _SHAPES = {
     "budget": _Optional({"min_cosine": _NUMBER, "cosine": _NUMBER, "output": str, "passed": bool}),
     "ranges_repaired": _Optional({"widened": [str], "float_ops": [str]}),
     "lifted": _Optional({"cosine_before": _NUMBER, "cosine": _NUMBER, "trials": int, "float_ops": [str],
+                         "stopped": str,
                          "lifts": [{"tensor": str, "layer": str, "op": str, "lost_db": _NUMBER, "float_ops": [str],
                                     "layers": [str], "cosine": _NUMBER}]}),
     "target": _Optional({"name": str, "runtime": str, "lacks": str, "runtime_check": _Optional(str),

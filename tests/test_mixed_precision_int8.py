@@ -179,11 +179,23 @@ def test_the_search_keeps_only_lifts_that_pay_and_stops_at_the_budget(chain, bud
     for lift in done.lifts:  # each kept lift closed its share of the distance to 1, and was needed then
         assert cosine < budget and lift["cosine"] - cosine >= lifting.MIN_GAIN * (1.0 - cosine)
         cosine = lift["cosine"]
-    if done.cosine < budget:  # every op where the signal went was tried: none left would have paid
+    assert (done.stopped == "") == (done.cosine >= budget)
+    if done.cosine < budget and done.stopped == "no lift left helps":  # every op where the signal went was tried
         tried = {name for float_ops in quantized_with for name in float_ops}
         assert {f"op{i}" for i, lost in enumerate(lost_db) if lost >= lifting.MIN_LOST_DB} <= tried | set(model)
     else:
         assert not done.lifts or done.lifts[-1]["cosine"] >= budget
+
+
+def test_the_search_stops_at_its_share_of_the_time_limit():
+    """Past its deadline no lift is tried: the model so far is verified and written, or refused, within the
+    conversion's time limit (ViT-B/16's search ran past the whole limit before there was one)."""
+    def explain_model(model):
+        return {"tensors": [{"name": "op1", "layer": "layer1", "op": "MUL", "lost_db": 30.0, "snr_db": 3.0}]}
+
+    model, done = lifting.lifted(frozenset(), _chain(2), 0.99, frozenset, lambda model: 0.5, explain_model,
+                                 deadline=0.0)
+    assert model == frozenset() and done.trials == 0 and done.stopped == "time" and done.cosine == 0.5
 
 
 def test_a_lift_takes_the_ops_its_op_reads_from_and_the_whole_of_a_rewritten_gelu():

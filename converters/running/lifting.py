@@ -11,6 +11,7 @@ lifted.
 """
 
 import dataclasses
+import time
 
 from . import explain
 
@@ -32,6 +33,7 @@ class Lifting:
     # [{"tensor", "layer", "op", "lost_db", "float_ops": [names], "layers": theirs, "cosine"}], in the order kept
     lifts: list
     trials: int
+    stopped: str = ""  # why the search ended short of the budget: "", "no lift left helps", "trials", "time"
 
     @property
     def float_ops(self):
@@ -39,7 +41,7 @@ class Lifting:
 
     def as_dict(self):
         return {"cosine_before": self.cosine_before, "cosine": self.cosine, "lifts": self.lifts,
-                "trials": self.trials, "float_ops": self.float_ops}
+                "trials": self.trials, "float_ops": self.float_ops, "stopped": self.stopped}
 
 
 def _computing(name, ops):
@@ -71,10 +73,10 @@ def _candidates(explanation, tried):
     return rows
 
 
-def lifted(model, ops, budget, quantize, judge, explain_model):
+def lifted(model, ops, budget, quantize, judge, explain_model, deadline=None):
     """(the model, a `Lifting`): `model` (the int8 model `quantize(set())` makes) with ops lifted to float, the
     worst first, until `judge` (the worst output's cosine against the float model) reaches `budget`, or no
-    lift left helps.
+    lift left helps, or MAX_TRIALS were tried, or `time.monotonic()` passes `deadline` (None: none).
 
     ops: the calibrated model's (quantizer.ops); quantize(float op names) -> a model, or None where that
     choice cannot be had (the quantizer or a target refuses it); explain_model(model) -> its explanation, or
@@ -82,14 +84,19 @@ def lifted(model, ops, budget, quantize, judge, explain_model):
     """
     cosine = before = judge(model)
     float_ops, lifts, tried, trials = set(), [], set(), 0
-    explanation = None
-    while cosine < budget and trials < MAX_TRIALS:
+    explanation, stopped = None, ""
+    while cosine < budget:
+        if trials >= MAX_TRIALS or (deadline is not None and time.monotonic() > deadline):
+            stopped = "trials" if trials >= MAX_TRIALS else "time"
+            break
         if explanation is None:
             explanation = explain_model(model)
             if explanation is None:
+                stopped = "no lift left helps"
                 break
         rows = _candidates(explanation, tried)
         if not rows:
+            stopped = "no lift left helps"
             break
         row = rows[0]
         tried.add(explain.origin(row["name"]))
@@ -106,4 +113,4 @@ def lifted(model, ops, budget, quantize, judge, explain_model):
         lifts.append({"tensor": row["name"], "layer": row["layer"], "op": row["op"], "lost_db": row["lost_db"],
                       "float_ops": sorted(wanted), "layers": sorted({explain.layer_of(name) for name in wanted}),
                       "cosine": cosine})
-    return model, Lifting(before, cosine, lifts, trials)
+    return model, Lifting(before, cosine, lifts, trials, stopped)
