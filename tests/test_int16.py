@@ -108,6 +108,9 @@ def test_a_quantization_aware_model_is_refused_for_int16(tmp_path, capsys):
     assert code == errors.BadInputs.exit_code and re.search(r"trained for int8 ranges; drop --int16", line), line
 
 
+@pytest.mark.xfail(not IS_KERAS3, strict=True, reason="tf-keras's LayerNormalization is a FusedBatchNormV3 the stock "
+                   "converter lowers itself, into an int16 SQUARED_DIFFERENCE (no LiteRT kernel) and a FILL of "
+                   "zeros on scale 0: refused in one line (exit 11), not yet converted")
 def test_a_layer_normalization_converts_to_16x8_that_litert_runs(tmp_path):
     """A LayerNormalization's variance is a squared difference, whose LiteRT kernel has no int16 (the benchmark's
     ViT and ConvNeXt were written and left unverified): in 16x8 it is a SUB and a MUL, which LiteRT runs; and an

@@ -67,10 +67,9 @@ def float_ops_for(row, ops):
 
 def _candidates(explanation, tried):
     """The explanation's rows that lost at least MIN_LOST_DB, the worst first, not tried before."""
-    rows = sorted((row for row in explanation["tensors"] if row["lost_db"] >= MIN_LOST_DB
+    return sorted((row for row in explanation["tensors"] if row["lost_db"] >= MIN_LOST_DB
                    and explain.origin(row["name"]) not in tried),
                   key=lambda row: (-row["lost_db"], row["snr_db"]))
-    return rows
 
 
 def lifted(model, ops, budget, quantize, judge, explain_model, deadline=None):
