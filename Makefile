@@ -24,7 +24,7 @@ JAX_VENV ?= .venv-jax
 TORCH_VENV ?= .venv-torch
 BACKEND_TESTS := tests/test_backends.py tests/test_fine_tuning.py
 
-.PHONY: demo test test-every-case test-chain-a test-chain-b test-keras3 test-tf-keras test-tf218 test-jax test-torch install install-tf218 install-jax install-torch install-chromium screenshot docs bench bench-int8 recipes study plot clean
+.PHONY: demo test test-every-case test-chain-a test-chain-b test-keras3 test-tf-keras test-tf218 test-jax test-torch install install-tf218 install-jax install-torch install-chromium screenshot docs bench bench-int8 bench-precision recipes study plot clean
 
 install: $(INSTALLED)
 
@@ -142,6 +142,11 @@ bench: $(INSTALLED)
 
 bench-int8: $(INSTALLED)
 	$(VENV_PYTHON) benchmarks/bench_int8.py
+
+# Ours against the stock converter and AI Edge Quantizer, which the bench extra brings (make test installs none of it).
+bench-precision: $(INSTALLED)
+	$(VENV)/bin/$(UV_INSTALL) --python $(VENV_PYTHON) -e ".[bench]"
+	$(VENV_PYTHON) benchmarks/bench_precision.py
 
 # The int8 recipes, each with QAT on both engines: tfmot (tf-keras) and keras_gelu.qat (Keras 3).
 RECIPES := qat_digits qat_cnn_digits qat_transformer
