@@ -73,9 +73,10 @@ def _candidates(explanation, tried):
 
 
 def lifted(model, ops, budget, quantize, judge, explain_model, deadline=None):
-    """(the model, a `Lifting`): `model` (the int8 model `quantize(set())` makes) with ops lifted to float, the
-    worst first, until `judge` (the worst output's cosine against the float model) reaches `budget`, or no
-    lift left helps, or MAX_TRIALS were tried, or `time.monotonic()` passes `deadline` (None: none).
+    """(the model, a `Lifting`): `model` (what `quantize(set())` makes: the int8 model, as `judge` and
+    `explain_model` read it) with ops lifted to float, the worst first, until `judge` (the worst output's cosine
+    against the float model) reaches `budget`, or no lift left helps, or MAX_TRIALS were tried, or
+    `time.monotonic()` passes `deadline` (None: none).
 
     ops: the calibrated model's (quantizer.ops); quantize(float op names) -> a model, or None where that
     choice cannot be had (the quantizer or a target refuses it); explain_model(model) -> its explanation, or

@@ -548,7 +548,7 @@ def _finished(tflite_model, serialized, source, options, target, report):
     if options.int8:
         report.op_types = operators.typed_op_histogram(tflite_model)
         report.float_ops = operators.float_islands(tflite_model)
-        if report.float_ops and report.lifted is None:
+        if report.float_ops and not options.mixed_precision:  # what --mixed-precision lifts, it reports itself
             open_dimensions = [info.name for info in source.inputs
                                if info.shape is None or None in tuple(info.shape)[1:]]
             hint = (f"; --input-shape for {', '.join(open_dimensions)} folds what is computed from a shape "
@@ -572,30 +572,35 @@ def _lifted(serialized, source, requested, options, int8_setup, target, report, 
     samples, int8_io, _ = int8_setup
     calibrated_model, repairs = calibrated(serialized, source, requested, samples, report)
 
-    def made(float_ops, into):
-        return _finished(quantized(calibrated_model, source, int8_io, set(float_ops) | set(repairs.float_ops)),
-                         serialized, source, options, target, into)
+    def made(float_ops):
+        """(the model with `float_ops` float, the report its finishing filled in: a copy of `report`)."""
+        filled = copy.deepcopy(report)
+        model = quantized(calibrated_model, source, int8_io, set(float_ops) | set(repairs.float_ops))
+        return _finished(model, serialized, source, options, target, filled), filled
 
     def quantize(float_ops):  # a choice the quantizer, a check or the target refuses is no choice
         try:
-            return made(float_ops, copy.deepcopy(report))
+            return made(float_ops)
         except errors.ConversionError:
             return None
 
-    def judge(model):
+    def judge(made_model):
         progress.entered("mixed precision: judge a lift")
-        outputs = _on_batches(parity.signature_runner(model, source.signature), explainer.batch_fixed)(arrays)
+        run = parity.signature_runner(made_model[0], source.signature)
+        outputs = _on_batches(run, explainer.batch_fixed)(arrays)
         return min(parity.compare(info.name, outputs[info.name], source_outputs[info.name], float("inf"), 0.0).cosine
                    for info in source.outputs)
 
     scratch = copy.deepcopy(report)  # what explaining a trial would warn of is about the trial alone
     # the search's share of the time limit, so that the lifted model is still verified and written within it
     deadline = None if options.time_limit is None else time.monotonic() + LIFTING_SHARE * options.time_limit
-    tflite_model, lifting_done = lifting.lifted(
-        made((), copy.deepcopy(report)), quantizer.ops(calibrated_model), options.min_cosine, quantize, judge,
-        lambda model: explainer.explained(model, arrays, scratch) if explainer.available else None, deadline)
+    (tflite_model, filled), lifting_done = lifting.lifted(
+        made(()), quantizer.ops(calibrated_model), options.min_cosine, quantize, judge,
+        lambda made_model: explainer.explained(made_model[0], arrays, scratch) if explainer.available else None,
+        deadline)
+    vars(report).update(vars(filled))  # the chosen model's figures, not quantized and finished again for them
     report.lifted = lifting_done.as_dict()
-    return made(lifting_done.float_ops, report)
+    return tflite_model
 
 
 def _on_batches(run, batch_fixed):
