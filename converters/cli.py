@@ -56,10 +56,10 @@ folder's limits, 23 its scratch folder could not be removed, 1 internal error
 def _parser():
     parser = argparse.ArgumentParser(
         prog="keras-gelu-convert",
-        description="Convert a SavedModel, .keras or .h5 model to .tflite, rewriting every GELU spelling "
+        description="Convert a SavedModel, .keras, .h5 or .tflite model to .tflite, rewriting every GELU spelling "
                     "into the op set the target runtime has, and verify the result.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="SavedModel directory, .keras or .h5 file")
+    parser.add_argument("model", help="SavedModel directory, .keras, .h5 or .tflite file")
     parser.add_argument("-o", "--output", help="the .tflite to write (default: <model>.tflite beside the input)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
     parser.add_argument("--target", choices=targets.TARGET_NAMES, metavar="RUNTIME",
