@@ -13,7 +13,6 @@ Everything here is data for the supervisor, which checks it and draws the page (
 """
 
 import math
-import warnings
 
 import numpy as np
 
@@ -122,14 +121,6 @@ def _descriptions(computed, details):
     return described
 
 
-def _interpreter(tflite_model):
-    interpreter_type, _ = verify.interpreter_class()
-    with warnings.catch_warnings():  # its notice that keeping every tensor is for debugging: it is
-        warnings.simplefilter("ignore")
-        interpreter = interpreter_type(model_content=tflite_model, experimental_preserve_all_tensors=True)
-    return interpreter
-
-
 def _computed_tensors(interpreter):
     """[(tensor index, op name, position of its op, the op's input indices)], in the order the ops run."""
     computed = []
@@ -158,7 +149,8 @@ def tensor_errors(tflite_model, float_model, signature, samples, findings=()):
     found], "worst": the name of the tensor that lost the most, "histogram": its errors'}.
 
     `findings`: the rewrite's GELUs (rewrite.Finding), each named by its output in the graph."""
-    model, reference = _interpreter(tflite_model), _interpreter(float_model)
+    model, reference = (verify.interpreter_keeping_every_tensor(tflite_model),
+                        verify.interpreter_keeping_every_tensor(float_model))
     details = {detail["index"]: detail for detail in model.get_tensor_details()}
     reference_details = {detail["index"]: detail for detail in reference.get_tensor_details()}
     # the float model's tensor for each node, the last computed where several come from one (a GELU's ops)

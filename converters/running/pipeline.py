@@ -41,6 +41,7 @@ from ..tflite import operators
 from ..tflite import quantizer
 from ..tflite import signatures
 from ..tflite import validation
+from . import calibration
 from . import explain
 from . import lifting
 from . import progress
@@ -179,7 +180,9 @@ def calibrated(graph_def, source, mode, samples, report=None):
     converter = _stock_converter(graph_def, source, mode)
     integer.configure(converter, samples, int8_io=False)
     quantizer.calibrate_only(converter)
-    calibrated_model, repairs = quantizer.repaired(_run(converter, source, mode))
+    calibrated_model = _run(converter, source, mode)
+    ranges = calibration.recorded_ranges(calibrated_model, samples)
+    calibrated_model, repairs = quantizer.repaired(quantizer.with_ranges(calibrated_model, ranges))
     if report is not None and (repairs.widened or repairs.float_ops):
         report.ranges_repaired = repairs._asdict()
     return calibrated_model, repairs

@@ -213,6 +213,15 @@ def interpreter_class():
         return _tensorflow_interpreter, f"tf.lite.Interpreter (TF {tf.__version__})"
 
 
+def interpreter_keeping_every_tensor(tflite_model):
+    """`interpreter_class`'s interpreter for `tflite_model` with every intermediate tensor kept after a run
+    (`experimental_preserve_all_tensors`: none is computed in place, none shares another's buffer)."""
+    interpreter_type, _ = interpreter_class()
+    with warnings.catch_warnings():  # its notice that keeping every tensor is for debugging: it is
+        warnings.simplefilter("ignore")
+        return interpreter_type(model_content=tflite_model, experimental_preserve_all_tensors=True)
+
+
 def _tensorflow_interpreter(*args, **kwargs):
     """tf.lite.Interpreter without its notice to move to ai-edge-litert: the report names the runtime used."""
     with warnings.catch_warnings():

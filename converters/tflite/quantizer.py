@@ -38,6 +38,29 @@ def quantized(calibrated_model, int8_io, float_ops=()):
     return deduplication.deduplicated(quantized_model)  # as convert() shares repeated weights last
 
 
+def recorded_tensors(calibrated_model):
+    """The indices of the main subgraph's tensors the calibrator recorded one range for (activations: weights
+    have none until they are quantized, per channel)."""
+    subgraph = flatbuffer_model.as_object(calibrated_model).subgraphs[0]
+    return [index for index, tensor in enumerate(subgraph.tensors) if _one_range(tensor.quantization)]
+
+
+def with_ranges(calibrated_model, ranges):
+    """The calibrated model with `ranges` ({tensor index: (smallest, largest)}, of `recorded_tensors`) as its
+    tensors' recorded ranges."""
+    model = flatbuffer_model.as_object(calibrated_model)
+    tensors = model.subgraphs[0].tensors
+    for index, (low, high) in ranges.items():
+        quantization = tensors[index].quantization
+        if _one_range(quantization):
+            quantization.min, quantization.max = [low], [high]
+    return flatbuffer_model.as_bytes(model, len(calibrated_model))
+
+
+def _one_range(quantization):
+    return quantization is not None and quantization.min is not None and len(quantization.min) == 1
+
+
 # A calibrated range narrower than this, with zero in it as every int8 range has, holds nothing an int8 grid
 # could resolve beside its neighbours' (TensorFlow's calibrator records a tensor that was 0 throughout as
 # [0, FLT_MIN], whose scale, FLT_MIN / 255, is denormal: the quantizer aborts the process, "scale out of
