@@ -125,8 +125,14 @@ test-tf218: $(TF218_INSTALLED)
 test-jax: $(JAX_VENV)/.installed
 	$(ONE_THREAD) KERAS_BACKEND=jax $(JAX_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(BACKEND_TESTS)
 
+# PyTorch's FX graph cache keys a compiled CPU step without the vector instructions it was built for (2.13): read
+# on the other CPU kind (this disk moves between AVX2 and AVX-512 machines, /tmp with it), a jit-compiled step
+# computed NaN and 1e37 where GELU is 10. One inductor cache per kind.
+CPU_KIND := $(shell grep -qw avx512f /proc/cpuinfo && echo avx512 || echo avx2)
+INDUCTOR_CACHE := $(or $(TMPDIR),/tmp)/torchinductor-keras-gelu-$(or $(ATEN_CPU_CAPABILITY),$(CPU_KIND))
+
 test-torch: $(TORCH_VENV)/.installed
-	$(ONE_THREAD) KERAS_BACKEND=torch $(TORCH_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(BACKEND_TESTS)
+	$(ONE_THREAD) TORCHINDUCTOR_CACHE_DIR=$(INDUCTOR_CACHE) KERAS_BACKEND=torch $(TORCH_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(BACKEND_TESTS)
 
 # Every case of every matrix that `make test` runs today's share of (conftest.todays_share), and every keras-hub
 # family, in the two flavour legs: for a release, or a change to a mechanism a matrix covers (about an hour).

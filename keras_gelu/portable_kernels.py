@@ -75,7 +75,11 @@ def _fused(pass_function):
         return pass_function
     import torch
 
-    compiled = [torch.compile(pass_function, dynamic=True)]
+    # Without PyTorch's FX graph cache: it keys a compiled CPU kernel without the vector instructions it was built
+    # for (PyTorch 2.13), and a cache made on an AVX-512 machine, read where the kernels are built for AVX2 (the
+    # same disk on another machine; ATEN_CPU_CAPABILITY=avx2 here), computed GELU of -9.8 as 1.9e31, or corrupted
+    # the heap. Its C++ code cache, keyed by the compiler's flags, still spares the compile.
+    compiled = [torch.compile(pass_function, dynamic=True, options={"fx_graph_cache": False})]
 
     def call(*tensors):
         # Keras infers shapes by running layers on "meta" tensors, which have no values to compute.

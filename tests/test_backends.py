@@ -509,3 +509,28 @@ def test_a_layer_of_keras_ops_alone_is_quantized_op_by_op_as_the_int8_model_comp
     quantized.save(path)
     loaded = keras.saving.load_model(path)
     np.testing.assert_array_equal(_numpy(loaded(x)), _numpy(quantized(x)))
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile's caches are PyTorch's")
+def test_a_kernel_cache_made_for_other_vector_instructions_leaves_the_values_right(tmp_path):
+    """PyTorch's FX graph cache keys a compiled CPU kernel without the vector instructions it was built for: a cache
+    made where PyTorch builds for AVX-512, read where it builds for AVX2 (ATEN_CPU_CAPABILITY=avx2 here; the same
+    disk on another machine), gave GELU of -9.8 as 1.9e31, or corrupted the heap. keras_gelu's kernels keep out
+    of it: the second process computes what float64 erfc does, within exact GELU's float32 bound. (On a machine
+    without AVX-512 both processes build for AVX2, and the test holds as it is.)"""
+    grid = "np.linspace(-10.0, 10.0, 20_001, dtype=np.float32)"
+    code = ("import sys, numpy as np, keras, keras_gelu; "
+            f"x = {grid}; "
+            "y = keras.ops.convert_to_numpy(keras_gelu.gelu(keras.ops.convert_to_tensor(x), 'exact')); "
+            "np.save(sys.argv[1], y)")
+    environment = {**os.environ, "KERAS_BACKEND": "torch"}  # the leg's cache: kernels compiled once a machine
+    for capability in ("default", "avx2"):
+        result = subprocess.run([sys.executable, "-c", code, str(tmp_path / f"{capability}.npy")],
+                                env={**environment, "ATEN_CPU_CAPABILITY": capability},
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-2000:]
+        values = np.load(tmp_path / f"{capability}.npy").astype(np.float64)
+        expected = references.BY_FUNCTION["exact"](DENSE_GRID)
+        tolerance = references.FLOAT32_TOLERANCE["exact"]
+        excess = np.abs(values - expected) - (tolerance["atol"] + tolerance["rtol"] * np.abs(expected))
+        assert excess.max() <= 0, (capability, DENSE_GRID[np.argmax(excess)])
