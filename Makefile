@@ -24,7 +24,7 @@ JAX_VENV ?= .venv-jax
 TORCH_VENV ?= .venv-torch
 BACKEND_TESTS := tests/test_backends.py tests/test_fine_tuning.py
 
-.PHONY: demo test test-every-case test-chain-a test-chain-b test-keras3 test-tf-keras test-tf218 test-jax test-torch install install-tf218 install-jax install-torch install-chromium screenshot docs bench bench-int8 bench-precision recipes study plot clean
+.PHONY: demo test test-as-avx2 test-every-case test-chain-a test-chain-b test-keras3 test-tf-keras test-tf218 test-jax test-torch install install-tf218 install-jax install-torch install-chromium screenshot docs bench bench-int8 bench-precision recipes study plot clean
 
 install: $(INSTALLED)
 
@@ -133,6 +133,12 @@ INDUCTOR_CACHE := $(or $(TMPDIR),/tmp)/torchinductor-keras-gelu-$(or $(ATEN_CPU_
 
 test-torch: $(TORCH_VENV)/.installed
 	$(ONE_THREAD) TORCHINDUCTOR_CACHE_DIR=$(INDUCTOR_CACHE) KERAS_BACKEND=torch $(TORCH_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(BACKEND_TESTS)
+
+# On an AVX-512 machine, the suite with the other CPU kind's kernels where a library lets a process choose them:
+# XLA's (JAX) built for AVX2, PyTorch's too (and its inductor cache the AVX2 one), oneDNN's dispatched for AVX2.
+# Not XNNPACK's (LiteRT's), which picks by what the CPU has; TensorFlow's own kernels are built for AVX2 anyway.
+test-as-avx2:
+	XLA_FLAGS=--xla_cpu_max_isa=AVX2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(MAKE) test
 
 # Every case of every matrix that `make test` runs today's share of (conftest.todays_share), and every keras-hub
 # family, in the two flavour legs: for a release, or a change to a mechanism a matrix covers (about an hour).

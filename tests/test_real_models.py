@@ -244,6 +244,10 @@ def test_int8_hugging_face_gpt2_keeps_its_attention_mask(hugging_face_cases, tmp
                                    calibration=case.calibration_npz, explain=str(tmp_path / "why"))
     rows = [row for row in report.explanation["tensors"] if row["name"].endswith(("transformer/Sub", "attn/mul"))]
     assert len(rows) == 3 and all(row["cosine"] > 0.99 for row in rows), rows  # the mask, each layer's scores
+    # each layer's query, key and value, split from one product: compared output for output (by name, the
+    # quantizer's renaming compared the query with the value, -0.009, the worst tensor of the explanation)
+    splits = [row for row in report.explanation["tensors"] if row["op"] == "SPLIT"]
+    assert len(splits) == 6 and all(row["cosine"] > 0.99 for row in splits), splits
     assert report.budget["cosine"] >= 0.99, report.budget
 
 

@@ -12,6 +12,7 @@ the op where the signal went, not on every op after it.
 Everything here is data for the supervisor, which checks it and draws the page (`converters/explanation.py`).
 """
 
+import collections
 import math
 
 import numpy as np
@@ -137,6 +138,35 @@ def _float_values(interpreter, index, detail):
     return value.astype(np.float64) if value.dtype.kind == "f" else None
 
 
+def _outputs_of_several(model, details, reference, reference_details):
+    """{tensor: its counterpart} for the outputs of ops that write several: the float model's op of the same kind
+    reading the same computed tensors, output for output (None where there is none). Their names do not match:
+    the quantizer renames a SPLIT's outputs (GPT-2's fused query, key and value: split, split1, split2 in the
+    float model, split2, split21, split22 in the int8 one, where matching by name compared the query with the
+    value)."""
+    def by_what_they_read(interpreter, tensor_details):
+        """{(op kind, the origins of the tensors it reads that are not constants): its outputs}, less any key two
+        ops share."""
+        ops = interpreter._get_ops_details()
+        values = {output for op in ops for output in op["outputs"]}
+        values.update(detail["index"] for detail in interpreter.get_input_details())
+        keyed = collections.defaultdict(list)
+        for op in ops:
+            if len(op["outputs"]) > 1:
+                reads = tuple(origin(tensor_details[index]["name"]) for index in op["inputs"] if index in values)
+                keyed[(op["op_name"], reads)].append([int(output) for output in op["outputs"]])
+        return {key: outputs[0] for key, outputs in keyed.items() if len(outputs) == 1}
+
+    counterparts = by_what_they_read(reference, reference_details)
+    matched = {int(output): None for op in model._get_ops_details() if len(op["outputs"]) > 1
+               for output in op["outputs"]}
+    for key, outputs in by_what_they_read(model, details).items():
+        theirs = counterparts.get(key, [])
+        for position, index in enumerate(outputs):
+            matched[index] = theirs[position] if len(theirs) == len(outputs) else None
+    return matched
+
+
 def _run(interpreter, signature, sample):
     runner = interpreter.get_signature_runner(signature)
     details = runner.get_input_details()
@@ -159,6 +189,7 @@ def tensor_errors(tflite_model, float_model, signature, samples, findings=()):
     last_of_origin = {origin(details[index]["name"]): index for index, *_ in computed}
     matched = {index: by_origin.get(origin(details[index]["name"])) for index, *_ in computed
                if last_of_origin[origin(details[index]["name"])] == index}
+    matched.update(_outputs_of_several(model, details, reference, reference_details))
     statistics = {index: _Statistics() for index, counterpart in matched.items() if counterpart is not None}
     for sample in samples:
         _run(model, signature, sample)
