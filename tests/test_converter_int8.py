@@ -682,12 +682,14 @@ def test_calibrated_ranges_the_quantizer_cannot_take_are_repaired_and_the_values
 
 
 @pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
-def test_a_tensor_whose_reader_computes_in_place_is_quantized_on_its_own_range(tmp_path):
+@pytest.mark.parametrize("int16", [False, True], ids=["int8", "16x8"])
+def test_a_tensor_whose_reader_computes_in_place_is_quantized_on_its_own_range(tmp_path, int16):
     """TensorFlow's calibrator reads an op's inputs after the op ran, in place, in their buffer: a tensor took
     its reader's values into its range (x / 2 minus a mask of -1e4: [-1e4, 0.5], on which every value of x / 2
     rounds to 0; Hugging Face's GPT-2 lost its attention scores so). Each product here, read by one elementwise
-    op that moves its values far off, gets the int8 grid of its own values over the calibration samples, as
-    numpy computes them."""
+    op that moves its values far off, gets the grid of its own values over the calibration samples, as numpy
+    computes them: int8's asymmetric one (the span over 255), 16x8's symmetric one (the largest magnitude over
+    32767)."""
     import tensorflow as tf
 
     factors = {"half": 0.5, "quarter": 0.25, "double": 2.0}
@@ -710,11 +712,14 @@ def test_a_tensor_whose_reader_computes_in_place_is_quantized_on_its_own_range(t
     np.savez(tmp_path / "samples.npz", x=x, mask=mask)
     np.savez(tmp_path / "one.npz", x=x[:1], mask=mask[:1])
     tflite_model, _ = converters.convert(path, int8=True, calibration=str(tmp_path / "samples.npz"),
-                                         inputs=str(tmp_path / "one.npz"), min_cosine=0.0)
+                                         inputs=str(tmp_path / "one.npz"), min_cosine=0.0, int16=int16)
     scales = {detail["name"]: detail["quantization"][0]
               for detail in verify.interpreter_keeping_every_tensor(tflite_model).get_tensor_details()}
     for name, factor in factors.items():
         (scale,) = [scale for tensor, scale in scales.items() if tensor.split("/")[-1].split(";")[0] == name]
         values = x.astype(np.float64) * factor
-        span = max(values.max(), 0.0) - min(values.min(), 0.0)  # an int8 range holds 0
-        assert scale == pytest.approx(span / 255, rel=1e-5), name
+        if int16:
+            expected = np.abs(values).max() / 32767
+        else:
+            expected = (max(values.max(), 0.0) - min(values.min(), 0.0)) / 255  # an int8 range holds 0
+        assert scale == pytest.approx(expected, rel=1e-5), name

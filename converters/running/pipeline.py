@@ -154,9 +154,9 @@ def to_tflite(graph_def, source, mode, float16_weights, int8=None, report=None):
     rewritten where it keeps its graph.
     """
     if int8 is not None and _calibrated_apart(int8):
-        samples, int8_io, _ = int8
-        calibrated_model, repairs = calibrated(graph_def, source, mode, samples, report)
-        return quantized(calibrated_model, source, int8_io, repairs.float_ops)
+        samples, int8_io, int16 = int8
+        calibrated_model, repairs = calibrated(graph_def, source, mode, samples, report, int16)
+        return quantized(calibrated_model, source, int8_io, repairs.float_ops, int16)
     converter = _stock_converter(graph_def, source, mode)
     if float16_weights:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -168,17 +168,17 @@ def to_tflite(graph_def, source, mode, float16_weights, int8=None, report=None):
 
 def _calibrated_apart(int8):
     """Whether an integer conversion calibrates and quantizes in two steps (`tflite/quantizer.py`): post-training
-    int8, which the MLIR quantizer makes; not QAT (no calibration), nor 16x8 (the older quantizer, in one call)."""
-    samples, _, int16 = int8
-    return samples is not None and not int16
+    int8 and 16x8; not QAT, which has no calibration."""
+    samples, _, _ = int8
+    return samples is not None
 
 
-def calibrated(graph_def, source, mode, samples, report=None):
-    """(the float model with every tensor's calibrated range, which `quantized` makes int8, quantizer.Repairs):
-    the ranges repaired where the quantizer could not take them, with the ops to keep float for that; `report`,
-    where given, says what was repaired."""
+def calibrated(graph_def, source, mode, samples, report=None, int16=False):
+    """(the float model with every tensor's calibrated range, which `quantized` makes integer, quantizer.Repairs):
+    the ranges recorded with nothing computed in place (`calibration.py`) and repaired where the quantizer could
+    not take them, with the ops to keep float for that; `report`, where given, says what was repaired."""
     converter = _stock_converter(graph_def, source, mode)
-    integer.configure(converter, samples, int8_io=False)
+    integer.configure(converter, samples, int8_io=False, int16=int16)
     quantizer.calibrate_only(converter)
     calibrated_model = _run(converter, source, mode)
     ranges = calibration.recorded_ranges(calibrated_model, samples)
@@ -188,9 +188,11 @@ def calibrated(graph_def, source, mode, samples, report=None):
     return calibrated_model, repairs
 
 
-def quantized(calibrated_model, source, int8_io, float_ops=()):
-    """`calibrated`'s model in int8, with the ops named in `float_ops` kept in float."""
+def quantized(calibrated_model, source, int8_io, float_ops=(), int16=False):
+    """`calibrated`'s model in int8, with the ops named in `float_ops` kept in float; or `int16`, in 16x8."""
     try:
+        if int16:
+            return quantizer.quantized_16x8(calibrated_model, int8_io)
         return quantizer.quantized(calibrated_model, int8_io, float_ops)
     except Exception as error:  # the quantizer raises ConverterError and friends
         failure = error

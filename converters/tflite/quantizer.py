@@ -6,8 +6,9 @@ smallest and largest value recorded) is read before it is quantized, and quantiz
 without running the samples again: with chosen ops kept in float (`mlir_quantize`'s `denylisted_nodes`),
 which is what --mixed-precision lifts, one quantization of the same calibrated model per choice.
 
-16x8 keeps the one-call route: the MLIR quantizer makes int8 only (lite.py hands int16 activations to the
-older quantizer), so a 16x8 model has no op kept float on request.
+16x8 is quantized from the calibrated model too, by the older quantizer, which lite.py hands int16 activations
+to (the MLIR one makes int8 only): it reads the ranges the calibrated model holds. It keeps no op float on
+request.
 """
 
 import collections
@@ -15,6 +16,8 @@ import collections
 import numpy as np
 import tensorflow as tf
 from tensorflow.lite.python import convert as stock_convert
+from tensorflow.lite.python import lite as stock_lite
+from tensorflow.lite.python.optimize import calibrator as stock_calibrator
 
 from .. import native_logs
 from . import deduplication
@@ -59,6 +62,21 @@ def with_ranges(calibrated_model, ranges):
 
 def _one_range(quantization):
     return quantization is not None and quantization.min is not None and len(quantization.min) == 1
+
+
+def quantized_16x8(calibrated_model, int16_io):
+    """The 16x8 model (int16 activations, int8 weights) from a calibrated one, as `TFLiteConverter.convert()`
+    makes it in one call (lite.py's `_quantize` and `_optimize_tflite_model`), from the ranges the model holds:
+    a calibrator fed nothing quantizes with them. Ops without a 16x8 kernel stay float (our op sets follow the
+    16x8 one with the mode's)."""
+    io_type = tf.int16 if int16_io else tf.float32
+    with native_logs.discarded():
+        quantized_model = stock_calibrator.Calibrator(calibrated_model)._calibrator.QuantizeModel(  # noqa: SLF001
+            *(np.dtype(dtype.as_numpy_dtype).num for dtype in (io_type, io_type)), True,
+            *(np.dtype(dtype.as_numpy_dtype).num for dtype in (tf.int16, tf.int64)), False, False)
+    if int16_io:  # as lite.py does for an I/O type the quantizer leaves
+        quantized_model = stock_lite._modify_model_io_type(quantized_model, tf.int16, tf.int16)  # noqa: SLF001
+    return deduplication.deduplicated(quantized_model)
 
 
 # A calibrated range narrower than this, with zero in it as every int8 range has, holds nothing an int8 grid
