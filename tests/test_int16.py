@@ -123,3 +123,21 @@ def test_a_layer_normalization_converts_to_16x8_that_litert_runs(tmp_path):
     _, report = converters.convert(path, int16=True, calibration="random:8")
     assert report.verified and report.budget["passed"], report.not_verified_reason
     assert "SQUARED_DIFFERENCE" not in report.ops and set(report.op_types["SUB"]) == {"int16"}, report.op_types
+
+
+def test_int16_inputs_and_outputs_change_only_the_model_s_edges(every_gelu_model, rng):
+    """--int8-io with --int16: int16 inputs and outputs, on the grids the float-I/O model quantizes to and from
+    inside itself, so that both compute the same values."""
+    import tflite_helpers
+    from keras_gelu.converters.running import verify
+
+    x = rng.normal(0.0, 2.0, size=(16, 12)).astype(np.float32)
+    outputs = {}
+    for int16_io in (False, True):
+        tflite_model, report = converters.convert(every_gelu_model, int16=True, int8_io=int16_io,
+                                                  calibration="random:8")
+        interpreter = verify.interpreter_keeping_every_tensor(tflite_model)
+        types = {detail["dtype"] for detail in interpreter.get_input_details() + interpreter.get_output_details()}
+        assert types == {np.int16 if int16_io else np.float32} and report.verified, (types, report.verified)
+        outputs[int16_io] = tflite_helpers.run(tflite_model, x)[0]
+    np.testing.assert_array_equal(outputs[True], outputs[False])
