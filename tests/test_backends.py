@@ -73,13 +73,18 @@ def _as(values, dtype):
     return keras.ops.convert_to_tensor(np.asarray(values, np.float64).astype(ml_dtypes.finfo(dtype).dtype))
 
 
-def _assert_within_the_float32_bounds(function, values, grads):
-    """Values and gradients on DENSE_GRID against the float64 references, within the form's float32 bounds."""
-    assert values.dtype == np.float32
+def _assert_values_within_the_float32_bound(function, values, where=None):
+    """Values on DENSE_GRID against the float64 reference, within the form's float32 bound; `where` names them."""
     expected = references.BY_FUNCTION[function](DENSE_GRID)
     tolerance = references.FLOAT32_TOLERANCE[function]
     excess = np.abs(values.astype(np.float64) - expected) - (tolerance["atol"] + tolerance["rtol"] * np.abs(expected))
-    assert excess.max() <= 0, DENSE_GRID[np.argmax(excess)]
+    assert excess.max() <= 0, (where, DENSE_GRID[np.argmax(excess)])
+
+
+def _assert_within_the_float32_bounds(function, values, grads):
+    """Values and gradients on DENSE_GRID against the float64 references, within the form's float32 bounds."""
+    assert values.dtype == np.float32
+    _assert_values_within_the_float32_bound(function, values)
     np.testing.assert_allclose(grads, references.derivative(function, DENSE_GRID), rtol=0,
                                atol=references.FLOAT32_DERIVATIVE_ATOL[function])
 
@@ -527,8 +532,5 @@ def test_a_kernel_cache_made_for_other_vector_instructions_leaves_the_values_rig
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "avx2.npy")], capture_output=True, text=True,
                             env={**os.environ, "KERAS_BACKEND": "torch", "ATEN_CPU_CAPABILITY": "avx2"}, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    expected = references.BY_FUNCTION["exact"](DENSE_GRID)
-    tolerance = references.FLOAT32_TOLERANCE["exact"]
     for where, values in (("here", here), ("avx2", np.load(tmp_path / "avx2.npy"))):
-        excess = np.abs(values.astype(np.float64) - expected) - (tolerance["atol"] + tolerance["rtol"] * np.abs(expected))
-        assert excess.max() <= 0, (where, DENSE_GRID[np.argmax(excess)])
+        _assert_values_within_the_float32_bound("exact", values, where)

@@ -9,7 +9,7 @@ round to 0 (the stock converter's int8 model too).
 
 Run once more on LiteRT with every intermediate kept (`verify.interpreter_keeping_every_tensor`: no tensor
 shares a buffer), each float tensor's smallest and largest value over the samples is its range
-(`quantizer.with_ranges` writes them over the calibrator's).
+(`quantizer.repaired` writes them over the calibrator's).
 """
 
 import numpy as np

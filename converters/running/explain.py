@@ -145,25 +145,25 @@ def _outputs_of_several(model, details, reference, reference_details):
     float model, split2, split21, split22 in the int8 one, where matching by name compared the query with the
     value)."""
     def by_what_they_read(interpreter, tensor_details):
-        """{(op kind, the origins of the tensors it reads that are not constants): its outputs}, less any key two
-        ops share."""
+        """[((op kind, the origins of the tensors it reads that are not constants), its outputs)] of each op
+        writing several."""
         ops = interpreter._get_ops_details()
         values = {output for op in ops for output in op["outputs"]}
         values.update(detail["index"] for detail in interpreter.get_input_details())
-        keyed = collections.defaultdict(list)
-        for op in ops:
-            if len(op["outputs"]) > 1:
-                reads = tuple(origin(tensor_details[index]["name"]) for index in op["inputs"] if index in values)
-                keyed[(op["op_name"], reads)].append([int(output) for output in op["outputs"]])
-        return {key: outputs[0] for key, outputs in keyed.items() if len(outputs) == 1}
+        return [((op["op_name"], tuple(origin(tensor_details[index]["name"]) for index in op["inputs"]
+                                       if index in values)), [int(output) for output in op["outputs"]])
+                for op in ops if len(op["outputs"]) > 1]
 
-    counterparts = by_what_they_read(reference, reference_details)
-    matched = {int(output): None for op in model._get_ops_details() if len(op["outputs"]) > 1
-               for output in op["outputs"]}
-    for key, outputs in by_what_they_read(model, details).items():
-        theirs = counterparts.get(key, [])
+    ours = by_what_they_read(model, details)
+    theirs = collections.defaultdict(list)
+    for key, outputs in by_what_they_read(reference, reference_details):
+        theirs[key].append(outputs)
+    shared = collections.Counter(key for key, _ in ours)
+    matched = {}
+    for key, outputs in ours:  # an op whose key another op shares, in either model, has no counterpart
+        counterpart = theirs[key][0] if shared[key] == 1 and len(theirs[key]) == 1 else []
         for position, index in enumerate(outputs):
-            matched[index] = theirs[position] if len(theirs) == len(outputs) else None
+            matched[index] = counterpart[position] if len(counterpart) == len(outputs) else None
     return matched
 
 

@@ -182,7 +182,7 @@ def calibrated(graph_def, source, mode, samples, report=None, int16=False):
     quantizer.calibrate_only(converter)
     calibrated_model = _run(converter, source, mode)
     ranges = calibration.recorded_ranges(calibrated_model, samples)
-    calibrated_model, repairs = quantizer.repaired(quantizer.with_ranges(calibrated_model, ranges))
+    calibrated_model, repairs = quantizer.repaired(calibrated_model, ranges)
     if report is not None and (repairs.widened or repairs.float_ops):
         report.ranges_repaired = repairs._asdict()
     return calibrated_model, repairs

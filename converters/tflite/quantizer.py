@@ -48,18 +48,6 @@ def recorded_tensors(calibrated_model):
     return [index for index, tensor in enumerate(subgraph.tensors) if _one_range(tensor.quantization)]
 
 
-def with_ranges(calibrated_model, ranges):
-    """The calibrated model with `ranges` ({tensor index: (smallest, largest)}, of `recorded_tensors`) as its
-    tensors' recorded ranges."""
-    model = flatbuffer_model.as_object(calibrated_model)
-    tensors = model.subgraphs[0].tensors
-    for index, (low, high) in ranges.items():
-        quantization = tensors[index].quantization
-        if _one_range(quantization):
-            quantization.min, quantization.max = [low], [high]
-    return flatbuffer_model.as_bytes(model, len(calibrated_model))
-
-
 def _one_range(quantization):
     return quantization is not None and quantization.min is not None and len(quantization.min) == 1
 
@@ -67,13 +55,12 @@ def _one_range(quantization):
 def quantized_16x8(calibrated_model, int16_io):
     """The 16x8 model (int16 activations, int8 weights) from a calibrated one, as `TFLiteConverter.convert()`
     makes it in one call (lite.py's `_quantize` and `_optimize_tflite_model`), from the ranges the model holds:
-    a calibrator fed nothing quantizes with them. Ops without a 16x8 kernel stay float (our op sets follow the
-    16x8 one with the mode's)."""
+    a calibrator fed no samples quantizes with them. Ops without a 16x8 kernel stay float (allow_float: our op
+    sets follow the 16x8 one with the mode's)."""
     io_type = tf.int16 if int16_io else tf.float32
     with native_logs.discarded():
-        quantized_model = stock_calibrator.Calibrator(calibrated_model)._calibrator.QuantizeModel(  # noqa: SLF001
-            *(np.dtype(dtype.as_numpy_dtype).num for dtype in (io_type, io_type)), True,
-            *(np.dtype(dtype.as_numpy_dtype).num for dtype in (tf.int16, tf.int64)), False, False)
+        quantized_model = stock_calibrator.Calibrator(calibrated_model).calibrate_and_quantize(
+            lambda: iter(()), io_type, io_type, allow_float=True, activations_type=tf.int16, bias_type=tf.int64)
     if int16_io:  # as lite.py does for an I/O type the quantizer leaves
         quantized_model = stock_lite._modify_model_io_type(quantized_model, tf.int16, tf.int16)  # noqa: SLF001
     return deduplication.deduplicated(quantized_model)
@@ -97,8 +84,9 @@ UNBOUNDED = 2.0 ** 64
 Repairs = collections.namedtuple("Repairs", "widened float_ops")
 
 
-def repaired(calibrated_model):
-    """(the calibrated model with every range the quantizer can take, `Repairs`).
+def repaired(calibrated_model, ranges):
+    """(the calibrated model with `ranges` ({tensor index: (smallest, largest)} of `recorded_tensors`) as its
+    tensors' recorded ranges, each one the quantizer can take, `Repairs`).
 
     A degenerate range (narrower than DEGENERATE_SPAN) is widened. An unbounded one is taken away, and the op
     writing it and those reading it stay float (`quantized`'s float_ops), computing what the float model does.
@@ -109,6 +97,8 @@ def repaired(calibrated_model):
     widened, unbounded = [], set()
     for index, tensor in enumerate(subgraph.tensors):
         quantization = tensor.quantization
+        if index in ranges and _one_range(quantization):
+            quantization.min, quantization.max = [ranges[index][0]], [ranges[index][1]]
         if quantization is None or quantization.min is None or not len(quantization.min):
             continue
         low, high = np.asarray(quantization.min, np.float64), np.asarray(quantization.max, np.float64)
@@ -123,8 +113,6 @@ def repaired(calibrated_model):
             widened.append(names[index])
     float_ops = {names[operator.outputs[0]] for operator in subgraph.operators
                  if len(operator.outputs) and unbounded & (set(operator.inputs) | set(operator.outputs))}
-    if not widened and not unbounded:
-        return calibrated_model, Repairs([], [])
     return flatbuffer_model.as_bytes(model, len(calibrated_model)), Repairs(widened, sorted(float_ops))
 
 
