@@ -30,7 +30,11 @@ install: $(INSTALLED)
 
 # uv installs what pip would (the same resolution from the same registry) in seconds rather than minutes:
 # the install is a quarter of `make test`'s budget with pip. --native-tls: the system's certificates, as pip's.
-UV_INSTALL = uv pip install --quiet --native-tls
+# --compile-bytecode: the .pyc files pip writes at install and uv by default does not. Without them every process
+# compiles what it imports, and where PYTHONDONTWRITEBYTECODE is set (this project's machines set it) or the
+# process may not write (the sandbox's workers), it does so each time: importing the converter took 12-13 s
+# where it takes 5, in every leg, zygote and fresh process of the suite.
+UV_INSTALL = uv pip install --quiet --native-tls --compile-bytecode
 
 $(INSTALLED): setup.cfg pyproject.toml
 	test -x $(VENV_PYTHON) || $(PYTHON) -m venv $(VENV)
