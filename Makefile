@@ -24,7 +24,7 @@ JAX_VENV ?= .venv-jax
 TORCH_VENV ?= .venv-torch
 BACKEND_TESTS := tests/test_backends.py tests/test_fine_tuning.py
 
-.PHONY: demo test test-as-avx2 test-every-case test-chain-a test-chain-b test-keras3 test-tf-keras test-tf218 test-jax test-torch install install-tf218 install-jax install-torch install-chromium screenshot docs bench bench-int8 bench-precision recipes study plot clean
+.PHONY: demo test test-as-avx2 test-every-case test-keras3 test-tf-keras test-tf218 test-jax test-torch install install-tf218 install-jax install-torch install-chromium screenshot docs bench bench-int8 bench-precision recipes study plot clean
 
 install: $(INSTALLED)
 
@@ -36,7 +36,8 @@ install: $(INSTALLED)
 # where it takes 5, in every leg, zygote and fresh process of the suite.
 UV_INSTALL = uv pip install --quiet --native-tls --compile-bytecode
 
-$(INSTALLED): setup.cfg pyproject.toml
+# Each environment is made again when what it is made from changes: the Makefile's recipes among them.
+$(INSTALLED): setup.cfg pyproject.toml Makefile
 	test -x $(VENV_PYTHON) || $(PYTHON) -m venv $(VENV)
 	$(VENV_PYTHON) -m pip install --quiet uv
 	$(VENV)/bin/$(UV_INSTALL) --python $(VENV_PYTHON) -e ".[$(EXTRAS)]"
@@ -46,7 +47,7 @@ $(INSTALLED): setup.cfg pyproject.toml
 # pulling the full tensorflow wheel in beside it for our `tensorflow` requirement.
 install-tf218: $(TF218_INSTALLED)
 
-$(TF218_INSTALLED): setup.cfg pyproject.toml
+$(TF218_INSTALLED): setup.cfg pyproject.toml Makefile
 	test -x $(TF218_PYTHON) || $(PYTHON) -m venv $(TF218_VENV)
 	$(TF218_PYTHON) -m pip install --quiet uv
 	$(TF218_VENV)/bin/$(UV_INSTALL) --python $(TF218_PYTHON) "tensorflow-cpu==2.18.1" "numpy>=1.26,<2.1" "pytest>=7" \
@@ -56,7 +57,7 @@ $(TF218_INSTALLED): setup.cfg pyproject.toml
 
 install-jax: $(JAX_VENV)/.installed
 
-$(JAX_VENV)/.installed: setup.cfg pyproject.toml
+$(JAX_VENV)/.installed: setup.cfg pyproject.toml Makefile
 	test -x $(JAX_VENV)/bin/python || $(PYTHON) -m venv $(JAX_VENV)
 	$(JAX_VENV)/bin/python -m pip install --quiet uv
 	$(JAX_VENV)/bin/$(UV_INSTALL) --python $(JAX_VENV)/bin/python -e ".[jax]" "pytest>=7" "hypothesis>=6.80"
@@ -66,7 +67,7 @@ $(JAX_VENV)/.installed: setup.cfg pyproject.toml
 # configuration finds it), where a plain `torch` from the registry is a CUDA build of several GB.
 install-torch: $(TORCH_VENV)/.installed
 
-$(TORCH_VENV)/.installed: setup.cfg pyproject.toml
+$(TORCH_VENV)/.installed: setup.cfg pyproject.toml Makefile
 	test -x $(TORCH_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_VENV)
 	$(TORCH_VENV)/bin/python -m pip install --quiet uv "torch==2.13.0"
 	$(TORCH_VENV)/bin/$(UV_INSTALL) --python $(TORCH_VENV)/bin/python -e ".[torch]" "pytest>=7" "hypothesis>=6.80" \
@@ -95,32 +96,22 @@ demo: $(INSTALLED)
 # tf-keras's LayerNormalization is the pattern oneDNN fuses.
 # Then Keras 3's backend-neutral tests on JAX and on PyTorch, each in an
 # environment without TensorFlow.
-# First the four installs at once (from uv's cache, seconds each). Then the
-# legs as two chains, one per core, each leg after the other in its chain:
-# the legs' CPU time is what the budget is made of, and two chains that
-# finish together leave no core idle. (Every leg at once took 22 minutes where
-# two at a time took 17.5: six TensorFlow processes on two cores spent 20%
-# more CPU time. The JAX and PyTorch legs beside the installs left a core
-# idle for a minute and a half.) Which tests the legs run is chosen so that
-# the chains finish together; each chain's make prints a leg when it ends.
-CHAIN_A := test-keras3 test-jax
-CHAIN_B := test-tf-keras test-tf218 test-torch
+# The legs and the installs are one make's work on two job slots, one per core: the legs' CPU time is what the
+# budget is made of, and two slots kept busy leave no core idle. (Every leg at once took 22 minutes where two at
+# a time took 17.5: six TensorFlow processes on two cores spent 20% more CPU time.) Make starts the legs in the
+# order given, each when a slot is free and its environment installed: the longest first, so the short ones fill
+# the end, and an environment installs in a free slot, the second slot taking the other environments while the
+# first installs the main one (before 2026-12-06 every install ran first, a minute and a half with a core half
+# idle). --keep-going: a leg that fails keeps no other from running; the output of each leg comes when it ends.
+LEGS := test-keras3 test-tf-keras test-torch test-tf218 test-jax
 
 test:
-	$(MAKE) --jobs=5 --output-sync=target install install-tf218 install-jax install-torch install-chromium
-	$(MAKE) --jobs=2 test-chain-a test-chain-b
-
-# --keep-going: a leg that fails does not keep the next one in its chain from running.
-test-chain-a:
-	$(MAKE) --keep-going --output-sync=target $(CHAIN_A)
-
-test-chain-b:
-	$(MAKE) --keep-going --output-sync=target $(CHAIN_B)
+	$(MAKE) --jobs=2 --keep-going --output-sync=target $(LEGS)
 
 test-keras3: $(INSTALLED)
 	$(ONE_THREAD) TF_USE_LEGACY_KERAS=0 TF_ENABLE_ONEDNN_OPTS=0 $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
 
-test-tf-keras: $(INSTALLED)
+test-tf-keras: $(INSTALLED) install-chromium  # the browser test of --explain's page runs here
 	$(ONE_THREAD) TF_USE_LEGACY_KERAS=1 TF_ENABLE_ONEDNN_OPTS=1 $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
 
 test-tf218: $(TF218_INSTALLED)
