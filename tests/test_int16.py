@@ -141,3 +141,39 @@ def test_int16_inputs_and_outputs_change_only_the_model_s_edges(every_gelu_model
         assert types == {np.int16 if int16_io else np.float32} and report.verified, (types, report.verified)
         outputs[int16_io] = tflite_helpers.run(tflite_model, x)[0]
     np.testing.assert_array_equal(outputs[True], outputs[False])
+
+
+@pytest.mark.legs("tf_keras")  # a TensorFlow graph, any flavour: one leg
+def test_token_ids_read_by_integer_ops_convert_to_16x8_and_those_ops_stay_what_they_were(tmp_path, rng):
+    """Token ids compared with the padding id and counted, as a language model makes its mask and positions:
+    the older quantizer, which makes 16x8, asked a range of the ids ("Max and min for dynamic tensors should be
+    recorded during calibration: Failed for tensor ids"; the stock converter's 16x8 fails the same way). Ops on
+    integers alone are shown to it as ops it leaves alone, and have their own back: the same integer ops as in
+    the int8 model, and the outputs as close to the float model's as the int8 model's or closer."""
+    import tensorflow as tf
+
+    vocabulary, length, width = 40, 12, 16
+    table = tf.constant(rng.normal(size=(vocabulary, width)).astype(np.float32))
+    kernel = tf.constant(rng.normal(0.0, 0.25, size=(width, width)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([1, length], tf.int32, name="ids")])
+    def serve(ids):
+        kept = tf.not_equal(ids, 0)
+        positions = tf.cumsum(tf.cast(kept, tf.int32), axis=1) * tf.cast(kept, tf.int32)
+        x = tf.gather(table, ids) + tf.gather(table, positions)
+        x = tf.nn.gelu(tf.matmul(x, kernel), approximate=False) * tf.cast(kept, tf.float32)[..., None]
+        return {"y": x}
+
+    module = tf.Module()
+    module.serve = serve
+    tf.saved_model.save(module, str(tmp_path / "model"), signatures={"serving_default": serve})
+    ids = rng.integers(0, vocabulary, size=(16, length)).astype(np.int32)
+    ids[:, length - 3:] = 0
+    np.savez(tmp_path / "calibration.npz", ids=ids)
+    options = dict(calibration=str(tmp_path / "calibration.npz"))
+    _, int16 = converters.convert(str(tmp_path / "model"), int16=True, **options)
+    _, int8 = converters.convert(str(tmp_path / "model"), int8=True, **options)
+    integer = {report.step_type: {op: types for op, types in report.op_types.items()
+                                  if set(types) <= {"int32", "bool"}} for report in (int16, int8)}
+    assert integer["int16"] == integer["int8"] and "NOT_EQUAL" in integer["int16"], integer
+    assert int16.budget["cosine"] >= int8.budget["cosine"] - 1e-6, (int16.budget, int8.budget)

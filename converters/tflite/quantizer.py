@@ -8,7 +8,7 @@ which is what --mixed-precision lifts, one quantization of the same calibrated m
 
 16x8 is quantized from the calibrated model too, by the older quantizer, which lite.py hands int16 activations
 to (the MLIR one makes int8 only): it reads the ranges the calibrated model holds. It keeps no op float on
-request.
+request; ops on integers alone, which it would ask ranges of, it is shown as ops it leaves alone.
 """
 
 import collections
@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.lite.python import convert as stock_convert
 from tensorflow.lite.python import lite as stock_lite
+from tensorflow.lite.python import schema_py_generated as schema
 from tensorflow.lite.python.optimize import calibrator as stock_calibrator
 
 from .. import native_logs
@@ -56,14 +57,97 @@ def quantized_16x8(calibrated_model, int16_io):
     """The 16x8 model (int16 activations, int8 weights) from a calibrated one, as `TFLiteConverter.convert()`
     makes it in one call (lite.py's `_quantize` and `_optimize_tflite_model`), from the ranges the model holds:
     a calibrator fed no samples quantizes with them. Ops without a 16x8 kernel stay float (allow_float: our op
-    sets follow the 16x8 one with the mode's)."""
+    sets follow the 16x8 one with the mode's); ops on integers alone are shown to it as an op it leaves alone
+    (`_integer_ops_hidden`), and have them back after (`_as_written`)."""
     io_type = tf.int16 if int16_io else tf.float32
+    hidden_model, hidden = _integer_ops_hidden(calibrated_model)
     with native_logs.discarded():
-        quantized_model = stock_calibrator.Calibrator(calibrated_model).calibrate_and_quantize(
+        quantized_model = stock_calibrator.Calibrator(hidden_model).calibrate_and_quantize(
             lambda: iter(()), io_type, io_type, allow_float=True, activations_type=tf.int16, bias_type=tf.int64)
+    quantized_model = _as_written(quantized_model, hidden)
     if int16_io:  # as lite.py does for an I/O type the quantizer leaves
         quantized_model = stock_lite._modify_model_io_type(quantized_model, tf.int16, tf.int16)  # noqa: SLF001
     return deduplication.deduplicated(quantized_model)
+
+
+# The older quantizer asks a range of every input of an op it has a rule for, an integer one too: a language
+# model's NOT_EQUAL on its token ids failed it ("Max and min for dynamic tensors should be recorded during
+# calibration: Failed for tensor input_ids"), and the stock converter's 16x8 the same way. An op that reads and
+# writes no float tensor has nothing to quantize: the quantizer is shown it as an op it has no rule for, and it
+# gets its own op back after.
+_LEFT_ALONE = schema.BuiltinOperator.HASHTABLE_LOOKUP
+_FLOAT_TYPES = (schema.TensorType.FLOAT32, schema.TensorType.FLOAT16)
+
+
+def _integer_ops_hidden(tflite_model):
+    """(the model with each op on integers alone made a _LEFT_ALONE op, {(subgraph, the op's first output's
+    name): its operator code's (builtin, deprecated builtin, version)}), or the model as it is and {}."""
+    model = flatbuffer_model.as_object(tflite_model)
+    hidden = {}
+    left_alone = None
+    for subgraph_index, subgraph in enumerate(model.subgraphs):
+        for operator in subgraph.operators or ():
+            tensors = [subgraph.tensors[index] for index in [*operator.inputs, *operator.outputs] if index >= 0]
+            if len(operator.outputs) == 0 or any(tensor.type in _FLOAT_TYPES for tensor in tensors):
+                continue
+            code = model.operatorCodes[operator.opcodeIndex]
+            key = (subgraph_index, flatbuffer_model.tensor_name(subgraph.tensors[operator.outputs[0]]))
+            hidden[key] = (code.builtinCode, code.deprecatedBuiltinCode, code.version)
+            if left_alone is None:
+                left_alone = _operator_code(model, (_LEFT_ALONE, _LEFT_ALONE, 1))
+            operator.opcodeIndex = left_alone
+    if not hidden:
+        return tflite_model, hidden
+    # the calibrator resolves every operator code, and an op nothing uses any more it has no kernel for
+    flatbuffer_model.drop_unused_codes(model)
+    return flatbuffer_model.as_bytes(model, len(tflite_model)), hidden
+
+
+def _as_written(tflite_model, hidden):
+    """The older quantizer's model with each op `_integer_ops_hidden` hid its own again, and each constant of
+    zeros on a grid: the quantizer gives it scale 0 from its values (a random model's zero biases and LayerNorm
+    offsets; no runtime takes it). Its values are 0 on any grid; it takes the finest of its readers' other
+    operands, since an int16 ADD or SUB rescales both operands by the coarser scale, which must not be its own."""
+    model = flatbuffer_model.as_object(tflite_model)
+    for subgraph_index, subgraph in enumerate(model.subgraphs):
+        for operator in subgraph.operators or ():
+            if flatbuffer_model.builtin_code(model.operatorCodes[operator.opcodeIndex]) != _LEFT_ALONE:
+                continue
+            key = (subgraph_index, flatbuffer_model.tensor_name(subgraph.tensors[operator.outputs[0]]))
+            if key in hidden:  # not a lookup the model had itself
+                operator.opcodeIndex = _operator_code(model, hidden[key])
+        for index, tensor in enumerate(subgraph.tensors):
+            if _on_scale_zero(tensor) and model.buffers[tensor.buffer].data is not None:
+                tensor.quantization.scale = np.array([_finest_beside(subgraph, index)], np.float32)
+    flatbuffer_model.drop_unused_codes(model)
+    return flatbuffer_model.as_bytes(model, len(tflite_model))
+
+
+def _on_scale_zero(tensor):
+    quantization = tensor.quantization
+    return quantization is not None and quantization.scale is not None and len(quantization.scale) == 1 \
+        and quantization.scale[0] == 0
+
+
+def _finest_beside(subgraph, index):
+    """The finest scale of the other tensors the ops reading tensor `index` read or write (1 where none has one)."""
+    scales = [float(other.quantization.scale[0]) for operator in subgraph.operators or () if index in operator.inputs
+              for other in (subgraph.tensors[i] for i in [*operator.inputs, *operator.outputs] if i >= 0 and i != index)
+              if other.quantization is not None and other.quantization.scale is not None
+              and len(other.quantization.scale) == 1 and other.quantization.scale[0] > 0]
+    return min(scales, default=1.0)
+
+
+def _operator_code(model, code):
+    """The index of the operator code (builtin, deprecated builtin, version) in a ModelT, added where it is not."""
+    for index, operator_code in enumerate(model.operatorCodes):
+        if (operator_code.builtinCode, operator_code.deprecatedBuiltinCode, operator_code.version) == code \
+                and not operator_code.customCode:
+            return index
+    operator_code = schema.OperatorCodeT()
+    operator_code.builtinCode, operator_code.deprecatedBuiltinCode, operator_code.version = code
+    model.operatorCodes.append(operator_code)
+    return len(model.operatorCodes) - 1
 
 
 # A calibrated range narrower than this, with zero in it as every int8 range has, holds nothing an int8 grid
