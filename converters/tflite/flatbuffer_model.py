@@ -115,6 +115,19 @@ def opcode_index(model, name):
     return len(model.operatorCodes) - 1
 
 
+def code_index(model, code):
+    """The index of the builtin operator code (builtin, deprecated builtin, version) in a ModelT, added where it
+    has none."""
+    for index, operator_code in enumerate(model.operatorCodes):
+        if (operator_code.builtinCode, operator_code.deprecatedBuiltinCode, operator_code.version) == code \
+                and not operator_code.customCode:
+            return index
+    operator_code = schema.OperatorCodeT()
+    operator_code.builtinCode, operator_code.deprecatedBuiltinCode, operator_code.version = code
+    model.operatorCodes.append(operator_code)
+    return len(model.operatorCodes) - 1
+
+
 def drop_unused_codes(model):
     """Keep only the operator codes an operator uses: a replaced op's code (FlexErf above all) would otherwise
     still name an op the runtime must resolve."""

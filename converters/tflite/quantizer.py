@@ -87,14 +87,16 @@ def _integer_ops_hidden(tflite_model):
     left_alone = None
     for subgraph_index, subgraph in enumerate(model.subgraphs):
         for operator in subgraph.operators or ():
+            if operator.outputs is None or len(operator.outputs) == 0:
+                continue
             tensors = [subgraph.tensors[index] for index in [*operator.inputs, *operator.outputs] if index >= 0]
-            if len(operator.outputs) == 0 or any(tensor.type in _FLOAT_TYPES for tensor in tensors):
+            if any(tensor.type in _FLOAT_TYPES for tensor in tensors):
                 continue
             code = model.operatorCodes[operator.opcodeIndex]
             key = (subgraph_index, flatbuffer_model.tensor_name(subgraph.tensors[operator.outputs[0]]))
             hidden[key] = (code.builtinCode, code.deprecatedBuiltinCode, code.version)
             if left_alone is None:
-                left_alone = _operator_code(model, (_LEFT_ALONE, _LEFT_ALONE, 1))
+                left_alone = flatbuffer_model.code_index(model, (_LEFT_ALONE, _LEFT_ALONE, 1))
             operator.opcodeIndex = left_alone
     if not hidden:
         return tflite_model, hidden
@@ -115,7 +117,7 @@ def _as_written(tflite_model, hidden):
                 continue
             key = (subgraph_index, flatbuffer_model.tensor_name(subgraph.tensors[operator.outputs[0]]))
             if key in hidden:  # not a lookup the model had itself
-                operator.opcodeIndex = _operator_code(model, hidden[key])
+                operator.opcodeIndex = flatbuffer_model.code_index(model, hidden[key])
         for index, tensor in enumerate(subgraph.tensors):
             if _on_scale_zero(tensor) and model.buffers[tensor.buffer].data is not None:
                 tensor.quantization.scale = np.array([_finest_beside(subgraph, index)], np.float32)
@@ -136,18 +138,6 @@ def _finest_beside(subgraph, index):
               if other.quantization is not None and other.quantization.scale is not None
               and len(other.quantization.scale) == 1 and other.quantization.scale[0] > 0]
     return min(scales, default=1.0)
-
-
-def _operator_code(model, code):
-    """The index of the operator code (builtin, deprecated builtin, version) in a ModelT, added where it is not."""
-    for index, operator_code in enumerate(model.operatorCodes):
-        if (operator_code.builtinCode, operator_code.deprecatedBuiltinCode, operator_code.version) == code \
-                and not operator_code.customCode:
-            return index
-    operator_code = schema.OperatorCodeT()
-    operator_code.builtinCode, operator_code.deprecatedBuiltinCode, operator_code.version = code
-    model.operatorCodes.append(operator_code)
-    return len(model.operatorCodes) - 1
 
 
 # A calibrated range narrower than this, with zero in it as every int8 range has, holds nothing an int8 grid
