@@ -80,18 +80,23 @@ def test_report_json_and_quiet(model_dir, capsys, tmp_path):
 
 @pytest.mark.legs("tf_keras")  # the command's own code: one leg
 def test_progress_shows_on_a_terminal_and_is_gone_before_the_report(model_dir, tmp_path):
-    """From a few seconds in (TensorFlow's import alone takes longer), one line on the terminal names the step
-    and the time so far, rewritten in place, and is cleared before the report. On a pipe or a file (the
-    other tests here), nothing of it; under -q, nothing either (test_sandbox's quiet probe)."""
-    code, shown = run_command(model_dir, "-o", str(tmp_path / "m.tflite"), terminal=True)
+    """From a few seconds in, one line on the terminal names the step and the time so far, rewritten in place,
+    and is cleared before the report. On a pipe or a file (the other tests here), nothing of it; under -q,
+    nothing either (test_sandbox's quiet probe). The worker sleeps for 4 s once confined (the suite's payload
+    hook), so one step lasts past the first few seconds however fast TensorFlow imports here (with its
+    bytecode, the whole command took under 3 s)."""
+    payload = tmp_path / "sleep.py"
+    payload.write_text("import time\ntime.sleep(4)\n")
+    code, shown = run_command(model_dir, "-o", str(tmp_path / "m.tflite"), terminal=True,
+                              KERAS_GELU_TEST_PAYLOAD=str(payload))
     assert code == 0, shown
     progress, cleared, after = shown.rpartition("\r\x1b[K")
     assert cleared and "\n" not in progress, shown  # rewritten in place: never a second line
     updates = progress.split("\r")[1:]
     assert updates and all(re.fullmatch(r"keras-gelu-convert: [^\r\n\x1b]+, \d+ s\x1b\[K", u) for u in updates), updates
     seconds = [int(re.search(r", (\d+) s", update).group(1)) for update in updates]
-    assert seconds == sorted(seconds) and seconds[0] >= 3, seconds
-    assert "starting (TensorFlow's import)" in progress
+    assert seconds == sorted(seconds) and seconds[0] >= 3 and seconds[-1] >= 4, seconds
+    assert "keras-gelu-convert: confinement, " in progress, progress  # the step the sleeping worker is in
     assert f"{model_dir} (SavedModel, signature serving_default) -> " in after and "\r" not in after, after
 
 
