@@ -101,7 +101,7 @@ demo: $(INSTALLED)
 # a time took 17.5: six TensorFlow processes on two cores spent 20% more CPU time.) Make starts the legs in the
 # order given, each when a slot is free and its environment installed: the longest first, so the short ones fill
 # the end, and an environment installs in a free slot, the second slot taking the other environments while the
-# first installs the main one (before 2026-12-06 every install ran first, a minute and a half with a core half
+# first installs the main one (before 2026-12-05 every install ran first, a minute and a half with a core half
 # idle). --keep-going: a leg that fails keeps no other from running; the output of each leg comes when it ends.
 LEGS := test-keras3 test-tf-keras test-torch test-tf218 test-jax
 

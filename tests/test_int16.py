@@ -151,6 +151,7 @@ def test_token_ids_read_by_integer_ops_convert_to_16x8_and_those_ops_stay_what_t
     integers alone are shown to it as ops it leaves alone, and have their own back: the same integer ops as in
     the int8 model, and the outputs as close to the float model's as the int8 model's or closer."""
     import tensorflow as tf
+    import tflite_helpers
 
     vocabulary, length, width = 40, 12, 16
     table = tf.constant(rng.normal(size=(vocabulary, width)).astype(np.float32))
@@ -173,7 +174,6 @@ def test_token_ids_read_by_integer_ops_convert_to_16x8_and_those_ops_stay_what_t
     options = dict(calibration=str(tmp_path / "calibration.npz"))
     _, int16 = converters.convert(str(tmp_path / "model"), int16=True, **options)
     _, int8 = converters.convert(str(tmp_path / "model"), int8=True, **options)
-    integer = {report.step_type: {op: types for op, types in report.op_types.items()
-                                  if set(types) <= {"int32", "bool"}} for report in (int16, int8)}
+    integer = {report.step_type: tflite_helpers.integer_outputs(report) for report in (int16, int8)}
     assert integer["int16"] == integer["int8"] and "NOT_EQUAL" in integer["int16"], integer
     assert int16.budget["cosine"] >= int8.budget["cosine"] - 1e-6, (int16.budget, int8.budget)

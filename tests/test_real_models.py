@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import conversions
+import tflite_helpers
 from conftest import IS_KERAS3
 from conftest import todays_share
 from keras_gelu import converters
@@ -261,14 +262,8 @@ def test_int16_hugging_face_gpt2_converts_its_token_ids_and_zero_offsets(hugging
     _, int16 = converters.convert(case.path, int16=True, **options)
     _, int8 = converters.convert(case.path, int8=True, **options)
     assert int16.step_type == "int16"
-    assert _integer_outputs(int16) == _integer_outputs(int8) != {}, int16.op_types
+    assert tflite_helpers.integer_outputs(int16) == tflite_helpers.integer_outputs(int8) != {}, int16.op_types
     assert int16.budget["cosine"] > int8.budget["cosine"], (int16.budget, int8.budget)
-
-
-def _integer_outputs(report):
-    """{op: {integer type: how many}} of the ops whose outputs are integers."""
-    return {op: {kind: count for kind, count in types.items() if kind in ("int32", "bool")}
-            for op, types in report.op_types.items() if {"int32", "bool"} & set(types)}
 
 
 def test_int8_hugging_face_layoutlmv3_gets_ranges_the_quantizer_can_take(tmp_path):

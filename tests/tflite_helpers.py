@@ -146,3 +146,9 @@ def ops_behind_outputs(tflite_model, signature="serving_default"):
                 pending.extend(index for index in op["inputs"] if index >= 0)
         cones[name] = dict(counts)
     return cones
+
+
+def integer_outputs(report):
+    """{op: {integer type: how many}} of a conversion report's ops whose outputs are integers (mixed ones too)."""
+    return {op: {kind: count for kind, count in types.items() if kind in ("int32", "bool")}
+            for op, types in report.op_types.items() if {"int32", "bool"} & set(types)}
