@@ -97,6 +97,13 @@ def _check(path, program, signature, mode, exact_as, int8, expected_gelu_ops):
     except errors.ConverterFailed as error:  # select mode leaves an unfused Erfc, which has no Flex kernel
         assert mode == "select" and "Erfc has no Flex kernel" in error.message, error.message
         return
+    except errors.ParityFailure as error:
+        # int8's other promise: below its budget against the float model (--min-cosine), nothing written and one
+        # line naming where the signal went. Drawn on 2026-12-06: erf(erf(x)) through a cond, from 4 random
+        # calibration samples, at cosine 0.976 (the cond's IF lost 19 dB).
+        assert int8 and "below --min-cosine" in error.message and "the signal is lost first in" in error.message \
+            and error.message.endswith("nothing written"), error.message
+        return
     ops = tflite_helpers.analyzer_op_counts(tflite_model)
     assert report.ops == ops  # the report reads every subgraph, as TFLite's analyzer does
     assert sum(entry["count"] for entry in report.gelus) == len(_gelu_leaves(program)), report.gelus

@@ -175,6 +175,24 @@ def test_the_zygote_holds_no_thread_of_tensorflow_s(small_model):
     assert names and not [name for name in names if name.startswith("tf_")], names
 
 
+def test_a_worker_traces_the_gelu_kernels_as_plain_functions_not_for_xla(small_model, tmp_path, monkeypatch, capsys):
+    """A worker runs its model once, for parity: the zygote has the GELU kernels traced without XLA
+    (xla_kernels.compile_with_xla), which would compile each for each shape it meets in every worker."""
+    payload = tmp_path / "payload.py"
+    payload.write_text(textwrap.dedent("""
+        import tensorflow as tf
+        import keras_gelu
+        traced = tf.function(lambda x: keras_gelu.gelu(x, "exact")).get_concrete_function(tf.TensorSpec(None))
+        library = traced.graph.as_graph_def().library.function
+        compiled = [function for function in library if function.attr["_XlaMustCompile"].b]
+        print(f"kernels traced: {len(library)}, for XLA: {len(compiled)}", flush=True)
+    """))
+    monkeypatch.setenv("KERAS_GELU_TEST_PAYLOAD", str(payload))
+    converters.convert(small_model)
+    traced, for_xla = map(int, re.search(r"kernels traced: (\d+), for XLA: (\d+)", capsys.readouterr().err).groups())
+    assert traced >= 1 and for_xla == 0
+
+
 @needs_landlock
 def test_the_report_says_what_confined_the_conversion(small_model):
     _, report = converters.convert(small_model)

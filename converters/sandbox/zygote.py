@@ -263,6 +263,9 @@ def main(import_keras_gelu):
         for name in kept_out:
             del sys.modules[name]
     _import_where_installed(OPTIONAL + tuple(sys.argv[1:]))  # and the packages the caller's Keras has classes of
+    from keras_gelu import xla_kernels
+
+    xla_kernels.compile_with_xla(False)  # a worker runs its model once: XLA's compiles would not pay for themselves
     from . import worker
 
     limits = _own_limits()
