@@ -50,7 +50,8 @@ def compile_with_xla(enabled):
 
 
 def _xla(fn):
-    """`fn` as an XLA function traced once per dtype, for arguments of that dtype and any shapes.
+    """`fn` as an XLA function traced once per dtype, for arguments of that dtype and any shapes (a plain function
+    of the same ops after `compile_with_xla(False)`, traced once more per dtype).
 
     One tf.function per dtype, each with an input signature of unknown
     shapes: a single tf.function called with float32, then float16, then
