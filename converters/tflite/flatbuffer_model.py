@@ -104,28 +104,34 @@ def custom_code(operator_code):
 
 
 def opcode_index(model, name):
-    """The index of builtin op `name`'s operator code in a ModelT, added (version 1) where it has none."""
+    """The index of builtin op `name`'s operator code in a ModelT, any version, added (version 1) where it has
+    none."""
     code = getattr(schema.BuiltinOperator, name)
-    for index, operator_code in enumerate(model.operatorCodes):
-        if builtin_code(operator_code) == code:
-            return index
-    operator_code = schema.OperatorCodeT()
-    operator_code.builtinCode, operator_code.deprecatedBuiltinCode, operator_code.version = code, min(code, 127), 1
-    model.operatorCodes.append(operator_code)
-    return len(model.operatorCodes) - 1
+    return _found_or_added(model, lambda operator_code: builtin_code(operator_code) == code, (code, min(code, 127), 1))
 
 
 def code_index(model, code):
     """The index of the builtin operator code (builtin, deprecated builtin, version) in a ModelT, added where it
     has none."""
+    return _found_or_added(model, lambda operator_code: not operator_code.customCode and (
+        operator_code.builtinCode, operator_code.deprecatedBuiltinCode, operator_code.version) == code, code)
+
+
+def _found_or_added(model, matches, code):
     for index, operator_code in enumerate(model.operatorCodes):
-        if (operator_code.builtinCode, operator_code.deprecatedBuiltinCode, operator_code.version) == code \
-                and not operator_code.customCode:
+        if matches(operator_code):
             return index
     operator_code = schema.OperatorCodeT()
     operator_code.builtinCode, operator_code.deprecatedBuiltinCode, operator_code.version = code
     model.operatorCodes.append(operator_code)
     return len(model.operatorCodes) - 1
+
+
+def per_tensor_scale(tensor):
+    """A TensorT's one quantization scale, as a float; None where it has none or one per channel."""
+    quantization = tensor.quantization
+    scales = None if quantization is None else quantization.scale
+    return float(scales[0]) if scales is not None and len(scales) == 1 else None
 
 
 def drop_unused_codes(model):

@@ -71,17 +71,12 @@ def output_scales(tflite_model):
     subgraph = model.subgraphs[0]
     producers = {output: operator for operator in subgraph.operators for output in operator.outputs}
 
-    def scale_of(index):
-        quantization = subgraph.tensors[index].quantization
-        scales = None if quantization is None else quantization.scale
-        return float(scales[0]) if scales is not None and len(scales) == 1 else None
-
     scales = []
     for index in subgraph.outputs:
-        scale = scale_of(index)
+        scale = flatbuffer_model.per_tensor_scale(subgraph.tensors[index])
         producer = producers.get(index)
         if scale is None and producer is not None and op_name(model, producer) == "DEQUANTIZE":
-            scale = scale_of(producer.inputs[0])
+            scale = flatbuffer_model.per_tensor_scale(subgraph.tensors[producer.inputs[0]])
         scales.append(scale)
     return scales
 

@@ -119,25 +119,18 @@ def _as_written(tflite_model, hidden):
             if key in hidden:  # not a lookup the model had itself
                 operator.opcodeIndex = flatbuffer_model.code_index(model, hidden[key])
         for index, tensor in enumerate(subgraph.tensors):
-            if _on_scale_zero(tensor) and model.buffers[tensor.buffer].data is not None:
+            if flatbuffer_model.per_tensor_scale(tensor) == 0 and model.buffers[tensor.buffer].data is not None:
                 tensor.quantization.scale = np.array([_finest_beside(subgraph, index)], np.float32)
     flatbuffer_model.drop_unused_codes(model)
     return flatbuffer_model.as_bytes(model, len(tflite_model))
 
 
-def _on_scale_zero(tensor):
-    quantization = tensor.quantization
-    return quantization is not None and quantization.scale is not None and len(quantization.scale) == 1 \
-        and quantization.scale[0] == 0
-
-
 def _finest_beside(subgraph, index):
     """The finest scale of the other tensors the ops reading tensor `index` read or write (1 where none has one)."""
-    scales = [float(other.quantization.scale[0]) for operator in subgraph.operators or () if index in operator.inputs
-              for other in (subgraph.tensors[i] for i in [*operator.inputs, *operator.outputs] if i >= 0 and i != index)
-              if other.quantization is not None and other.quantization.scale is not None
-              and len(other.quantization.scale) == 1 and other.quantization.scale[0] > 0]
-    return min(scales, default=1.0)
+    scales = [flatbuffer_model.per_tensor_scale(subgraph.tensors[other])
+              for operator in subgraph.operators or () if index in operator.inputs
+              for other in [*operator.inputs, *operator.outputs] if other >= 0 and other != index]
+    return min((scale for scale in scales if scale is not None and scale > 0), default=1.0)
 
 
 # A calibrated range narrower than this, with zero in it as every int8 range has, holds nothing an int8 grid
