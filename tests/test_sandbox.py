@@ -193,6 +193,22 @@ def test_a_worker_traces_the_gelu_kernels_as_plain_functions_not_for_xla(small_m
     assert traced >= 1 and for_xla == 0
 
 
+def test_a_worker_s_garbage_collections_walk_none_of_what_the_zygote_imported(small_model, tmp_path, monkeypatch,
+                                                                               capsys):
+    """The zygote freezes its objects before it forks: a worker's full collection walks only what the worker
+    made, where it would walk (and so copy the pages of) every object of TensorFlow's and Keras's."""
+    payload = tmp_path / "payload.py"
+    payload.write_text(textwrap.dedent("""
+        import gc
+        print(f"frozen: {gc.get_freeze_count()}, collectable: {len(gc.get_objects())}", flush=True)
+    """))
+    monkeypatch.setenv("KERAS_GELU_TEST_PAYLOAD", str(payload))
+    converters.convert(small_model)
+    frozen, collectable = map(int, re.search(r"frozen: (\d+), collectable: (\d+)", capsys.readouterr().err).groups())
+    # TensorFlow and Keras alone make some hundred thousand objects the collector tracks; the payload, a few
+    assert frozen > 100_000 and collectable < frozen / 20, (frozen, collectable)
+
+
 @needs_landlock
 def test_the_report_says_what_confined_the_conversion(small_model):
     _, report = converters.convert(small_model)
