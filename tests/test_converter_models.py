@@ -1,5 +1,7 @@
 """Keras models built with this package's layers, through the converter in every mode."""
 
+import math
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -318,6 +320,36 @@ def test_reference_graph_computes_layer_normalization_as_written():
     expected = (h - mean) / np.sqrt(variance + 1e-12) * norm.gamma.numpy() + norm.beta.numpy()
     # float32 rounding of a 32-term matmul and mean/variance on values ~3: 1e-6.
     assert np.max(np.abs(output - expected)) <= 1e-6
+
+
+def test_a_saved_model_s_jit_compiled_functions_run_as_written_and_a_live_model_s_are_left_alone(tmp_path):
+    """The original model runs its ops as written (verify.run_source): a SavedModel keeps the XLA mark of the
+    jit-compiled functions it was saved from (keras_gelu's kernels), which the conversion registers again
+    without it; a live model's functions are its caller's, and keep theirs."""
+    from tensorflow.python.eager import context
+
+    from keras_gelu.converters.reading import loading
+    from keras_gelu.converters.running import verify
+
+    def marked(function):
+        names = [definition.signature.name for definition in function.graph.as_graph_def().library.function]
+        definitions = [context.context().get_function_def(name) for name in names if context.context().has_function(name)]
+        return sum("_XlaMustCompile" in attributes for definition in definitions
+                   for attributes in (definition.attr, *(node.attr for node in definition.node_def)))
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras_gelu.GELU("exact")])
+    x = np.random.default_rng(3).normal(size=(4, 8)).astype(np.float32) * 3
+    live = loading.load(model)
+    saved = loading.load(_save(model, tmp_path, as_file=False), kind="SavedModel", freeze=False)
+    assert marked(saved.function) >= 1 and marked(live.function) >= 1  # the kernels' functions and their calls
+    (from_file,) = verify.run_source(saved, {saved.inputs[0].name: x}).values()
+    (from_live,) = verify.run_source(live, {live.inputs[0].name: x}).values()
+    assert marked(saved.function) == 0 and marked(live.function) >= 1
+    h = x.astype(np.float64) @ model.layers[0].kernel.numpy().astype(np.float64) + model.layers[0].bias.numpy()
+    expected = h * np.vectorize(lambda value: 0.5 * math.erfc(-value / math.sqrt(2)))(h)
+    # float32 rounding of an 8-term matmul and of each kernel's erfc: a few float32 eps of values up to ~10
+    np.testing.assert_allclose(from_file, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(from_live, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_exact_as_is_refused_where_the_mode_has_the_gelu_op(tmp_path):

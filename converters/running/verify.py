@@ -19,6 +19,7 @@ import warnings
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
+from tensorflow.python.eager import context
 
 from .. import errors
 from ..options import DEFAULT_DYNAMIC_SIZE
@@ -113,6 +114,8 @@ def _by_name_or_position(path, provided, inputs):
 def run_source(source, arrays):
     """The original model's outputs, each op computed as written (see _ops_as_written)."""
     progress.entered("verify: the original model")
+    if source.kind != "Keras model":  # a model file, loaded in the worker; never a live model's caller's functions
+        _registered_without_xla(source.function)
     try:
         with _ops_as_written():
             outputs = source.function(**{name: tf.constant(value) for name, value in arrays.items()})
@@ -121,6 +124,32 @@ def run_source(source, arrays):
         raise errors.CorruptModel(f"{source.path}: the original model fails when run ({type(error).__name__}: "
                                   f"{message[:250]})") from error
     return {info.name: np.asarray(outputs[info.name]) for info in source.outputs}
+
+
+# The mark tf.function(jit_compile=True) leaves on a function and on each call of it, which a saved model keeps
+_XLA_MUST_COMPILE = "_XlaMustCompile"
+
+
+def _registered_without_xla(function):
+    """The functions `function` calls registered again without XLA's mark, where a model saved from jit-compiled
+    code carries it (keras_gelu's kernels do: xla_kernels): the original model runs its ops as written, as the
+    .tflite does, where XLA would first compile each marked function for each shape it meets, fused its own way
+    (a small Keras 3 SavedModel's first run took 0.10-0.12 s with them compiled, 0.065 s without)."""
+    eager = context.context()
+    for definition in function.graph.as_graph_def().library.function:
+        name = definition.signature.name
+        if not eager.has_function(name):
+            continue
+        registered = eager.get_function_def(name)
+        marks = [attributes for attributes in (registered.attr, *(node.attr for node in registered.node_def))
+                 if _XLA_MUST_COMPILE in attributes]
+        if not marks:
+            continue
+        for attributes in marks:
+            del attributes[_XLA_MUST_COMPILE]
+        while eager.has_function(name):  # each registration of it counted: all of them go
+            eager.remove_function(name)
+        eager.add_function_def(registered)
 
 
 @contextlib.contextmanager
