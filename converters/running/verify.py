@@ -147,8 +147,11 @@ def _registered_without_xla(function):
             continue
         for attributes in marks:
             del attributes[_XLA_MUST_COMPILE]
-        while eager.has_function(name):  # each registration of it counted: all of them go
-            eager.remove_function(name)
+        try:
+            while eager.has_function(name):  # each registration of it counted: all of them go
+                eager.remove_function(name)
+        except tf.errors.OpError:  # one the context holds for another's sake: it stays marked, and compiles
+            continue
         eager.add_function_def(registered)
 
 
