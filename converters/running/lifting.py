@@ -4,7 +4,9 @@ The signal goes where an op computes from values its int8 grid no longer resolve
 tensor whose per-tensor range an outlier channel holds) or rounds its own result away. The explanation
 (explain.py) names that op: its result lost the most decibels against what it was computed from. Lifting it
 keeps that op in float together with the ops whose results it reads, so that it reads them at full precision:
-kept in float alone, it would read the same int8 values, dequantized. Each lift is one quantization of the
+kept in float alone, it would read the same int8 values, dequantized. A control-flow op (an IF, a WHILE) takes
+the ops of the subgraphs it runs with it, which the explanation cannot name: it sees the main graph's tensors
+alone. Each lift is one quantization of the
 calibrated model (`tflite/quantizer.py`), judged on the budget's samples; a lift that does not close a
 `MIN_GAIN` share of what separates the worst output's cosine from 1 is undone, so that only what must be is
 lifted.
@@ -52,10 +54,11 @@ def _computing(name, ops):
 
 
 def float_ops_for(row, ops):
-    """The names of the ops kept in float to lift an explanation's row: the ops computing its tensor, and those
-    computing what they read from outside them; empty where the row names no op of `ops`."""
+    """The names of the ops kept in float to lift an explanation's row: the ops computing its tensor, the ops of
+    the subgraphs they run, and those computing what they read from outside them; empty where the row names no
+    op of `ops`."""
     group = _computing(row["name"], ops)
-    names = {op.name for op in group}
+    names = {op.name for op in group} | {name for op in group for name in op.called}
     written = {tensor for op in group for tensor in op.outputs}
     producers = {tensor: op for op in ops for tensor in op.outputs}
     for op in group:

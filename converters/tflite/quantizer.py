@@ -183,17 +183,38 @@ def repaired(calibrated_model, ranges):
     return flatbuffer_model.as_bytes(model, len(calibrated_model)), Repairs(widened, sorted(float_ops))
 
 
-Op = collections.namedtuple("Op", "name kind inputs outputs")
+Op = collections.namedtuple("Op", "name kind inputs outputs called", defaults=((),))
 
 
 def ops(calibrated_model):
     """The calibrated model's ops, in the order they run: (the name `quantized` keeps one float by (its first
-    output's), its kind, the names of the tensors it reads that an op computes, and of those it writes)."""
+    output's), its kind, the names of the tensors it reads that an op computes, and of those it writes, and the
+    names of the ops it runs in subgraphs of their own: an IF's branches, a WHILE's condition and body, and what
+    those call in turn)."""
     model = flatbuffer_model.as_object(calibrated_model)
     subgraph = model.subgraphs[0]
     names = [flatbuffer_model.tensor_name(tensor) for tensor in subgraph.tensors]
     computed = {index for operator in subgraph.operators for index in operator.outputs}
     return [Op(names[operator.outputs[0]], op_name(model, operator),
                tuple(names[index] for index in operator.inputs if index >= 0 and index in computed),
-               tuple(names[index] for index in operator.outputs))
+               tuple(names[index] for index in operator.outputs), tuple(sorted(_called_ops(model, operator))))
             for operator in subgraph.operators if len(operator.outputs)]
+
+
+def _called_ops(model, operator, seen=frozenset({0})):
+    """The names (as `ops` gives them) of the ops in every subgraph `operator` calls, through any depth of calls:
+    a subgraph is named by its options' fields ending in SubgraphIndex, whichever op (IF, WHILE, CALL_ONCE, a
+    StableHLO region) holds them."""
+    options = operator.builtinOptions
+    called = {getattr(options, field) for field in vars(options) if field.endswith("SubgraphIndex")} \
+        if options is not None else set()
+    found = set()
+    for index in called - seen:
+        if not 0 <= index < len(model.subgraphs):
+            continue
+        inner = model.subgraphs[index]
+        for inner_operator in inner.operators or ():
+            if len(inner_operator.outputs):
+                found.add(flatbuffer_model.tensor_name(inner.tensors[inner_operator.outputs[0]]))
+                found |= _called_ops(model, inner_operator, seen | called)
+    return found
