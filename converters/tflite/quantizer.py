@@ -202,12 +202,8 @@ def ops(calibrated_model):
 
 
 def _called_ops(model, operator, seen=frozenset({0})):
-    """The names (as `ops` gives them) of the ops in every subgraph `operator` calls, through any depth of calls:
-    a subgraph is named by its options' fields ending in SubgraphIndex, whichever op (IF, WHILE, CALL_ONCE, a
-    StableHLO region) holds them."""
-    options = operator.builtinOptions
-    called = {getattr(options, field) for field in vars(options) if field.endswith("SubgraphIndex")} \
-        if options is not None else set()
+    """The names (as `ops` gives them) of the ops in every subgraph `operator` calls, through any depth of calls."""
+    called = _subgraphs_called(operator)
     found = set()
     for index in called - seen:
         if not 0 <= index < len(model.subgraphs):
@@ -218,3 +214,14 @@ def _called_ops(model, operator, seen=frozenset({0})):
                 found.add(flatbuffer_model.tensor_name(inner.tensors[inner_operator.outputs[0]]))
                 found |= _called_ops(model, inner_operator, seen | called)
     return found
+
+
+def _subgraphs_called(operator):
+    """The subgraphs an operator runs, by whichever of its options' fields name one or several, on any op that
+    has them: an IF's branches, a WHILE's condition and body, CALL_ONCE's, CALL's, StableHLO's regions and
+    cases (schema_py_generated's fields: thenSubgraphIndex, bodySubgraphIndex, subgraph, branchSubgraphIndices)."""
+    options, called = operator.builtinOptions, set()
+    for field, value in (vars(options).items() if options is not None else ()):
+        if "subgraph" in field.lower() and value is not None:
+            called.update(int(index) for index in np.atleast_1d(value))
+    return called
