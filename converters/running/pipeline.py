@@ -192,7 +192,7 @@ def quantized(calibrated_model, source, int8_io, float_ops=(), int16=False):
     """`calibrated`'s model in int8, with the ops named in `float_ops` kept in float; or `int16`, in 16x8."""
     try:
         if int16:
-            return quantizer.quantized_16x8(calibrated_model, int8_io)
+            return quantizer.quantized_16x8(calibrated_model, int8_io, float_ops)
         return quantizer.quantized(calibrated_model, int8_io, float_ops)
     except Exception as error:  # the quantizer raises ConverterError and friends
         failure = error

@@ -8,7 +8,8 @@ which is what --mixed-precision lifts, one quantization of the same calibrated m
 
 16x8 is quantized from the calibrated model too, by the older quantizer, which lite.py hands int16 activations
 to (the MLIR one makes int8 only): it reads the ranges the calibrated model holds. It keeps no op float on
-request; ops on integers alone, which it would ask ranges of, it is shown as ops it leaves alone.
+request: ops on integers alone, which it would ask ranges of, and the ops a repair keeps float, it is shown as
+ops it leaves alone, and each of the latter is then put between a DEQUANTIZE and a QUANTIZE.
 """
 
 import collections
@@ -24,6 +25,7 @@ from .. import native_logs
 from . import deduplication
 from . import flatbuffer_model
 from .operators import op_name
+from .operators import per_tensor_grid
 
 
 def calibrate_only(converter):
@@ -53,14 +55,14 @@ def _one_range(quantization):
     return quantization is not None and quantization.min is not None and len(quantization.min) == 1
 
 
-def quantized_16x8(calibrated_model, int16_io):
+def quantized_16x8(calibrated_model, int16_io, float_ops=()):
     """The 16x8 model (int16 activations, int8 weights) from a calibrated one, as `TFLiteConverter.convert()`
     makes it in one call (lite.py's `_quantize` and `_optimize_tflite_model`), from the ranges the model holds:
     a calibrator fed no samples quantizes with them. Ops without a 16x8 kernel stay float (allow_float: our op
-    sets follow the 16x8 one with the mode's); ops on integers alone are shown to it as an op it leaves alone
-    (`_integer_ops_hidden`), and have them back after (`_as_written`)."""
+    sets follow the 16x8 one with the mode's); ops on integers alone, and those `float_ops` names, are shown to it
+    as an op it leaves alone (`_ops_hidden`), and have them back after (`_as_written`), the latter in float."""
     io_type = tf.int16 if int16_io else tf.float32
-    hidden_model, hidden = _integer_ops_hidden(calibrated_model)
+    hidden_model, hidden = _ops_hidden(calibrated_model, set(float_ops))
     with native_logs.discarded():
         quantized_model = stock_calibrator.Calibrator(hidden_model).calibrate_and_quantize(
             lambda: iter(()), io_type, io_type, allow_float=True, activations_type=tf.int16, bias_type=tf.int64)
@@ -77,36 +79,47 @@ def quantized_16x8(calibrated_model, int16_io):
 # gets its own op back after.
 _LEFT_ALONE = schema.BuiltinOperator.HASHTABLE_LOOKUP
 _FLOAT_TYPES = (schema.TensorType.FLOAT32, schema.TensorType.FLOAT16)
+_INTEGER_ACTIVATIONS = (schema.TensorType.INT8, schema.TensorType.INT16)
+_DEQUANTIZE = schema.BuiltinOperator.DEQUANTIZE
 
 
-def _integer_ops_hidden(tflite_model):
-    """(the model with each op on integers alone made a _LEFT_ALONE op, {(subgraph, the op's first output's
-    name): its operator code's (builtin, deprecated builtin, version)}), or the model as it is and {}."""
+# What _ops_hidden hid: {(subgraph, the op's first output's name): its operator code's (builtin, deprecated
+# builtin, version)}, and which of them compute in float (kept so, with the ops around them quantized)
+Hidden = collections.namedtuple("Hidden", "codes kept_float")
+
+
+def _ops_hidden(tflite_model, float_ops=frozenset()):
+    """(the model with each op on integers alone, and each op of the main graph named in `float_ops`, made a
+    _LEFT_ALONE op, a `Hidden`), or the model as it is and an empty `Hidden`."""
     model = flatbuffer_model.as_object(tflite_model)
-    hidden = {}
+    hidden, kept_float = {}, set()
     left_alone = None
     for subgraph_index, subgraph in enumerate(model.subgraphs):
         for operator in subgraph.operators or ():
             if operator.outputs is None or len(operator.outputs) == 0:
                 continue
             tensors = [subgraph.tensors[index] for index in [*operator.inputs, *operator.outputs] if index >= 0]
-            if any(tensor.type in _FLOAT_TYPES for tensor in tensors):
+            key = _key(subgraph_index, subgraph, operator)
+            floated = subgraph_index == 0 and key[1] in float_ops
+            if any(tensor.type in _FLOAT_TYPES for tensor in tensors) and not floated:
                 continue
             code = model.operatorCodes[operator.opcodeIndex]
-            key = (subgraph_index, flatbuffer_model.tensor_name(subgraph.tensors[operator.outputs[0]]))
             hidden[key] = (code.builtinCode, code.deprecatedBuiltinCode, code.version)
+            if floated:
+                kept_float.add(key)
             if left_alone is None:
                 left_alone = flatbuffer_model.code_index(model, (_LEFT_ALONE, _LEFT_ALONE, 1))
             operator.opcodeIndex = left_alone
     if not hidden:
-        return tflite_model, hidden
+        return tflite_model, Hidden(hidden, kept_float)
     # the calibrator resolves every operator code, and an op nothing uses any more it has no kernel for
     flatbuffer_model.drop_unused_codes(model)
-    return flatbuffer_model.as_bytes(model, len(tflite_model)), hidden
+    return flatbuffer_model.as_bytes(model, len(tflite_model)), Hidden(hidden, kept_float)
 
 
 def _as_written(tflite_model, hidden):
-    """The older quantizer's model with each op `_integer_ops_hidden` hid its own again, and each constant of
+    """The older quantizer's model with each op `_ops_hidden` hid its own again (in float where it was one of
+    `quantized`'s float_ops, and each op writing float on float inputs: `_float_where_written`), and each constant of
     zeros on a grid: the quantizer gives it scale 0 from its values (a random model's zero biases and LayerNorm
     offsets; no runtime takes it). Its values are 0 on any grid; it takes the finest of its readers' other
     operands, since an int16 ADD or SUB rescales both operands by the coarser scale, which must not be its own."""
@@ -115,14 +128,79 @@ def _as_written(tflite_model, hidden):
         for operator in subgraph.operators or ():
             if flatbuffer_model.builtin_code(model.operatorCodes[operator.opcodeIndex]) != _LEFT_ALONE:
                 continue
-            key = (subgraph_index, flatbuffer_model.tensor_name(subgraph.tensors[operator.outputs[0]]))
-            if key in hidden:  # not a lookup the model had itself
-                operator.opcodeIndex = flatbuffer_model.code_index(model, hidden[key])
+            key = _key(subgraph_index, subgraph, operator)
+            if key in hidden.codes:  # not a lookup the model had itself
+                operator.opcodeIndex = flatbuffer_model.code_index(model, hidden.codes[key])
+        subgraph.operators = [made for operator in subgraph.operators or ()
+                              for made in _float_where_written(model, subgraph, operator,
+                                                               _key(subgraph_index, subgraph, operator)
+                                                               in hidden.kept_float)]
         for index, tensor in enumerate(subgraph.tensors):
             if flatbuffer_model.per_tensor_scale(tensor) == 0 and model.buffers[tensor.buffer].data is not None:
                 tensor.quantization.scale = np.array([_finest_beside(subgraph, index)], np.float32)
     flatbuffer_model.drop_unused_codes(model)
     return flatbuffer_model.as_bytes(model, len(tflite_model))
+
+
+def _key(subgraph_index, subgraph, operator):
+    return subgraph_index, (flatbuffer_model.tensor_name(subgraph.tensors[operator.outputs[0]])
+                            if operator.outputs is not None and len(operator.outputs) else None)
+
+
+def _float_where_written(model, subgraph, operator, hidden_float):
+    """[`operator`] on float inputs where it computes in float, and what makes them so: hidden as one of
+    `quantized`'s float_ops (`hidden_float`), a DEQUANTIZE of each input the quantizer made integer and a QUANTIZE
+    into each output it did, as the MLIR quantizer keeps an op float; and for any op writing float alone (as one
+    the quantizer left float), a float copy of each constant it quantized, shared with an op it quantized (a
+    one-hot's 1 and 0, which the int8 passes write as a SELECT_V2)."""
+    outputs = [subgraph.tensors[index] for index in operator.outputs if index >= 0]
+    dequantizes = flatbuffer_model.builtin_code(model.operatorCodes[operator.opcodeIndex]) == _DEQUANTIZE
+    if not hidden_float and (dequantizes or not outputs or any(tensor.type not in _FLOAT_TYPES for tensor in outputs)):
+        return [operator]
+    before, after = [], []
+    operator.inputs, operator.outputs = list(operator.inputs), list(operator.outputs)  # read as views of bytes
+    for slot, index in enumerate(operator.inputs):
+        grid = per_tensor_grid(subgraph.tensors[index], _INTEGER_ACTIVATIONS) if index >= 0 else None
+        if grid is not None and model.buffers[subgraph.tensors[index].buffer].data is not None:
+            operator.inputs[slot] = _float_constant(model, subgraph, index, grid)
+        elif grid is not None and hidden_float:
+            before.append(_converting(model, "DEQUANTIZE", index, _float_twin(subgraph, index, "dequantized")))
+            operator.inputs[slot] = before[-1].outputs[0]
+    for slot, index in enumerate(operator.outputs if hidden_float else ()):
+        if subgraph.tensors[index].type in _INTEGER_ACTIVATIONS:
+            twin = _float_twin(subgraph, index, "float")
+            after.append(_converting(model, "QUANTIZE", twin, index))
+            operator.outputs[slot] = twin
+    return [*before, operator, *after]
+
+
+def _float_constant(model, subgraph, index, grid):
+    """A float32 constant of tensor `index`'s values on its grid: its index."""
+    tensor, (scale, zero_point) = subgraph.tensors[index], grid
+    dtype = np.int8 if tensor.type == schema.TensorType.INT8 else np.int16
+    values = (np.frombuffer(model.buffers[tensor.buffer].data.tobytes(), dtype).astype(np.float64) - zero_point)
+    buffer = schema.BufferT()
+    buffer.data = np.frombuffer((values * scale).astype(np.float32).tobytes(), np.uint8)
+    model.buffers.append(buffer)
+    twin = subgraph.tensors[_float_twin(subgraph, index, "float")]
+    twin.buffer = len(model.buffers) - 1
+    return len(subgraph.tensors) - 1
+
+
+def _float_twin(subgraph, index, suffix):
+    """A float32 tensor of tensor `index`'s shape, with no data: its index."""
+    tensor, twin = subgraph.tensors[index], schema.TensorT()
+    twin.shape, twin.shapeSignature, twin.type = tensor.shape, tensor.shapeSignature, schema.TensorType.FLOAT32
+    twin.name = f"{flatbuffer_model.tensor_name(tensor)}/{suffix}"
+    subgraph.tensors.append(twin)
+    return len(subgraph.tensors) - 1
+
+
+def _converting(model, kind, source, destination):
+    operator = schema.OperatorT()
+    operator.opcodeIndex = flatbuffer_model.opcode_index(model, kind)
+    operator.inputs, operator.outputs = [source], [destination]
+    return operator
 
 
 def _finest_beside(subgraph, index):
