@@ -332,8 +332,9 @@ def test_a_saved_model_s_jit_compiled_functions_run_as_written_and_a_live_model_
     from keras_gelu.converters.running import verify
 
     def marked(function):
+        eager = context.context()
         names = [definition.signature.name for definition in function.graph.as_graph_def().library.function]
-        definitions = [context.context().get_function_def(name) for name in names if context.context().has_function(name)]
+        definitions = [eager.get_function_def(name) for name in names if eager.has_function(name)]
         return sum("_XlaMustCompile" in attributes for definition in definitions
                    for attributes in (definition.attr, *(node.attr for node in definition.node_def)))
 
