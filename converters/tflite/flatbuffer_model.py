@@ -147,3 +147,43 @@ def drop_unused_codes(model):
 
 def tensor_name(tensor):
     return tensor.name.decode() if isinstance(tensor.name, bytes) else str(tensor.name)
+
+
+def is_constant(model, tensor):
+    """Whether a tensor holds data of its own (buffer 0 is the empty one every computed tensor points at)."""
+    data = model.buffers[tensor.buffer].data if 0 < tensor.buffer < len(model.buffers) else None
+    return data is not None and len(data) > 0
+
+
+def constant(model, subgraph, values, tensor_type, name, quantization=None):
+    """A constant tensor of `values` (a numpy array of the type's own dtype) in the subgraph: its index."""
+    buffer = schema.BufferT()
+    buffer.data = np.frombuffer(values.tobytes(), np.uint8)
+    model.buffers.append(buffer)
+    tensor = schema.TensorT()
+    tensor.shape, tensor.type, tensor.buffer = np.array(values.shape, np.int32), tensor_type, len(model.buffers) - 1
+    tensor.name, tensor.quantization = name, quantization
+    subgraph.tensors.append(tensor)
+    return len(subgraph.tensors) - 1
+
+
+def tensor_like(subgraph, like, suffix, tensor_type=None, quantization=None):
+    """A new computed tensor shaped as subgraph.tensors[like], of its type or `tensor_type`, named as it is with
+    `suffix` added: its index."""
+    original, tensor = subgraph.tensors[like], schema.TensorT()
+    tensor.shape, tensor.shapeSignature = original.shape, original.shapeSignature
+    tensor.type = original.type if tensor_type is None else tensor_type
+    tensor.name, tensor.quantization = tensor_name(original) + suffix, quantization
+    subgraph.tensors.append(tensor)
+    return len(subgraph.tensors) - 1
+
+
+def conversion_operator(model, kind, source, target):
+    """A QUANTIZE or DEQUANTIZE operator (`kind`) from tensor `source` to tensor `target`."""
+    operator = schema.OperatorT()
+    operator.opcodeIndex = opcode_index(model, kind)
+    options = {"QUANTIZE": (schema.BuiltinOptions.QuantizeOptions, schema.QuantizeOptionsT),
+               "DEQUANTIZE": (schema.BuiltinOptions.DequantizeOptions, schema.DequantizeOptionsT)}[kind]
+    operator.builtinOptionsType, operator.builtinOptions = options[0], options[1]()
+    operator.inputs, operator.outputs = [source], [target]
+    return operator

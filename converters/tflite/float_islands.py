@@ -37,7 +37,8 @@ def _minus_one(model, subgraph, integer_type, name):
     """A constant int8 (or int16) tensor holding -1 exactly: the quantized value -127 (-32767) at scale 1/127."""
     largest = 127 if integer_type == schema.TensorType.INT8 else 32767
     dtype = np.int8 if integer_type == schema.TensorType.INT8 else np.int16
-    return _constant(model, subgraph, np.array([-largest], dtype), integer_type, name, _grid(1.0 / largest, 0))
+    return flatbuffer_model.constant(model, subgraph, np.array([-largest], dtype), integer_type, name,
+                                     _grid(1.0 / largest, 0))
 
 
 def _grid(scale, zero_point):
@@ -99,7 +100,7 @@ def _negations_as_integer(model):
 
 def _float_constant(model, tensor):
     """The values of a float32 constant tensor, or None."""
-    if tensor.type != schema.TensorType.FLOAT32 or not _is_constant(model, tensor):
+    if tensor.type != schema.TensorType.FLOAT32 or not flatbuffer_model.is_constant(model, tensor):
         return None
     return np.frombuffer(bytes(model.buffers[tensor.buffer].data), np.float32)
 
@@ -165,7 +166,7 @@ def _integer_constant(model, subgraph, values, float_tensor, integer_tensor):
     """A constant of `values` (integers) shaped as float_tensor, quantized as integer_tensor."""
     quantization = _grid(integer_tensor.quantization.scale[0], integer_tensor.quantization.zeroPoint[0])
     shaped = values if float_tensor.shape is None else np.reshape(values, float_tensor.shape)
-    return _constant(model, subgraph, shaped, integer_tensor.type,
+    return flatbuffer_model.constant(model, subgraph, shaped, integer_tensor.type,
                      flatbuffer_model.tensor_name(float_tensor) + "/keras_gelu_on_grid", quantization)
 
 
@@ -258,7 +259,7 @@ def _region(model, subgraph, producer, tensor):
         one is not elementwise."""
         while pending:
             tensor = pending.pop()
-            if _is_constant(model, subgraph.tensors[tensor]):
+            if flatbuffer_model.is_constant(model, subgraph.tensors[tensor]):
                 continue
             if tensor != expanded and per_tensor_grid(subgraph.tensors[tensor]) is not None:
                 sources.add(tensor)
@@ -275,11 +276,12 @@ def _region(model, subgraph, producer, tensor):
             inputs = [index for index in operator.inputs if index >= 0]
             if name == "GATHER":  # a lookup of each element in a constant table
                 table = subgraph.tensors[inputs[0]]
-                if not _is_constant(model, table) or len(table.shape) != 1 or \
+                if not flatbuffer_model.is_constant(model, table) or len(table.shape) != 1 or \
                         getattr(operator.builtinOptions, "axis", 0) != 0:
                     return False
                 inputs = inputs[1:]
-            elif any(_is_constant(model, subgraph.tensors[index]) and _size(subgraph.tensors[index]) != 1
+            elif any(flatbuffer_model.is_constant(model, subgraph.tensors[index])
+                     and _size(subgraph.tensors[index]) != 1
                      for index in inputs):
                 return False
             positions.add(position)
@@ -297,12 +299,6 @@ def _region(model, subgraph, producer, tensor):
                                     for position in positions):
         return None
     return next(iter(sources)), positions
-
-
-def _is_constant(model, tensor):
-    """Whether a tensor holds data of its own (buffer 0 is the empty one every computed tensor points at)."""
-    data = model.buffers[tensor.buffer].data if 0 < tensor.buffer < len(model.buffers) else None
-    return data is not None and len(data) > 0
 
 
 def _size(tensor):
@@ -323,7 +319,7 @@ def _island_table(model, subgraph, positions, source, result, interpreter):
         original = subgraph.tensors[index]
         tensor = schema.TensorT()
         tensor.type, tensor.name, tensor.quantization = original.type, original.name, original.quantization
-        if _is_constant(model, original):
+        if flatbuffer_model.is_constant(model, original):
             tensor.shape = original.shape
             island.buffers.append(model.buffers[original.buffer])
             tensor.buffer = len(island.buffers) - 1
@@ -357,18 +353,6 @@ def _island_table(model, subgraph, positions, source, result, interpreter):
         return None
 
 
-def _constant(model, subgraph, values, tensor_type, name, quantization=None):
-    """A constant tensor of `values` (a numpy array of the type's own dtype) in the subgraph: its index."""
-    buffer = schema.BufferT()
-    buffer.data = np.frombuffer(values.tobytes(), np.uint8)
-    model.buffers.append(buffer)
-    tensor = schema.TensorT()
-    tensor.shape, tensor.type, tensor.buffer = np.array(values.shape, np.int32), tensor_type, len(model.buffers) - 1
-    tensor.name, tensor.quantization = name, quantization
-    subgraph.tensors.append(tensor)
-    return len(subgraph.tensors) - 1
-
-
 def _lookup(model, subgraph, integer_in, integer_out, table):
     """[CAST, ADD, GATHER]: integer_out = table[integer_in + 128] (an int8 table on integer_out's grid, or one of
     integer_out's own type)."""
@@ -381,12 +365,13 @@ def _lookup(model, subgraph, integer_in, integer_out, table):
         tensor.shapeSignature = source.shapeSignature
         subgraph.tensors.append(tensor)
         indices.append(len(subgraph.tensors) - 1)
-    offset = _constant(model, subgraph, np.array([128], np.int32), schema.TensorType.INT32, f"{name}/offset")
+    offset = flatbuffer_model.constant(model, subgraph, np.array([128], np.int32), schema.TensorType.INT32,
+                                       f"{name}/offset")
     if table.dtype == np.int8:
-        values = _constant(model, subgraph, table, schema.TensorType.INT8, f"{name}/table",
+        values = flatbuffer_model.constant(model, subgraph, table, schema.TensorType.INT8, f"{name}/table",
                            _grid(*per_tensor_grid(subgraph.tensors[integer_out])))
     else:
-        values = _constant(model, subgraph, table, subgraph.tensors[integer_out].type, f"{name}/table")
+        values = flatbuffer_model.constant(model, subgraph, table, subgraph.tensors[integer_out].type, f"{name}/table")
     cast = schema.OperatorT()
     cast.opcodeIndex = flatbuffer_model.opcode_index(model, "CAST")
     cast.builtinOptionsType, cast.builtinOptions = schema.BuiltinOptions.CastOptions, schema.CastOptionsT()

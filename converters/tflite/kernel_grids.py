@@ -96,14 +96,9 @@ def smallest_scale(op, input_scales):
 
 def _tensor_on_grid(subgraph, like, scale, zero_point):
     """A new activation tensor shaped and typed as subgraph.tensors[like], on the grid (scale, zero_point)."""
-    original = subgraph.tensors[like]
-    tensor = schema.TensorT()
-    tensor.shape, tensor.shapeSignature, tensor.type = original.shape, original.shapeSignature, original.type
-    tensor.name = flatbuffer_model.tensor_name(original) + "/keras_gelu_kernel_grid"
-    tensor.quantization = schema.QuantizationParametersT()
-    tensor.quantization.scale, tensor.quantization.zeroPoint = [float(scale)], [int(zero_point)]
-    subgraph.tensors.append(tensor)
-    return len(subgraph.tensors) - 1
+    quantization = schema.QuantizationParametersT()
+    quantization.scale, quantization.zeroPoint = [float(scale)], [int(zero_point)]
+    return flatbuffer_model.tensor_like(subgraph, like, "/keras_gelu_kernel_grid", quantization=quantization)
 
 
 def _weight_scales(tensor):
@@ -147,16 +142,6 @@ def _refused_scales(name, operator, subgraph):
     return (scale_1, scale_2), output
 
 
-def _requantize(model, source, target):
-    """A QUANTIZE from one 8-bit tensor to another of the same type: a rescale onto target's grid."""
-    operator = schema.OperatorT()
-    operator.opcodeIndex = flatbuffer_model.opcode_index(model, "QUANTIZE")
-    operator.builtinOptionsType, operator.builtinOptions = schema.BuiltinOptions.QuantizeOptions, \
-        schema.QuantizeOptionsT()
-    operator.inputs, operator.outputs = [source], [target]
-    return operator
-
-
 def _widened(model):
     """Each op of _RESCALES or _XNNPACK_REQUANTIZED whose 8-bit output scale its kernel refuses, writing a tensor
     on the smallest scale it takes, which a QUANTIZE rescales into the original output; {op: count}."""
@@ -174,7 +159,7 @@ def _widened(model):
             (output,) = operator.outputs
             wider = _tensor_on_grid(subgraph, output, smallest_scale(name, input_scales), zero_out)
             operator.outputs = [wider]
-            rebuilt.append(_requantize(model, wider, output))
+            rebuilt.append(flatbuffer_model.conversion_operator(model, "QUANTIZE", wider, output))
             made[name] += 1
             changed = True
         if changed:

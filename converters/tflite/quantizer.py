@@ -119,10 +119,11 @@ def _ops_hidden(tflite_model, float_ops=frozenset()):
 
 def _as_written(tflite_model, hidden):
     """The older quantizer's model with each op `_ops_hidden` hid its own again (in float where it was one of
-    `quantized`'s float_ops, and each op writing float on float inputs: `_float_where_written`), and each constant of
-    zeros on a grid: the quantizer gives it scale 0 from its values (a random model's zero biases and LayerNorm
-    offsets; no runtime takes it). Its values are 0 on any grid; it takes the finest of its readers' other
-    operands, since an int16 ADD or SUB rescales both operands by the coarser scale, which must not be its own."""
+    `quantized`'s float_ops; and each op writing float on float inputs: `_float_where_written`), and each
+    constant of zeros on a grid: the quantizer gives it scale 0 from its values (a random model's zero biases
+    and LayerNorm offsets; no runtime takes it). Its values are 0 on any grid; it takes the finest of its
+    readers' other operands, since an int16 ADD or SUB rescales both operands by the coarser scale, which must
+    not be its own."""
     model = flatbuffer_model.as_object(tflite_model)
     for subgraph_index, subgraph in enumerate(model.subgraphs):
         for operator in subgraph.operators or ():
@@ -155,22 +156,24 @@ def _float_where_written(model, subgraph, operator, hidden_float):
     one-hot's 1 and 0, which the int8 passes write as a SELECT_V2)."""
     outputs = [subgraph.tensors[index] for index in operator.outputs if index >= 0]
     dequantizes = flatbuffer_model.builtin_code(model.operatorCodes[operator.opcodeIndex]) == _DEQUANTIZE
-    if not hidden_float and (dequantizes or not outputs or any(tensor.type not in _FLOAT_TYPES for tensor in outputs)):
+    writes_float = bool(outputs) and all(tensor.type in _FLOAT_TYPES for tensor in outputs)
+    if not hidden_float and (dequantizes or not writes_float):
         return [operator]
     before, after = [], []
     operator.inputs, operator.outputs = list(operator.inputs), list(operator.outputs)  # read as views of bytes
     for slot, index in enumerate(operator.inputs):
         grid = per_tensor_grid(subgraph.tensors[index], _INTEGER_ACTIVATIONS) if index >= 0 else None
-        if grid is not None and model.buffers[subgraph.tensors[index].buffer].data is not None:
+        if grid is not None and flatbuffer_model.is_constant(model, subgraph.tensors[index]):
             operator.inputs[slot] = _float_constant(model, subgraph, index, grid)
         elif grid is not None and hidden_float:
-            before.append(_converting(model, "DEQUANTIZE", index, _float_twin(subgraph, index, "dequantized")))
-            operator.inputs[slot] = before[-1].outputs[0]
+            dequantized = flatbuffer_model.tensor_like(subgraph, index, "/dequantized", schema.TensorType.FLOAT32)
+            before.append(flatbuffer_model.conversion_operator(model, "DEQUANTIZE", index, dequantized))
+            operator.inputs[slot] = dequantized
     for slot, index in enumerate(operator.outputs if hidden_float else ()):
         if subgraph.tensors[index].type in _INTEGER_ACTIVATIONS:
-            twin = _float_twin(subgraph, index, "float")
-            after.append(_converting(model, "QUANTIZE", twin, index))
-            operator.outputs[slot] = twin
+            computed = flatbuffer_model.tensor_like(subgraph, index, "/float", schema.TensorType.FLOAT32)
+            after.append(flatbuffer_model.conversion_operator(model, "QUANTIZE", computed, index))
+            operator.outputs[slot] = computed
     return [*before, operator, *after]
 
 
@@ -178,29 +181,9 @@ def _float_constant(model, subgraph, index, grid):
     """A float32 constant of tensor `index`'s values on its grid: its index."""
     tensor, (scale, zero_point) = subgraph.tensors[index], grid
     dtype = np.int8 if tensor.type == schema.TensorType.INT8 else np.int16
-    values = (np.frombuffer(model.buffers[tensor.buffer].data.tobytes(), dtype).astype(np.float64) - zero_point)
-    buffer = schema.BufferT()
-    buffer.data = np.frombuffer((values * scale).astype(np.float32).tobytes(), np.uint8)
-    model.buffers.append(buffer)
-    twin = subgraph.tensors[_float_twin(subgraph, index, "float")]
-    twin.buffer = len(model.buffers) - 1
-    return len(subgraph.tensors) - 1
-
-
-def _float_twin(subgraph, index, suffix):
-    """A float32 tensor of tensor `index`'s shape, with no data: its index."""
-    tensor, twin = subgraph.tensors[index], schema.TensorT()
-    twin.shape, twin.shapeSignature, twin.type = tensor.shape, tensor.shapeSignature, schema.TensorType.FLOAT32
-    twin.name = f"{flatbuffer_model.tensor_name(tensor)}/{suffix}"
-    subgraph.tensors.append(twin)
-    return len(subgraph.tensors) - 1
-
-
-def _converting(model, kind, source, destination):
-    operator = schema.OperatorT()
-    operator.opcodeIndex = flatbuffer_model.opcode_index(model, kind)
-    operator.inputs, operator.outputs = [source], [destination]
-    return operator
+    values = np.frombuffer(model.buffers[tensor.buffer].data.tobytes(), dtype).astype(np.float64) - zero_point
+    return flatbuffer_model.constant(model, subgraph, (values * scale).astype(np.float32).reshape(tensor.shape),
+                                     schema.TensorType.FLOAT32, f"{flatbuffer_model.tensor_name(tensor)}/float")
 
 
 def _finest_beside(subgraph, index):
