@@ -44,7 +44,7 @@ _SHAPES = {
                               "histogram": _Optional({"edges": [_NUMBER], "counts": [int]}), "samples": int,
                               "reference": str}),
     "budget": _Optional({"min_cosine": _NUMBER, "cosine": _NUMBER, "output": str, "passed": bool}),
-    "ranges_repaired": _Optional({"widened": [str], "float_ops": [str]}),
+    "ranges_repaired": _Optional({"widened": [str], "float_ops": [str], "narrowed": [str]}),
     "lifted": _Optional({"cosine_before": _NUMBER, "cosine": _NUMBER, "trials": int, "float_ops": [str],
                          "stopped": str,
                          "lifts": [{"tensor": str, "layer": str, "op": str, "lost_db": _NUMBER, "float_ops": [str],
@@ -96,6 +96,20 @@ def counted(counts):
 
 def _ops(count):
     return f"{count} op" + ("" if count == 1 else "s")
+
+
+def _repairs_lines(repairs):
+    """The report's lines for the calibrated ranges repaired (quantizer.Repairs, as a dict)."""
+    widened, kept, narrowed = repairs["widened"], repairs["float_ops"], repairs.get("narrowed", [])
+    lines = []
+    if widened or kept:
+        lines.append(f"  ranges the quantizer cannot take: {len(widened)} too narrow for a grid (0 throughout) "
+                     f"widened to [-1, 1]; {_ops(len(kept))} kept float beside an unbounded one (an infinity, or "
+                     "float32's largest value, that a later op discards)")
+    if narrowed:
+        lines.append(f"  softmax inputs: {len(narrowed)} range{'' if len(narrowed) == 1 else 's'} reaching only as "
+                     "far below each row's largest value as the softmax tells apart (masked scores set them)")
+    return lines
 
 
 @dataclasses.dataclass
@@ -249,10 +263,7 @@ class Report:
         if self.int8:
             lines.append(f"{self.step_type}: {self.int8_ranges}")
             if self.ranges_repaired:
-                widened, kept = self.ranges_repaired["widened"], self.ranges_repaired["float_ops"]
-                lines.append(f"  ranges the quantizer cannot take: {len(widened)} too narrow for a grid (0 throughout) "
-                             f"widened to [-1, 1]; {_ops(len(kept))} kept float beside an unbounded one (an "
-                             "infinity, or float32's largest value, that a later op discards)")
+                lines += _repairs_lines(self.ranges_repaired)
             lines.append("ops: " + ", ".join(f"{name} {kind} {count}" for name, types in self.op_types.items()
                                              for kind, count in types.items()))
             if self.islands_made_integer:

@@ -266,6 +266,42 @@ def test_int16_hugging_face_gpt2_converts_its_token_ids_and_zero_offsets(hugging
     assert int16.budget["cosine"] > int8.budget["cosine"], (int16.budget, int8.budget)
 
 
+@pytest.mark.skipif(not IS_KERAS3, reason="keras-hub models are Keras 3 models")
+def test_a_keras_hub_decoder_s_masked_softmax_keeps_its_peaked_scores_at_int8_and_16x8(tmp_path):
+    """keras-hub's GPT-2 masks its attention scores with Keras's Softmax: a select of -1e9 where the causal or
+    padding mask is 0, which set the softmax input's calibrated range. Its int8 grid (steps of 4e6) rounded every
+    score to 0, each attention uniform (the stock converter's too), and LiteRT's int16 SOFTMAX overflowed on its
+    16x8 grid (cosine 0.98 and 0.957 here). The range now reaches only as far below each row's largest score as
+    the softmax tells apart (tflite/quantizer.py, softmax_floors). The query and key weights are scaled up so that
+    the attention is peaked, as a trained model's is; judged on samples the calibration did not see, against the
+    Keras model."""
+    import keras_hub
+    from conftest import keras
+
+    keras.utils.set_random_seed(1)
+    model = keras_hub.models.GPT2Backbone(vocabulary_size=VOCABULARY, num_layers=2, num_heads=2, hidden_dim=32,
+                                          intermediate_dim=64, max_sequence_length=SEQUENCE)
+    for weight in model.weights:
+        if ("query" in weight.path or "key" in weight.path) and "kernel" in weight.path:
+            weight.assign(weight.numpy() * 12.0)
+    rng = np.random.default_rng(15)
+    names = ("padding_mask", "token_ids")
+    np.savez(tmp_path / "calibration.npz", **_token_inputs(rng, names, 32))
+    unseen = _token_inputs(rng, names, 8)
+    expected = np.asarray(model(unseen), np.float64)
+    expected *= unseen["padding_mask"][..., None]  # what a padded position holds is no token's
+    # measured: int8 0.99971, 16x8 0.99998 (16 other samples); the grid of a softmax input spanning the mask,
+    # 0.98 and 0.957
+    for int16, bound in ((False, 0.999), (True, 0.9999)):
+        tflite_model, report = converters.convert(model, int8=True, int16=int16, calibration=str(
+            tmp_path / "calibration.npz"), min_cosine=0.0)
+        assert len(report.ranges_repaired["narrowed"]) == 2, report.ranges_repaired  # each layer's selection
+        (actual,) = verify.run_signature(tflite_model, "serving_default", unseen).values()
+        actual = actual.astype(np.float64) * unseen["padding_mask"][..., None]
+        cosine = actual.ravel() @ expected.ravel() / (np.linalg.norm(actual) * np.linalg.norm(expected))
+        assert cosine >= bound, (int16, cosine)
+
+
 def test_int8_hugging_face_layoutlmv3_gets_ranges_the_quantizer_can_take(tmp_path):
     """LayoutLMv3's int8 conversion killed TensorFlow's quantizer (SIGSEGV, "scale out of expressed type range";
     the stock converter dies the same way): its attention mask is 0 throughout when nothing is masked, a range

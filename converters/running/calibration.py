@@ -9,8 +9,12 @@ round to 0 (the stock converter's int8 model too).
 
 Run once more on LiteRT with every intermediate kept (`verify.interpreter_keeping_every_tensor`: no tensor
 shares a buffer), each float tensor's smallest and largest value over the samples is its range
-(`quantizer.repaired` writes them over the calibrator's).
+(`quantizer.repaired` writes them over the calibrator's). A softmax's input also gets the smallest and the
+largest of its rows' largest values, from which `quantizer.softmax_floors` finds how far down its range needs to
+reach.
 """
+
+import collections
 
 import numpy as np
 
@@ -18,11 +22,17 @@ from ..tflite import quantizer
 from . import verify
 
 
+# {tensor index: (smallest, largest)} of each tensor the calibrator recorded a range for, and {tensor index: (the
+# smallest, the largest) of the largest values of its rows} of each softmax input, over the samples
+Recorded = collections.namedtuple("Recorded", "ranges row_maxima")
+
+
 def recorded_ranges(calibrated_model, samples):
-    """{tensor index: (smallest, largest)} of each tensor the calibrator recorded a range for, over `samples`
-    (each a list of one array per model input, in the model's input order, as the converter's calibration
-    takes them)."""
+    """The `Recorded` ranges of `samples` (each a list of one array per model input, in the model's input order,
+    as the converter's calibration takes them)."""
     tensors = quantizer.recorded_tensors(calibrated_model)
+    softmax_inputs = quantizer.softmax_inputs(calibrated_model)
+    row_maxima = {}
     interpreter = verify.interpreter_keeping_every_tensor(calibrated_model)
     inputs = interpreter.get_input_details()
     shapes = None
@@ -43,4 +53,13 @@ def recorded_ranges(calibrated_model, samples):
             low, high = np.min(values), np.max(values)  # NaN stays NaN: `quantizer.repaired` keeps its ops float
             lowest[index] = np.minimum(low, lowest.get(index, low))
             highest[index] = np.maximum(high, highest.get(index, high))
-    return {index: (float(lowest[index]), float(highest[index])) for index in lowest}
+        for index in softmax_inputs:
+            rows = interpreter.get_tensor(index)
+            rows = rows.reshape(-1, rows.shape[-1]) if rows.ndim and rows.size else None
+            # a row of one value (every score masked) is uniform on any grid: it asks for no floor
+            varying = None if rows is None else rows.max(axis=-1)[rows.max(axis=-1) > rows.min(axis=-1)]
+            if varying is not None and varying.size and np.all(np.isfinite(varying)):
+                smallest, largest = row_maxima.get(index, (np.inf, -np.inf))
+                row_maxima[index] = (min(float(varying.min()), smallest), max(float(varying.max()), largest))
+    return Recorded({index: (float(lowest[index]), float(highest[index])) for index in lowest}, row_maxima)
+

@@ -181,9 +181,10 @@ def calibrated(graph_def, source, mode, samples, report=None, int16=False):
     integer.configure(converter, samples, int8_io=False, int16=int16)
     quantizer.calibrate_only(converter)
     calibrated_model = _run(converter, source, mode)
-    ranges = calibration.recorded_ranges(calibrated_model, samples)
-    calibrated_model, repairs = quantizer.repaired(calibrated_model, ranges)
-    if report is not None and (repairs.widened or repairs.float_ops):
+    recorded = calibration.recorded_ranges(calibrated_model, samples)
+    floors = quantizer.softmax_floors(calibrated_model, recorded, int16)
+    calibrated_model, repairs = quantizer.repaired(calibrated_model, recorded.ranges, floors)
+    if report is not None and (repairs.widened or repairs.float_ops or repairs.narrowed):
         report.ranges_repaired = repairs._asdict()
     return calibrated_model, repairs
 

@@ -13,6 +13,7 @@ ops it leaves alone, and each of the latter is then put between a DEQUANTIZE and
 """
 
 import collections
+import math
 
 import numpy as np
 import tensorflow as tf
@@ -207,21 +208,24 @@ WIDENED_RANGE = (-1.0, 1.0)
 # -3.4e38 its step is 1e36, and every real value rounds to 0).
 UNBOUNDED = 2.0 ** 64
 
-# What the quantizer could not take, repaired before it sees it: the tensors whose ranges were widened, and the
-# ops kept float because a range they write or read is unbounded.
-Repairs = collections.namedtuple("Repairs", "widened float_ops")
+# What the quantizer could not take, repaired before it sees it: the tensors whose ranges were widened, the ops
+# kept float because a range they write or read is unbounded, and the softmax inputs whose ranges were narrowed
+# to what their softmax can tell apart (`softmax_floors`).
+Repairs = collections.namedtuple("Repairs", "widened float_ops narrowed", defaults=((),))
 
 
-def repaired(calibrated_model, ranges):
+def repaired(calibrated_model, ranges, floors=None):
     """(the calibrated model with `ranges` ({tensor index: (smallest, largest)} of `recorded_tensors`) as its
     tensors' recorded ranges, each one the quantizer can take, `Repairs`).
 
     A degenerate range (narrower than DEGENERATE_SPAN) is widened. An unbounded one is taken away, and the op
     writing it and those reading it stay float (`quantized`'s float_ops), computing what the float model does.
+    `floors` ({tensor index: value}, `softmax_floors`) raise the smallest value of the ranges they name.
     """
     model = flatbuffer_model.as_object(calibrated_model)
     subgraph = model.subgraphs[0]
     names = [flatbuffer_model.tensor_name(tensor) for tensor in subgraph.tensors]
+    ranges, narrowed = _raised_to_floors(ranges, floors or {}, names)
     widened, unbounded = [], set()
     for index, tensor in enumerate(subgraph.tensors):
         quantization = tensor.quantization
@@ -241,7 +245,17 @@ def repaired(calibrated_model, ranges):
             widened.append(names[index])
     float_ops = {names[operator.outputs[0]] for operator in subgraph.operators
                  if len(operator.outputs) and unbounded & (set(operator.inputs) | set(operator.outputs))}
-    return flatbuffer_model.as_bytes(model, len(calibrated_model)), Repairs(widened, sorted(float_ops))
+    return flatbuffer_model.as_bytes(model, len(calibrated_model)), Repairs(widened, sorted(float_ops), narrowed)
+
+
+def _raised_to_floors(ranges, floors, names):
+    """(`ranges` with each smallest value below its tensor's floor raised to it, the names of those raised)."""
+    raised, narrowed = dict(ranges), []
+    for index, floor in floors.items():
+        if index in raised and raised[index][0] < floor <= raised[index][1]:
+            raised[index] = (floor, raised[index][1])
+            narrowed.append(names[index])
+    return raised, sorted(narrowed)
 
 
 Op = collections.namedtuple("Op", "name kind inputs outputs called", defaults=((),))
@@ -286,3 +300,56 @@ def _subgraphs_called(operator):
         if "subgraph" in field.lower() and value is not None:
             called.update(int(index) for index in np.atleast_1d(value))
     return called
+
+
+# A SOFTMAX rounds each exp(beta (x - the largest x of its row)) under half its output's step to 0 (int8: a step
+# of 1/256; int16: 1/32768, and LiteRT's int16 kernel reads exp from a table that ends at exp(-10)): an input
+# further than SOFTMAX_REACH / beta below its row's largest computes the same there as a value that far below.
+# A masked score is such a value, and it set the range: Keras 3's Softmax selects -1e9 where its mask is 0 (every
+# keras-hub decoder's causal mask), MultiHeadAttention's float32's lowest. On that range's grid every score
+# rounded to 0 (int8 steps of 4e6: each attention uniform, in the stock converter's models too), and LiteRT's
+# int16 SOFTMAX overflowed its rescale of the differences (masked scores weighed as much as the rest).
+SOFTMAX_REACH = {False: math.log(2 * 256), True: math.log(2 * 32768)}
+# Ops that move values, which the quantizers hold on their input's scale: a floor of their output is one of their
+# input's (a mask selected, then reshaped for the softmax).
+_MOVING_VALUES = ("RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE")
+_SELECTIONS = ("SELECT", "SELECT_V2")
+
+
+def softmax_inputs(calibrated_model):
+    """{tensor index: beta} of each tensor a SOFTMAX of the main graph reads."""
+    model = flatbuffer_model.as_object(calibrated_model)
+    return {operator.inputs[0]: float(operator.builtinOptions.beta)
+            for operator in model.subgraphs[0].operators or ()
+            if op_name(model, operator) == "SOFTMAX" and operator.builtinOptions is not None}
+
+
+def softmax_floors(calibrated_model, recorded, int16):
+    """{tensor index: the smallest value its range needs} for each softmax input of `recorded`
+    (`calibration.Recorded`) that a selection of a constant (a mask's fill) computes, directly or through ops that
+    move values, and for each tensor on that way, where the softmax and those ops alone read them: what lies
+    below computes the softmax's output as the floor does (SOFTMAX_REACH). The selection writes on the floor's
+    grid, and its constant saturates there. (An added mask is left alone: LiteRT's optimized int8 ADD carried an
+    operand on a scale hundreds of times its output's wrongly, a masked -1e4 to +7.4, and its int16 ADD aborts
+    the process on such an output.)
+
+    The floor is the smallest largest value of a row over the samples, less as much again as those largest values
+    spread apart (a row below any seen), less the softmax's reach."""
+    model = flatbuffer_model.as_object(calibrated_model)
+    subgraph = model.subgraphs[0]
+    betas = softmax_inputs(calibrated_model)
+    readers = collections.Counter(index for operator in subgraph.operators or () for index in operator.inputs)
+    readers.update(subgraph.outputs)
+    producers = {index: operator for operator in subgraph.operators or () for index in operator.outputs}
+    floors = {}
+    for index, (smallest, largest) in recorded.row_maxima.items():
+        floor = smallest - (largest - smallest) - SOFTMAX_REACH[int16] / betas[index]
+        way = [index]
+        while readers[way[-1]] == 1 and way[-1] in producers and \
+                op_name(model, producers[way[-1]]) in _MOVING_VALUES:
+            way.append(producers[way[-1]].inputs[0])
+        selection = producers.get(way[-1])
+        if readers[way[-1]] == 1 and selection is not None and op_name(model, selection) in _SELECTIONS and any(
+                flatbuffer_model.is_constant(model, subgraph.tensors[operand]) for operand in selection.inputs[1:]):
+            floors.update(dict.fromkeys(way, floor))
+    return floors
