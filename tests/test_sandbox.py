@@ -209,6 +209,42 @@ def test_a_worker_s_garbage_collections_walk_none_of_what_the_zygote_imported(sm
     assert frozen > 100_000 and collectable < frozen / 20, (frozen, collectable)
 
 
+def test_a_worker_finds_what_tracing_a_keras_file_converts_with_autograph_already_converted(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """The zygote converts ahead, with autograph, what tracing a Keras model converts (loading.autograph_ahead):
+    in a worker, tracing a tf-keras .h5 of keras_gelu's layers parses and rewrites no function's source (each one
+    took 0.02-0.1 s of every conversion). The payload notes each conversion autograph makes in the worker, its
+    own function's too: the note is seen."""
+    import keras_gelu
+
+    inputs = keras.Input((8,))
+    hidden = keras_gelu.LearnableGELU()(keras_gelu.GELU(approximate="tanh")(keras.layers.Dense(16)(inputs)))
+    path = str(tmp_path / "model.h5")
+    keras.Model(inputs, keras.layers.Dense(4, activation=keras_gelu.GELU())(hidden)).save(path)
+    payload = tmp_path / "payload.py"
+    payload.write_text(textwrap.dedent("""
+        import os
+
+        import tensorflow as tf
+        from tensorflow.python.autograph.pyct import transpiler
+
+        original = transpiler.GenericTranspiler.transform_function
+
+        def noted(self, function, context):
+            print(f"autograph converts {function.__qualname__}", flush=True)
+            return original(self, function, context)
+
+        transpiler.GenericTranspiler.transform_function = noted
+        try:  # a function of the worker's own: noted, then refused (the worker may not read that module's source)
+            tf.autograph.to_graph(os.path.basename)
+        except Exception:
+            pass
+    """))
+    monkeypatch.setenv("KERAS_GELU_TEST_PAYLOAD", str(payload))
+    converters.convert(path)
+    assert re.findall(r"autograph converts (\S+)", capsys.readouterr().err) == ["basename"]
+
+
 @needs_landlock
 def test_the_report_says_what_confined_the_conversion(small_model):
     _, report = converters.convert(small_model)

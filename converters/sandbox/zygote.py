@@ -267,6 +267,9 @@ def main(import_keras_gelu):
     from keras_gelu import xla_kernels
 
     xla_kernels.compile_with_xla(False)  # a worker runs its model once: XLA's compiles would not pay for themselves
+    from ..reading import loading
+
+    loading.autograph_ahead()
     from . import worker
 
     limits = _own_limits()
