@@ -55,7 +55,7 @@ def recorded_ranges(calibrated_model, samples):
             highest[index] = np.maximum(high, highest.get(index, high))
         for index in softmax_inputs:
             rows = interpreter.get_tensor(index)
-            rows = rows.reshape(-1, rows.shape[-1]) if rows.ndim and rows.size else None
+            rows = rows.reshape(-1, rows.shape[-1]) if rows.ndim and rows.size and rows.dtype.kind == "f" else None
             # a row of one value (every score masked) is uniform on any grid: it asks for no floor
             varying = None if rows is None else rows.max(axis=-1)[rows.max(axis=-1) > rows.min(axis=-1)]
             if varying is not None and varying.size and np.all(np.isfinite(varying)):

@@ -317,11 +317,13 @@ _SELECTIONS = ("SELECT", "SELECT_V2")
 
 
 def softmax_inputs(calibrated_model):
-    """{tensor index: beta} of each tensor a SOFTMAX of the main graph reads."""
+    """{tensor index: beta} of each tensor a SOFTMAX of the main graph reads, with a beta above 0 (at 0 every
+    output is the same, whatever the input)."""
     model = flatbuffer_model.as_object(calibrated_model)
     return {operator.inputs[0]: float(operator.builtinOptions.beta)
             for operator in model.subgraphs[0].operators or ()
-            if op_name(model, operator) == "SOFTMAX" and operator.builtinOptions is not None}
+            if op_name(model, operator) == "SOFTMAX" and operator.builtinOptions is not None
+            and operator.builtinOptions.beta > 0}
 
 
 def softmax_floors(calibrated_model, recorded, int16):
@@ -330,8 +332,8 @@ def softmax_floors(calibrated_model, recorded, int16):
     move values, and for each tensor on that way, where the softmax and those ops alone read them: what lies
     below computes the softmax's output as the floor does (SOFTMAX_REACH). The selection writes on the floor's
     grid, and its constant saturates there. (An added mask is left alone: LiteRT's optimized int8 ADD carried an
-    operand on a scale hundreds of times its output's wrongly, a masked -1e4 to +7.4, and its int16 ADD aborts
-    the process on such an output.)
+    operand on a scale hundreds of times its output's wrongly, a masked -1e4 to +7.4, and an int16 model of an
+    added mask so narrowed aborted the process as LiteRT prepared it.)
 
     The floor is the smallest largest value of a row over the samples, less as much again as those largest values
     spread apart (a row below any seen), less the softmax's reach."""
