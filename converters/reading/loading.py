@@ -189,9 +189,9 @@ def autograph_ahead():
     """Convert with autograph, ahead, the functions that tracing a Keras model converts, so that a process forked
     afterwards (the sandbox's workers, from the zygote, which may run nothing of TensorFlow's) finds them in
     autograph's cache, kept by code object: parsing and rewriting each one's source took 0.02-0.1 s of every
-    worker's conversion of a Keras file (a tf-keras .h5 of two GELUs: 0.56 s, 0.44 s without). Autograph's
-    conversion is Python alone: it starts no thread, as TensorFlow's first run would. Its internals may move in
-    a TensorFlow release: then nothing is converted ahead."""
+    worker's conversion of a Keras file (a tf-keras .h5 of two GELUs converted in 0.56 s, in 0.44 s with them
+    converted ahead). Autograph's conversion is Python alone: it starts no thread, as TensorFlow's first run
+    would. Its internals may move in a TensorFlow release: then nothing is converted ahead."""
     try:
         from tensorflow.python.autograph.core import converter
         from tensorflow.python.autograph.impl import api

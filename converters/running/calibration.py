@@ -62,4 +62,3 @@ def recorded_ranges(calibrated_model, samples):
                 smallest, largest = row_maxima.get(index, (np.inf, -np.inf))
                 row_maxima[index] = (min(float(varying.min()), smallest), max(float(varying.max()), largest))
     return Recorded({index: (float(lowest[index]), float(highest[index])) for index in lowest}, row_maxima)
-
