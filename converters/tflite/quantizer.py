@@ -138,7 +138,13 @@ def _as_written(tflite_model, hidden):
                                                                _key(subgraph_index, subgraph, operator)
                                                                in hidden.kept_float)]
         for index, tensor in enumerate(subgraph.tensors):
-            if flatbuffer_model.per_tensor_scale(tensor) == 0 and model.buffers[tensor.buffer].data is not None:
+            scale = flatbuffer_model.per_tensor_scale(tensor)
+            if scale is None or 0 < scale < np.inf or model.buffers[tensor.buffer].data is None:
+                continue
+            value = _one_value(tensor)
+            if value:
+                _on_its_own_grid(model, tensor, value)
+            else:
                 tensor.quantization.scale = np.array([_finest_beside(subgraph, index)], np.float32)
     flatbuffer_model.drop_unused_codes(model)
     return flatbuffer_model.as_bytes(model, len(tflite_model))
@@ -185,6 +191,28 @@ def _float_constant(model, subgraph, index, grid):
     values = np.frombuffer(model.buffers[tensor.buffer].data.tobytes(), dtype).astype(np.float64) - zero_point
     return flatbuffer_model.constant(model, subgraph, (values * scale).astype(np.float32).reshape(tensor.shape),
                                      schema.TensorType.FLOAT32, f"{flatbuffer_model.tensor_name(tensor)}/float")
+
+
+def _one_value(tensor):
+    """The one value a constant holds, as the quantizer recorded its range (its smallest and largest alike), or
+    None."""
+    low, high = tensor.quantization.min, tensor.quantization.max
+    if low is None or high is None or len(low) != 1 or len(high) != 1 or low[0] != high[0]:
+        return None
+    return float(low[0])
+
+
+def _on_its_own_grid(model, tensor, value):
+    """A constant of one value other than 0 put on the grid whose largest step is that value: the quantizer gave
+    it a scale of NaN (its range's span, 0, divided by 0: a LayerNormalization's gamma of ones, before training,
+    as ConvNeXt's head keeps it), and its integers are what NaN rounded to."""
+    dtype = np.int8 if tensor.type == schema.TensorType.INT8 else np.int16
+    largest = np.iinfo(dtype).max
+    count = int(np.prod(tensor.shape)) if tensor.shape is not None else 1
+    data = np.full(count, np.sign(value) * largest, dtype)
+    model.buffers[tensor.buffer].data = np.frombuffer(data.tobytes(), np.uint8)
+    tensor.quantization.scale = np.array([abs(value) / largest], np.float32)
+    tensor.quantization.zeroPoint = np.zeros(1, np.int64)
 
 
 def _finest_beside(subgraph, index):
