@@ -149,6 +149,11 @@ def tensor_name(tensor):
     return tensor.name.decode() if isinstance(tensor.name, bytes) else str(tensor.name)
 
 
+def integer_dtype(tensor_type):
+    """The numpy dtype of an int8 or int16 tensor type (the integer types activations are quantized to)."""
+    return np.int8 if tensor_type == schema.TensorType.INT8 else np.int16
+
+
 def is_constant(model, tensor):
     """Whether a tensor holds data of its own (buffer 0 is the empty one every computed tensor points at)."""
     data = model.buffers[tensor.buffer].data if 0 < tensor.buffer < len(model.buffers) else None

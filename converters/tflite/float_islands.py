@@ -35,8 +35,8 @@ def _code(model, operator):
 
 def _minus_one(model, subgraph, integer_type, name):
     """A constant int8 (or int16) tensor holding -1 exactly: the quantized value -127 (-32767) at scale 1/127."""
-    largest = 127 if integer_type == schema.TensorType.INT8 else 32767
-    dtype = np.int8 if integer_type == schema.TensorType.INT8 else np.int16
+    dtype = flatbuffer_model.integer_dtype(integer_type)
+    largest = np.iinfo(dtype).max
     return flatbuffer_model.constant(model, subgraph, np.array([-largest], dtype), integer_type, name,
                                      _grid(1.0 / largest, 0))
 
@@ -107,7 +107,7 @@ def _float_constant(model, tensor):
 
 def _on_grid(values, scale, zero_point, integer_type):
     """`values` as the integers they are on the grid (scale, zero point), or None where one is off it."""
-    info = np.iinfo(np.int8 if integer_type == schema.TensorType.INT8 else np.int16)
+    info = np.iinfo(flatbuffer_model.integer_dtype(integer_type))
     steps = values.astype(np.float64) / scale + zero_point
     # a grid point written in float32 is within float32's rounding of a whole step (1e-5 of one at 127 steps)
     if not np.all(np.isfinite(steps)) or np.max(np.abs(steps - np.round(steps)), initial=0.0) > _OFF_GRID \

@@ -187,7 +187,7 @@ def _float_where_written(model, subgraph, operator, hidden_float):
 def _float_constant(model, subgraph, index, grid):
     """A float32 constant of tensor `index`'s values on its grid: its index."""
     tensor, (scale, zero_point) = subgraph.tensors[index], grid
-    dtype = np.int8 if tensor.type == schema.TensorType.INT8 else np.int16
+    dtype = flatbuffer_model.integer_dtype(tensor.type)
     values = np.frombuffer(model.buffers[tensor.buffer].data.tobytes(), dtype).astype(np.float64) - zero_point
     return flatbuffer_model.constant(model, subgraph, (values * scale).astype(np.float32).reshape(tensor.shape),
                                      schema.TensorType.FLOAT32, f"{flatbuffer_model.tensor_name(tensor)}/float")
@@ -206,7 +206,7 @@ def _on_its_own_grid(model, tensor, value):
     """A constant of one value other than 0 put on the grid whose largest step is that value: the quantizer gave
     it a scale of NaN (its range's span, 0, divided by 0: a LayerNormalization's gamma of ones, before training,
     as ConvNeXt's head keeps it), and its integers are what NaN rounded to."""
-    dtype = np.int8 if tensor.type == schema.TensorType.INT8 else np.int16
+    dtype = flatbuffer_model.integer_dtype(tensor.type)
     largest = np.iinfo(dtype).max
     count = int(np.prod(tensor.shape)) if tensor.shape is not None else 1
     data = np.full(count, np.sign(value) * largest, dtype)
