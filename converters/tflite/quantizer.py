@@ -139,13 +139,12 @@ def _as_written(tflite_model, hidden):
                                                                in hidden.kept_float)]
         for index, tensor in enumerate(subgraph.tensors):
             scale = flatbuffer_model.per_tensor_scale(tensor)
-            if scale is None or 0 < scale < np.inf or model.buffers[tensor.buffer].data is None:
+            if scale is None or model.buffers[tensor.buffer].data is None:
                 continue
-            value = _one_value(tensor)
-            if value:
-                _on_its_own_grid(model, tensor, value)
-            else:
+            if scale == 0:
                 tensor.quantization.scale = np.array([_finest_beside(subgraph, index)], np.float32)
+            elif np.isnan(scale) and (value := _one_value(tensor)):  # another NaN stays, for the validation
+                _on_its_own_grid(model, tensor, value)
     flatbuffer_model.drop_unused_codes(model)
     return flatbuffer_model.as_bytes(model, len(tflite_model))
 
