@@ -23,8 +23,9 @@ from . import verify
 
 
 # {tensor index: (smallest, largest)} of each tensor the calibrator recorded a range for, and {tensor index: (the
-# smallest, the largest) of the largest values of its rows} of each softmax input, over the samples
-Recorded = collections.namedtuple("Recorded", "ranges row_maxima")
+# smallest, the largest) of the largest values of its rows} of each softmax input, over the samples; and each
+# softmax input's beta (`quantizer.softmax_inputs`)
+Recorded = collections.namedtuple("Recorded", "ranges row_maxima softmax_betas")
 
 
 def recorded_ranges(calibrated_model, samples):
@@ -61,4 +62,5 @@ def recorded_ranges(calibrated_model, samples):
             if varying is not None and varying.size and np.all(np.isfinite(varying)):
                 smallest, largest = row_maxima.get(index, (np.inf, -np.inf))
                 row_maxima[index] = (min(float(varying.min()), smallest), max(float(varying.max()), largest))
-    return Recorded({index: (float(lowest[index]), float(highest[index])) for index in lowest}, row_maxima)
+    return Recorded({index: (float(lowest[index]), float(highest[index])) for index in lowest}, row_maxima,
+                    softmax_inputs)

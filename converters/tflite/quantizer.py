@@ -366,13 +366,12 @@ def softmax_floors(calibrated_model, recorded, int16):
     spread apart (a row below any seen), less the softmax's reach."""
     model = flatbuffer_model.as_object(calibrated_model)
     subgraph = model.subgraphs[0]
-    betas = softmax_inputs(calibrated_model)
     readers = collections.Counter(index for operator in subgraph.operators or () for index in operator.inputs)
     readers.update(subgraph.outputs)
     producers = {index: operator for operator in subgraph.operators or () for index in operator.outputs}
     floors = {}
     for index, (smallest, largest) in recorded.row_maxima.items():
-        floor = smallest - (largest - smallest) - SOFTMAX_REACH[int16] / betas[index]
+        floor = smallest - (largest - smallest) - SOFTMAX_REACH[int16] / recorded.softmax_betas[index]
         way = [index]
         while readers[way[-1]] == 1 and way[-1] in producers and \
                 op_name(model, producers[way[-1]]) in _MOVING_VALUES:
