@@ -167,7 +167,7 @@ def _integer_constant(model, subgraph, values, float_tensor, integer_tensor):
     quantization = _grid(integer_tensor.quantization.scale[0], integer_tensor.quantization.zeroPoint[0])
     shaped = values if float_tensor.shape is None else np.reshape(values, float_tensor.shape)
     return flatbuffer_model.constant(model, subgraph, shaped, integer_tensor.type,
-                     flatbuffer_model.tensor_name(float_tensor) + "/keras_gelu_on_grid", quantization)
+                                     flatbuffer_model.tensor_name(float_tensor) + "/keras_gelu_on_grid", quantization)
 
 
 # Ops each element of whose result is computed from the same element of their operands alone (a constant of one
@@ -369,9 +369,10 @@ def _lookup(model, subgraph, integer_in, integer_out, table):
                                        f"{name}/offset")
     if table.dtype == np.int8:
         values = flatbuffer_model.constant(model, subgraph, table, schema.TensorType.INT8, f"{name}/table",
-                           _grid(*per_tensor_grid(subgraph.tensors[integer_out])))
+                                           _grid(*per_tensor_grid(subgraph.tensors[integer_out])))
     else:
-        values = flatbuffer_model.constant(model, subgraph, table, subgraph.tensors[integer_out].type, f"{name}/table")
+        values = flatbuffer_model.constant(model, subgraph, table, subgraph.tensors[integer_out].type,
+                                           f"{name}/table")
     cast = schema.OperatorT()
     cast.opcodeIndex = flatbuffer_model.opcode_index(model, "CAST")
     cast.builtinOptionsType, cast.builtinOptions = schema.BuiltinOptions.CastOptions, schema.CastOptionsT()
