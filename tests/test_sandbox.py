@@ -214,7 +214,9 @@ def test_a_worker_finds_what_tracing_a_keras_file_converts_with_autograph_alread
     """The zygote converts ahead, with autograph, what tracing a Keras model converts (loading.autograph_ahead):
     in a worker, tracing a tf-keras .h5 of keras_gelu's layers parses and rewrites no function's source (each one
     took 0.02-0.1 s of every conversion). The payload notes each conversion autograph makes in the worker, its
-    own function's too: the note is seen."""
+    own function's too: the note is seen. And the worker inherits no generated module in sys.modules: their
+    files, written in the shared /tmp, became read rules of every worker (and a file another user could plant
+    the bytecode of), where the zygote now writes them in a folder of its own, removed."""
     import keras_gelu
 
     inputs = keras.Input((8,))
@@ -224,6 +226,7 @@ def test_a_worker_finds_what_tracing_a_keras_file_converts_with_autograph_alread
     payload = tmp_path / "payload.py"
     payload.write_text(textwrap.dedent("""
         import os
+        import sys
 
         import tensorflow as tf
         from tensorflow.python.autograph.pyct import transpiler
@@ -235,6 +238,8 @@ def test_a_worker_finds_what_tracing_a_keras_file_converts_with_autograph_alread
             return original(self, function, context)
 
         transpiler.GenericTranspiler.transform_function = noted
+        generated = [name for name in sys.modules if name.startswith("__autograph_generated_file")]
+        print(f"generated modules inherited: {len(generated)}", flush=True)
         try:  # a function of the worker's own: noted, then refused (the worker may not read that module's source)
             tf.autograph.to_graph(os.path.basename)
         except Exception:
@@ -242,7 +247,9 @@ def test_a_worker_finds_what_tracing_a_keras_file_converts_with_autograph_alread
     """))
     monkeypatch.setenv("KERAS_GELU_TEST_PAYLOAD", str(payload))
     converters.convert(path)
-    assert re.findall(r"autograph converts (\S+)", capsys.readouterr().err) == ["basename"]
+    printed = capsys.readouterr().err
+    assert re.findall(r"autograph converts (\S+)", printed) == ["basename"]
+    assert re.search(r"generated modules inherited: 0\b", printed), printed
 
 
 @needs_landlock

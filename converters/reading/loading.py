@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import os
 import re
+import shutil
 import sys
 import tempfile
 import types
@@ -191,20 +192,34 @@ def autograph_ahead():
     autograph's cache, kept by code object: parsing and rewriting each one's source took 0.02-0.1 s of every
     worker's conversion of a Keras file (a tf-keras .h5 of two GELUs converted in 0.56 s, in 0.44 s with them
     converted ahead). Autograph's conversion is Python alone: it starts no thread, as TensorFlow's first run
-    would. Its internals may move in a TensorFlow release: then nothing is converted ahead."""
+    would. Its internals may move in a TensorFlow release: then nothing is converted ahead.
+
+    Autograph writes each module it makes to a file of the temporary folder and imports it from there: here in
+    a folder of this process's own (the shared /tmp would let another user plant the bytecode Python reads
+    first, in /tmp/__pycache__), removed once they are imported, and the modules are taken out of sys.modules
+    (they live on in the functions that use them), whose files the sandbox's workers are given to read."""
     try:
         from tensorflow.python.autograph.core import converter
         from tensorflow.python.autograph.impl import api
     except ImportError:
         return
-    for function, top_level in _converted_when_traced():
-        if function is None:
-            continue
-        options = converter.ConversionOptions(recursive=True, optional_features=None, user_requested=top_level)
-        try:
-            api._convert_actual(function, converter.ProgramContext(options=options))  # noqa: SLF001
-        except Exception:  # noqa: BLE001 - a function autograph will not convert ahead, it converts in the worker
-            pass
+    folder, modules = tempfile.mkdtemp(prefix="keras_gelu_autograph_"), set(sys.modules)
+    tempfile.tempdir, previous = folder, tempfile.tempdir
+    try:
+        for function, top_level in _converted_when_traced():
+            if function is None:
+                continue
+            options = converter.ConversionOptions(recursive=True, optional_features=None, user_requested=top_level)
+            try:
+                api._convert_actual(function, converter.ProgramContext(options=options))  # noqa: SLF001
+            except Exception:  # noqa: BLE001 - a function autograph will not convert ahead, the worker converts
+                pass
+    finally:
+        tempfile.tempdir = previous
+        for name in set(sys.modules) - modules:
+            if name.startswith("__autograph_generated_file"):
+                del sys.modules[name]
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _converted_when_traced():
