@@ -101,10 +101,10 @@ class ActivationRange:
         return self.quantize(x, training)
 
     def observe(self, x, training=False):
-        """In training, moves the range towards x's (the first batch sets it). Each variable is read once and the
-        moving average written in tfmot's form: tracing a QAT model's training step makes these ops once per
-        range, and the fewer there are, the sooner `fit` starts (57 graph ops a range where it made them as
-        written, 11.5 ms of tracing each on an AVX-512 Xeon)."""
+        """In training, moves the range towards x's (the first batch sets it), the moving average in tfmot's
+        form. A training step's trace makes these ops once for each range of the model, and the fewer they are,
+        the sooner `fit` starts: with the guard `quantize` leaves out in training, 45 graph ops a range where
+        there were 57 (a two-block QAT transformer's first `fit` 8.6 -> 7.2 s on an AVX-512 Xeon)."""
         if not training:
             return
         x = keras.ops.cast(x, "float32")
