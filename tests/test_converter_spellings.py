@@ -66,7 +66,7 @@ def _cases_here():
     if LEG == "tf218":
         return [(name, *conversion) for name in todays_share(spellings, 11) for conversion in MODES_HERE]
     cases = [(name, *conversion) for name in spellings for conversion in MODES_HERE]
-    return todays_share(cases, len(cases) // 4)
+    return todays_share(cases, -(-len(cases) // 4))
 
 
 CASES_HERE = _cases_here()
