@@ -423,6 +423,22 @@ def _buffers_after_the_flatbuffer(tflite_model):
     return offsets, b"buffer_location" in names
 
 
+def test_the_readers_of_one_tflite_share_one_unpacking_and_a_writer_gets_its_own():
+    """A conversion's checks and reports each read its .tflite (flatbuffer_model.read): the same bytes are
+    unpacked once, into the model each reader sees; a writer's model (as_object) is its own, so that an edit
+    never shows to a reader; and a mutable buffer, whose content may change under the same object, is unpacked
+    at every read."""
+    tflite_model = _dense_gelu(np.eye(8, dtype=np.float32))
+    shared = flatbuffer_model.read(tflite_model)
+    assert flatbuffer_model.read(tflite_model) is shared
+    own = flatbuffer_model.as_object(tflite_model)
+    assert own is not shared
+    own.subgraphs[0].tensors[0].name = b"edited"
+    assert flatbuffer_model.read(tflite_model).subgraphs[0].tensors[0].name != b"edited"
+    mutable = bytearray(tflite_model)
+    assert flatbuffer_model.read(mutable) is not flatbuffer_model.read(mutable)
+
+
 @pytest.mark.parametrize("options, atol", [
     ({"exact_as": "erf"}, ERF_FORM_ATOL),
     ({"mode": "native"}, ERF_FORM_ATOL),  # LiteRT's GELU op against float64: float32 rounding of erf

@@ -41,7 +41,7 @@ def op_name(model, operator):
 
 def operators(tflite_model):
     """Every operator of every subgraph with the type of its first output."""
-    model = flatbuffer_model.as_object(tflite_model)
+    model = flatbuffer_model.read(tflite_model)
     result = []
     for subgraph in model.subgraphs:
         graph_inputs, graph_outputs = set(subgraph.inputs), set(subgraph.outputs)
@@ -67,7 +67,7 @@ def per_tensor_grid(tensor, types=(schema.TensorType.INT8,)):
 
 def output_scales(tflite_model):
     """The int8 scale of each output of the main subgraph (read before a final DEQUANTIZE), or None."""
-    model = flatbuffer_model.as_object(tflite_model)
+    model = flatbuffer_model.read(tflite_model)
     subgraph = model.subgraphs[0]
     producers = {output: operator for operator in subgraph.operators for output in operator.outputs}
 

@@ -48,7 +48,7 @@ def quantized(calibrated_model, int8_io, float_ops=()):
 def recorded_tensors(calibrated_model):
     """The indices of the main subgraph's tensors the calibrator recorded one range for (activations: weights
     have none until they are quantized, per channel)."""
-    subgraph = flatbuffer_model.as_object(calibrated_model).subgraphs[0]
+    subgraph = flatbuffer_model.read(calibrated_model).subgraphs[0]
     return [index for index, tensor in enumerate(subgraph.tensors) if _one_range(tensor.quantization)]
 
 
@@ -293,7 +293,7 @@ def ops(calibrated_model):
     output's), its kind, the names of the tensors it reads that an op computes, and of those it writes, and the
     names of the ops it runs in subgraphs of their own: an IF's branches, a WHILE's condition and body, and what
     those call in turn)."""
-    model = flatbuffer_model.as_object(calibrated_model)
+    model = flatbuffer_model.read(calibrated_model)
     subgraph = model.subgraphs[0]
     names = [flatbuffer_model.tensor_name(tensor) for tensor in subgraph.tensors]
     computed = {index for operator in subgraph.operators for index in operator.outputs}
@@ -346,7 +346,7 @@ _SELECTIONS = ("SELECT", "SELECT_V2")
 def softmax_inputs(calibrated_model):
     """{tensor index: beta} of each tensor a SOFTMAX of the main graph reads, with a beta above 0 (at 0 every
     output is the same, whatever the input)."""
-    model = flatbuffer_model.as_object(calibrated_model)
+    model = flatbuffer_model.read(calibrated_model)
     return {operator.inputs[0]: float(operator.builtinOptions.beta)
             for operator in model.subgraphs[0].operators or ()
             if op_name(model, operator) == "SOFTMAX" and operator.builtinOptions is not None
@@ -364,7 +364,7 @@ def softmax_floors(calibrated_model, recorded, int16):
 
     The floor is the smallest largest value of a row over the samples, less as much again as those largest values
     spread apart (a row below any seen), less the softmax's reach."""
-    model = flatbuffer_model.as_object(calibrated_model)
+    model = flatbuffer_model.read(calibrated_model)
     subgraph = model.subgraphs[0]
     readers = collections.Counter(index for operator in subgraph.operators or () for index in operator.inputs)
     readers.update(subgraph.outputs)

@@ -26,7 +26,7 @@ def problem(tflite_model):
             buffer = root.Buffers(index)
             if buffer.Offset() and buffer.Offset() + buffer.Size() > len(tflite_model):
                 return f"buffer {index} lies outside the file (offset {buffer.Offset()}, size {buffer.Size()})"
-        model = flatbuffer_model.as_object(tflite_model)
+        model = flatbuffer_model.read(tflite_model)
     except Exception as error:  # noqa: BLE001 - the flatbuffer readers fail in whatever way the bytes lead them to
         return f"its flatbuffer cannot be read ({type(error).__name__})"
     not_text = next((where for where, name in _names(model) if not _is_text(name)), None)

@@ -18,7 +18,7 @@ _FLEX_PREFIX = "Flex"
 
 def flex_nodes(tflite_model):
     """The NodeDef of every Flex op in every subgraph of a .tflite."""
-    model = flatbuffer_model.as_object(tflite_model)
+    model = flatbuffer_model.read(tflite_model)
     for subgraph in model.subgraphs or ():
         for operator in subgraph.operators or ():
             code = flatbuffer_model.custom_code(model.operatorCodes[operator.opcodeIndex])
