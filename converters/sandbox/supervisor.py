@@ -152,7 +152,9 @@ def run(job, scratch_folder, destination, progress=None):
     folder, which the caller made and removes (scratch.remove); the .tflite, checked in a fresh confined
     process, is copied into `destination` (a binary file open for writing, a path of its own: the caller's).
     `progress(step)`, if given, hears the step every half second."""
-    job = {**job, **_test_switches(), "scratch": scratch_folder}
+    # the packages registered since the zygote started too: it imports them once, for every later worker
+    job = {**job, **_test_switches(), "scratch": scratch_folder,
+           "preload": [*job.get("preload", ()), *_registering_packages()]}
     progress = progress or (lambda step: None)
     with _lock:
         zygote, ended = _ran(job, progress)

@@ -26,8 +26,9 @@ from . import policy
 from . import scratch
 
 # What every worker runs: the pipeline (which imports TensorFlow, Keras and the layers), and LiteRT, where it
-# is installed; then the packages its arguments name. A target's runtime (TFLite Micro, Vela: a second's
-# import between them) is imported when the first job that runs it comes, and kept for the next.
+# is installed; then the packages its arguments name. What a job names besides (a target's runtime: TFLite
+# Micro, Vela, a second's import between them; a package the caller registered Keras classes of since) is
+# imported when the first job that names it comes, and kept for the next.
 PRELOAD = ("keras_gelu.converters.running.pipeline",)
 OPTIONAL = ("ai_edge_litert.interpreter", "h5py")
 # Keras imports scikit-learn and matplotlib at its own import where they are installed, for its scikit-learn
