@@ -258,20 +258,27 @@ def test_a_package_registered_after_the_zygote_started_is_imported_there_once_no
     and the zygote imports one registered since it started before it forks the job's worker, as it imports those
     registered before at its start: no worker imports it again for its file (keras-hub, registered after a first
     conversion: each conversion of a BERT backbone 1.3-1.4 s, 1.0-1.1 s so). The payload looks, in the worker,
-    before the file is loaded."""
-    site = tmp_path / "site"
+    before the file is loaded. A package the zygote could not import (in the caller's own folder, not on the
+    zygote's path) is not tried again before each later job: a module of its name planted since in a folder on
+    the zygote's path would run there, unconfined (an attacker helper's reproduction)."""
+    site, own = tmp_path / "site", tmp_path / "own"
     (site / "late_registered_layers").mkdir(parents=True)
-    (site / "late_registered_layers" / "__init__.py").write_text(textwrap.dedent("""
+    own.mkdir()
+    layer = textwrap.dedent("""
         from keras_gelu.flavour import keras
 
-        @keras.saving.register_keras_serializable(package="late_registered_layers")
+        @keras.saving.register_keras_serializable(package="{package}")
         class Doubled(keras.layers.Layer):
             def call(self, x):
                 return 2.0 * x
-    """))
+    """)
+    (site / "late_registered_layers" / "__init__.py").write_text(layer.format(package="late_registered_layers"))
+    (own / "callers_own_layers.py").write_text(layer.format(package="callers_own_layers"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    converters.convert(small_model)  # this environment's zygote, started before the package is registered
+    converters.convert(small_model)  # this environment's zygote, started before the packages are registered
     monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(own))
+    import callers_own_layers  # noqa: F401
     import late_registered_layers
 
     try:
@@ -283,9 +290,14 @@ def test_a_package_registered_after_the_zygote_started_is_imported_there_once_no
         capsys.readouterr()
         converters.convert(path)
         assert "imported before the file: True" in capsys.readouterr().err
+        planted = tmp_path / "the planted module ran"
+        (site / "callers_own_layers.py").write_text(f"open({str(planted)!r}, 'w').close()\n")
+        converters.convert(small_model)
+        assert not planted.exists()
     finally:  # the next tests' jobs name none of it
-        keras.saving.get_custom_objects().pop("late_registered_layers>Doubled", None)
-        sys.modules.pop("late_registered_layers", None)
+        for name in ("late_registered_layers", "callers_own_layers"):
+            keras.saving.get_custom_objects().pop(f"{name}>Doubled", None)
+            sys.modules.pop(name, None)
 
 
 @needs_landlock

@@ -240,8 +240,16 @@ def _limits_restored(expected):
     return True
 
 
+# The names an import was tried for: each once. A name that would not import is not tried again before each
+# later job, when a module of that name planted since in a folder on the zygote's path would run here, unconfined.
+_TRIED = set()
+
+
 def _import_where_installed(names):
     for name in names:
+        if name in _TRIED:
+            continue
+        _TRIED.add(name)
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a package that will not import here is one a worker imports, or not
