@@ -73,7 +73,7 @@ CASES_HERE = _cases_here()
 
 
 @pytest.mark.parametrize("name, mode, exact_as", CASES_HERE,
-                         ids=[f"{name}-{conversions.ids([(mode, exact_as)])[0]}" for name, mode, exact_as in CASES_HERE])
+                         ids=[f"{name}-{conversions.ids([conversion])[0]}" for name, *conversion in CASES_HERE])
 def test_spelling(saved, name, mode, exact_as):
     _, function, alpha = spelling_models.SPELLINGS[name]
     try:
