@@ -113,7 +113,7 @@ class ActivationRange:
         if _calibrating[0]:
             low, high = batch_low, batch_high
         else:
-            low, high = keras.ops.convert_to_tensor(self.low), keras.ops.convert_to_tensor(self.high)
+            low, high = self.low, self.high
             # The first training batch sets the range outright (no batch has, while it is still the initial
             # [-6, 6]): a moving average from [-6, 6] keeps a real model's range there for thousands of steps,
             # and its small values (a variance, a normalized row) on a grid of 12/255.
