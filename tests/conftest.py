@@ -96,6 +96,19 @@ def todays_share(cases, count):
     return [cases[index] for index in sorted(order[(start + offset) % len(cases)] for offset in range(count))]
 
 
+class BuiltOnFirstUse(dict):
+    """key -> what `build(key)` makes, each built when a test first asks for it: a module-scoped fixture of
+    costly cases of which a leg's share of the tests uses some."""
+
+    def __init__(self, build):
+        super().__init__()
+        self._build = build
+
+    def __missing__(self, key):
+        self[key] = built = self._build(key)
+        return built
+
+
 def run_command(*argv, terminal=False, **environment):
     """The installed keras-gelu-convert in a process of its own, as a user's shell runs it: at TensorFlow's
     default log level (the suite's is quieter), so that the native chatter the command filters is there, with

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import keras_gelu
+from conftest import BuiltOnFirstUse
 from conftest import IS_KERAS3
 from conftest import clear_keras_state
 from conftest import keras
@@ -352,20 +353,16 @@ def _trained_as_lookup_table(name, qat_mode):
     return (name == "keras 'gelu' string" and not IS_KERAS3) or (qat_mode == "native" and name in exact_gelus)
 
 
-class _TrainedOnFirstUse(dict):
-    """{(activation, QAT mode): (trained QAT model, its inputs)}, each trained when a test first asks for it:
-    a run takes today's share of the conversions below, which need some of them."""
-
-    def __missing__(self, key):
-        name, qat_mode = key
-        clear_keras_state()
-        qat = keras_gelu.qat.quantize_model(_dense_model(ACTIVATIONS[name]()), mode=qat_mode)
-        # One epoch moves every bias off zero, where a float bias ADD would hide; eagerly, as tracing each
-        # model's training step cost more than its eight steps (training in a graph: the tests above).
-        x = _fit(qat, np.random.default_rng([7, list(ACTIVATIONS).index(name), QAT_TARGETS.index(qat_mode)]),
-                 epochs=1, run_eagerly=True)
-        self[key] = qat, x[:64]
-        return self[key]
+def _trained(key):
+    """(the QAT model an activation trains to for a QAT target mode, its inputs)."""
+    name, qat_mode = key
+    clear_keras_state()
+    qat = keras_gelu.qat.quantize_model(_dense_model(ACTIVATIONS[name]()), mode=qat_mode)
+    # One epoch moves every bias off zero, where a float bias ADD would hide; eagerly, as tracing each
+    # model's training step cost more than its eight steps (training in a graph: the tests above).
+    x = _fit(qat, np.random.default_rng([7, list(ACTIVATIONS).index(name), QAT_TARGETS.index(qat_mode)]),
+             epochs=1, run_eagerly=True)
+    return qat, x[:64]
 
 
 @pytest.fixture(scope="module")
@@ -374,7 +371,7 @@ def trained_qat_models():
     part), converted as the live model (test_quantize_scope_loads_saved_qat_models converts saved ones)."""
     if not HAS_QAT:
         pytest.skip("tfmot QAT needs tensorflow-model-optimization")
-    return _TrainedOnFirstUse()
+    return BuiltOnFirstUse(_trained)  # a run takes today's share of the conversions below: some of them
 
 
 def _qat_conversions():

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import conversions
 import tflite_helpers
+from conftest import BuiltOnFirstUse
 from conftest import IS_KERAS3
 from conftest import todays_share
 from keras_gelu import converters
@@ -148,18 +149,6 @@ def keras_hub_cases(tmp_path_factory):
     return cases
 
 
-class _BuiltOnFirstUse(dict):
-    """name -> case, each case built when a test first asks for it: a leg that converts one model builds one."""
-
-    def __init__(self, build):
-        super().__init__()
-        self._build = build
-
-    def __missing__(self, name):
-        self[name] = case = self._build(name)
-        return case
-
-
 @pytest.fixture(scope="module")
 def hugging_face_cases(tmp_path_factory):
     builders = _hugging_face_models()
@@ -179,7 +168,7 @@ def hugging_face_cases(tmp_path_factory):
         function = {"hf_bert_gelu": "exact", "hf_bert_quick_gelu": "sigmoid"}.get(name, "tanh")
         return Case(str(directory / "saved_model"), expected, inputs_npz, calibration_npz, arrays, function)
 
-    return _BuiltOnFirstUse(build_case)
+    return BuiltOnFirstUse(build_case)  # a leg that converts one model builds one
 
 
 def _unpadded(case, values):
