@@ -300,6 +300,48 @@ def test_a_package_registered_after_the_zygote_started_is_imported_there_once_no
             sys.modules.pop(name, None)
 
 
+def test_a_package_that_runs_a_tensorflow_op_as_it_is_imported_is_left_to_each_worker(small_model, tmp_path,
+                                                                                     monkeypatch):
+    """A zygote forks only with no thread but its own: a package whose import runs a TensorFlow op (a constant
+    computed at module level) starts TensorFlow's thread pools, and a worker forked after it waited on them until
+    its time limit (an attacker helper's find). The zygote ends instead, naming the package, and the next leaves
+    it to each worker, which imports it confined (its folder among what it may read): the model converts, in
+    either Keras flavour, and so does every later one, from a zygote that still holds no thread."""
+    from keras_gelu.converters.sandbox import supervisor
+
+    site = tmp_path / "site"
+    (site / "op_at_import_layers").mkdir(parents=True)
+    (site / "op_at_import_layers" / "__init__.py").write_text(textwrap.dedent("""
+        import tensorflow as tf
+        from keras_gelu.flavour import keras
+
+        SCALE = float(tf.constant(2.0) * 1.0)
+
+        @keras.saving.register_keras_serializable(package="op_at_import_layers")
+        class Scaled(keras.layers.Layer):
+            def call(self, x):
+                return SCALE * x
+    """))
+    os.chmod(tmp_path, 0o755)  # the worker, as nobody where it may be, reads the package
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    converters.convert(small_model)  # this environment's zygote, started before the package is registered
+    monkeypatch.syspath_prepend(str(site))
+    import op_at_import_layers
+
+    try:
+        path = str(tmp_path / "model.keras")
+        keras.Sequential([keras.Input((4,)), op_at_import_layers.Scaled(), keras.layers.Dense(2)]).save(path)
+        _, report = converters.convert(path, time_limit=60)
+        assert report.verified and all(c["passed"] for c in report.fidelity), report.fidelity
+        assert "op_at_import_layers" in supervisor._unforkable
+        converters.convert(small_model, time_limit=60)
+        zygote = next(iter(supervisor._zygotes.values())).process.pid
+        assert os.listdir(f"/proc/{zygote}/task") == [str(zygote)]
+    finally:  # the next tests' jobs name none of it
+        keras.saving.get_custom_objects().pop("op_at_import_layers>Scaled", None)
+        sys.modules.pop("op_at_import_layers", None)
+
+
 @needs_landlock
 def test_the_report_says_what_confined_the_conversion(small_model):
     _, report = converters.convert(small_model)
@@ -618,9 +660,9 @@ def open_tmp_path():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_an_unprivileged_uid_is_taken_only_where_every_file_read_is_open_to_others(open_tmp_path):
-    """The gate on nobody: search permission on every folder on the way, read on the file; the plan's own reads
-    (the Python installation) first, then the job's."""
+def test_an_unprivileged_uid_is_taken_only_where_every_file_read_is_open_to_others(open_tmp_path, monkeypatch):
+    """The gate on nobody: search permission on every folder on the way, read on the file; what every worker
+    reads (the Python installation, the code loaded) first, then the job's."""
     from keras_gelu.converters.sandbox import policy
     from keras_gelu.converters.sandbox import privileges
 
@@ -636,13 +678,28 @@ def test_an_unprivileged_uid_is_taken_only_where_every_file_read_is_open_to_othe
     assert privileges.closed_to_others([str(closed_folder / "model.keras")]) == str(closed_folder)
     assert privileges.closed_to_others([str(open_folder / "private.npz")]) == str(open_folder / "private.npz")
     assert privileges.closed_to_others([str(tmp_path / "gone")]) is None  # nothing there to read
-    plan = {"root": True, "uid_reads_closed": None}
-    assert policy.job_uid(plan, [str(open_folder / "model.keras")]) == (privileges.NOBODY, None)
-    uid, why = policy.job_uid(plan, [str(closed_folder / "model.keras")])
-    assert uid is None and why.startswith("an unprivileged uid: ") and why.endswith(" is closed to other users")
-    assert policy.job_uid({"root": True, "uid_reads_closed": "/root"}, [str(open_folder / "model.keras")]) == (
-        None, "an unprivileged uid: /root is closed to other users")
-    assert policy.job_uid({"root": False, "uid_reads_closed": None}, []) == (None, None)
+    # What every worker reads, as on a machine whose Python is open to others (here it lies in /root): the code
+    # loaded from this test's folders, decided again as code is loaded (a package the caller registered after
+    # the zygote started, imported there for its job, may lie in a folder closed to others).
+    monkeypatch.setattr(policy, "_static_reads", lambda: {
+        module.__file__ for module in list(sys.modules.values())
+        if str(getattr(module, "__file__", None)).startswith(str(tmp_path))})
+    plan = {"root": True}
+    for folder in (open_folder, closed_folder):
+        (folder / f"loaded_from_{folder.name}.py").write_text("")
+    monkeypatch.syspath_prepend(str(open_folder))
+    monkeypatch.syspath_prepend(str(closed_folder))
+    try:
+        __import__("loaded_from_open")
+        assert policy.job_uid(plan, [str(open_folder / "model.keras")]) == (privileges.NOBODY, None)
+        uid, why = policy.job_uid(plan, [str(closed_folder / "model.keras")])
+        assert uid is None and why == f"an unprivileged uid: {closed_folder} is closed to other users"
+        __import__("loaded_from_closed")
+        assert policy.job_uid(plan, [str(open_folder / "model.keras")]) == (None, why)
+    finally:
+        for name in ("loaded_from_open", "loaded_from_closed"):
+            sys.modules.pop(name, None)
+    assert policy.job_uid({"root": False}, []) == (None, None)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="becoming nobody is root's")

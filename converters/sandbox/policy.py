@@ -10,6 +10,7 @@ sockets and signals to any process outside.
 System calls (seccomp): `denied_system_calls`, each with what it would let a model do.
 """
 
+import functools
 import os
 import site
 import sys
@@ -71,9 +72,6 @@ def plan():
         result["seccomp"] = True
     except seccomp.Unavailable as error:
         result["missing"].append(f"seccomp: {error}")
-    result["uid_reads_closed"] = None
-    if result["root"]:  # which of what every worker reads another user could not
-        result["uid_reads_closed"] = privileges.closed_to_others(sorted(_static_reads()))
     own_processes, refused = privileges.namespaces_available()
     result["namespaces"], result["pid_namespace"] = own_processes is not None, bool(own_processes)
     if refused is not None:
@@ -83,10 +81,11 @@ def plan():
 
 def job_uid(plan, reads):
     """(the uid a job's process takes, or None for its own; why not nobody, or None): under root, nobody, where
-    every file the plan and the job (`reads`: the model, --inputs, --calibration) read is open to others."""
+    every file every worker reads (the code loaded so far among them) and the job reads (`reads`: the model,
+    --inputs, --calibration) is open to others."""
     if not plan["root"]:
         return None, None
-    closed = plan.get("uid_reads_closed") or privileges.closed_to_others(reads)
+    closed = _static_reads_closed() or privileges.closed_to_others(reads)
     if closed is not None:
         return None, f"an unprivileged uid: {closed} is closed to other users"
     return privileges.NOBODY, None
@@ -178,19 +177,36 @@ def _static_reads():
 # Paths the kernel resolves for the process that opens them, and a worker in a PID namespace of its own mounts a
 # /proc of its own (/proc/self is the opener's): kept as they are.
 _PER_PROCESS = ("/proc",)
-# (how many modules were loaded, the static reads made then): `static_reads`.
-_static_reads_made = (None, ())
 
 
+def _made_again_where_a_module_was_loaded(make):
+    """`make` as a function that keeps what it made until a module is loaded (the code loaded is what it reads)."""
+    made = {}
+
+    @functools.wraps(make)
+    def kept():
+        if len(sys.modules) not in made:
+            made.clear()
+            made[len(sys.modules)] = make()
+        return made[len(sys.modules)]
+
+    return kept
+
+
+@_made_again_where_a_module_was_loaded
 def static_reads():
     """_static_reads() less what a folder among them covers (`_outermost`), made where the zygote forks, before it
     forks: each worker inherits them rather than walk some 3,000 modules and its mappings again (38 ms of each
     job's confinement on the Xeon, measured), and gives Landlock about a hundred rules rather than a thousand (10
     ms, 1 now). Made again where a module was loaded since (a target's runtime, imported for its first job)."""
-    global _static_reads_made
-    if _static_reads_made[0] != len(sys.modules):
-        _static_reads_made = (len(sys.modules), tuple(sorted(_outermost(_static_reads()))))
-    return _static_reads_made[1]
+    return tuple(sorted(_outermost(_static_reads())))
+
+
+@_made_again_where_a_module_was_loaded
+def _static_reads_closed():
+    """The first of what every worker reads that a user other than its owner could not read, or None: made again
+    where a module was loaded since, which may lie in a folder of root's own (a package imported for a job)."""
+    return privileges.closed_to_others(sorted(_static_reads()))
 
 
 def _outermost(paths):

@@ -53,13 +53,17 @@ class _Zygote:
         # -P and a working folder of our own: nothing is imported from the caller's folder or the model's (a
         # json.py planted beside saved_model.pb would otherwise shadow the standard library's, unconfined).
         self.process = subprocess.Popen(
-            [sys.executable, "-P", "-c", _ZYGOTE, *_registering_packages()], cwd=_WORKING_FOLDER,
+            [sys.executable, "-P", "-c", _ZYGOTE, *_preloaded([*_PRELOAD_WHERE_INSTALLED, *_registering_packages()])],
+            cwd=_WORKING_FOLDER,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log, env=environment, start_new_session=True, close_fds=True)
         self._events = channel.Lines(self.process.stdout.fileno())
         event = self.next_event(_START_SECONDS, lambda: progress(_STARTING))
         if event is None or "ready" not in event:
-            raise errors.ConversionCrashed(f"the conversion process could not start: {self._last_words()}")
+            last_words = self._last_words()
+            self.close()
+            _raise_if_unforkable(event)
+            raise errors.ConversionCrashed(f"the conversion process could not start: {last_words}")
         self.plan = event["plan"]
 
     def _last_words(self):
@@ -102,6 +106,29 @@ class _Zygote:
 
 _zygotes = {}
 _lock = threading.Lock()
+# What a zygote imports as it starts, where it is installed, besides the converter: what most conversions load.
+_PRELOAD_WHERE_INSTALLED = ("ai_edge_litert.interpreter", "h5py")
+# The packages whose import left a zygote a thread (a package that runs a TensorFlow op as it is imported): a
+# zygote imports none of them, and each worker that needs one imports it itself, confined.
+_unforkable = set()
+
+
+class _Unforkable(Exception):
+    """A zygote ended, unable to fork, after importing the package `args[0]` (its {"unforkable"} event)."""
+
+
+def _raise_if_unforkable(event):
+    if event is not None and "unforkable" in event:
+        raise _Unforkable(str(event["unforkable"]))
+
+
+def _preloaded(packages):
+    """`packages` less those a zygote cannot fork after importing: what it imports before it forks."""
+    return [name for name in packages if name not in _unforkable]
+
+
+def _left_to_the_worker(packages):
+    return [name for name in packages if name in _unforkable]
 
 
 def _registering_packages():
@@ -170,11 +197,25 @@ def run(job, scratch_folder, destination, progress=None):
 
 
 def _ran(job, progress):
-    """(the zygote, its {"ended"} event) for `job`, given a nonce of its own and the uid its process takes; the
-    event says why that is not nobody, where it is not (policy.job_uid)."""
+    """(the zygote, its {"ended"} event) for `job`, given a nonce of its own; the event says why its process is
+    not nobody, where it is not (policy.job_uid, which the zygote decides). A zygote that a package to preload
+    left unable to fork is followed by one that leaves that package to the worker."""
+    while True:
+        try:
+            return _ran_in_a_zygote(job, progress)
+        except _Unforkable as error:
+            if error.args[0] in _unforkable:  # its start failed for a package it was not given
+                raise errors.ConversionCrashed(f"the conversion process could not start: importing {error.args[0]} "
+                                               "started threads, and a process with threads cannot fork") from None
+            _unforkable.add(error.args[0])
+            _close_zygotes()
+
+
+def _ran_in_a_zygote(job, progress):
     zygote = _zygote(progress)
-    uid, uid_refused = policy.job_uid(zygote.plan, job["reads"])
-    job = {**job, "nonce": secrets.token_hex(16), "uid": uid}
+    packages = job.get("preload", ())
+    job = {**job, "nonce": secrets.token_hex(16), "preload": _preloaded(packages),
+           "worker_imports": _left_to_the_worker(packages)}
     try:
         zygote.send({"job": job})
     except OSError:  # it died since: once more, with a new one
@@ -187,7 +228,7 @@ def _ran(job, progress):
         zygote.send({"cancel": True})
         _wait_for_end(zygote, job, progress)
         raise
-    return zygote, {**ended, "nonce": job["nonce"], "uid_refused": uid_refused}
+    return zygote, {**ended, "nonce": job["nonce"]}
 
 
 def _checked(job, path, size, progress, report):
@@ -245,6 +286,7 @@ def _wait_for_end(zygote, job, progress):
                 _close_zygotes()  # it will serve no other job
                 _killed(worker)
                 return {"status": None, "stopped": None}
+            _raise_if_unforkable(event)
             if "started" in event and worker is None:
                 worker = _pidfd(event["started"])
             if "ended" in event:

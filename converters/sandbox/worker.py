@@ -18,6 +18,7 @@ a copy of a .tflite the supervisor made, and answering whether a runtime may rea
 """
 
 import ctypes
+import importlib
 import json
 import os
 import resource
@@ -40,6 +41,7 @@ def run(job):
         entered = _stage_writer(job["scratch"], job.get("crash_at"))
         entered("confinement")
         _confine(job)
+        _import_where_installed(job.get("worker_imports", ()))
         if "check" in job:
             _answer(job, _checked(job["check"]), None)
         else:
@@ -50,6 +52,16 @@ def run(job):
         traceback.print_exc()
     finally:
         os._exit(status)
+
+
+def _import_where_installed(names):
+    """Import the packages the zygote could not import and still fork (supervisor._unforkable), which a Keras file
+    may name (tf-keras imports no module a file names)."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a package that will not import is one the file's loading names, or not
+            pass
 
 
 def _prepare_process(job):

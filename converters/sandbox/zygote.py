@@ -7,13 +7,19 @@ nothing, and forks one worker per job (`worker.run`), which confines itself and 
 ends, the zygote watches it and kills it past its time or memory limit, or when the supervisor cancels it or
 goes away.
 
-It talks to the supervisor in JSON lines: jobs and cancellations on stdin; {"ready"}, {"started"} and
-{"ended"} on stdout. The end of its input ends it.
+It forks only while it has no thread but its own: a forked child has the calling thread alone, and a lock
+another thread held stays held in it (TensorFlow's thread pools start with the first op run). A package whose
+import starts threads (one that runs a TensorFlow op as it is imported) ends the zygote with {"unforkable":
+its name}: the supervisor starts another that leaves the package to each worker.
+
+It talks to the supervisor in JSON lines: jobs and cancellations on stdin; {"ready"}, {"started"},
+{"ended"} and {"unforkable"} on stdout. The end of its input ends it.
 """
 
 import ctypes
 import gc
 import importlib
+import importlib.util
 import os
 import resource
 import signal
@@ -25,12 +31,12 @@ from . import channel
 from . import policy
 from . import scratch
 
-# What every worker runs: the pipeline (which imports TensorFlow, Keras and the layers), and LiteRT, where it
-# is installed; then the packages its arguments name. What a job names besides (a target's runtime: TFLite
-# Micro, Vela, a second's import between them; a package the caller registered Keras classes of since) is
-# imported when the first job that names it comes, and kept for the next.
+# What every worker runs: the pipeline (which imports TensorFlow, Keras and the layers); then what its arguments
+# name, where it is installed (LiteRT, h5py, the packages the caller has registered Keras classes of:
+# supervisor._preloaded). What a job names besides (a target's runtime: TFLite Micro, Vela, a second's import
+# between them; a package the caller registered since) is imported when the first job that names it comes, and
+# kept for the next.
 PRELOAD = ("keras_gelu.converters.running.pipeline",)
-OPTIONAL = ("ai_edge_litert.interpreter", "h5py")
 # Keras imports scikit-learn and matplotlib at its own import where they are installed, for its scikit-learn
 # wrappers and image-gallery plots, and TensorFlow's TFLite module imports JAX, for converting JAX functions;
 # no conversion here uses them (a JAX export's module is read by jaxlib, imported when one comes): 10 s of the
@@ -246,6 +252,8 @@ _TRIED = set()
 
 
 def _import_where_installed(names):
+    """Import each of `names` not tried before; the first whose import left this process a thread besides its
+    own, or None."""
     for name in names:
         if name in _TRIED:
             continue
@@ -254,6 +262,23 @@ def _import_where_installed(names):
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a package that will not import here is one a worker imports, or not
             pass
+        if len(os.listdir("/proc/self/task")) > 1:
+            return name
+    return None
+
+
+def _package_files(names):
+    """The folders (or files) of the top-level packages `names`, found as an import finds them, without running
+    them: what a worker that imports them confined must read."""
+    files = []
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name) if "." not in name else None
+        except (ImportError, ValueError):
+            continue
+        if spec is not None:
+            files += [*(spec.submodule_search_locations or ()), *([spec.origin] if spec.has_location else [])]
+    return [path for path in files if isinstance(path, str) and os.path.isabs(path)]
 
 
 def main(import_keras_gelu):
@@ -272,7 +297,10 @@ def main(import_keras_gelu):
     finally:
         for name in kept_out:
             del sys.modules[name]
-    _import_where_installed(OPTIONAL + tuple(sys.argv[1:]))  # and the packages the caller's Keras has classes of
+    unforkable = _import_where_installed(sys.argv[1:])
+    if unforkable is not None:
+        _say({"unforkable": unforkable})
+        return
     from keras_gelu import xla_kernels
 
     xla_kernels.compile_with_xla(False)  # a worker runs its model once: XLA's compiles would not pay for themselves
@@ -294,8 +322,15 @@ def main(import_keras_gelu):
             continue  # a cancellation that came after its worker ended
         if not _limits_restored(limits):
             return  # a changed zygote serves no job: the supervisor starts another
-        _import_where_installed(job.get("preload", ()))
+        unforkable = _import_where_installed(job.get("preload", ()))
+        if unforkable is not None:
+            _say({"unforkable": unforkable})
+            return
         policy.static_reads()  # here, for every worker to inherit: made again only where a module was loaded since
+        job["reads"] = [*job["reads"], *_package_files(job.get("worker_imports", ()))]
+        # here, where what every worker reads is known: a package imported for this job may lie in a folder
+        # closed to other users
+        job["uid"], uid_refused = policy.job_uid(sandbox_plan, job["reads"])
         job["plan"] = sandbox_plan
         # Every object here so far kept out of the worker's garbage collections: a full one would walk the
         # whole of TensorFlow's and Keras's Python objects (0.2 s), writing to each and so copying its page
@@ -307,4 +342,4 @@ def main(import_keras_gelu):
         if pid == 0:
             worker.run(job)
         _say({"started": pid})
-        _say(_watched(pid, job, requests))
+        _say({**_watched(pid, job, requests), "uid_refused": uid_refused})
