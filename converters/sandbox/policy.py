@@ -180,15 +180,17 @@ _PER_PROCESS = ("/proc",)
 
 
 def _made_again_where_a_module_was_loaded(make):
-    """`make` as a function that keeps what it made until a module is loaded (the code loaded is what it reads)."""
+    """`make` as a function that keeps what it made while the same modules are loaded (the code loaded is what it
+    reads)."""
     made = {}
 
     @functools.wraps(make)
     def kept():
-        if len(sys.modules) not in made:
+        loaded = frozenset(sys.modules)
+        if loaded not in made:
             made.clear()
-            made[len(sys.modules)] = make()
-        return made[len(sys.modules)]
+            made[loaded] = make()
+        return made[loaded]
 
     return kept
 

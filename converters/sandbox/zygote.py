@@ -13,7 +13,7 @@ import starts threads (one that runs a TensorFlow op as it is imported) ends the
 its name}: the supervisor starts another that leaves the package to each worker.
 
 It talks to the supervisor in JSON lines: jobs and cancellations on stdin; {"ready"}, {"started"},
-{"ended"} and {"unforkable"} on stdout. The end of its input ends it.
+{"ended"} and {"unforkable"} on the pipe it was given as stdout. The end of its input ends it.
 """
 
 import ctypes
@@ -58,8 +58,12 @@ _SCRATCH_POLLS = 10
 _LIMITS = [getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_")]
 
 
+# The channel to the supervisor: the pipe that was standard output, which from `main` on is the log.
+_events = None
+
+
 def _say(event):
-    channel.send(sys.stdout.buffer, event)
+    channel.send(_events, event)
 
 
 # What the kernel spends on each thread beyond its pages: its kernel stack.
@@ -252,17 +256,19 @@ _TRIED = set()
 
 
 def _import_where_installed(names):
-    """Import each of `names` not tried before; the first whose import left this process a thread besides its
-    own, or None."""
+    """Import each of `names` not tried before; the first whose import started a thread that is still running, or
+    None. (A thread there before is another's: numpy's OpenBLAS keeps a pool, which it stops itself before a
+    fork.)"""
     for name in names:
         if name in _TRIED:
             continue
         _TRIED.add(name)
+        threads = set(os.listdir("/proc/self/task"))
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a package that will not import here is one a worker imports, or not
             pass
-        if len(os.listdir("/proc/self/task")) > 1:
+        if set(os.listdir("/proc/self/task")) - threads:
             return name
     return None
 
@@ -284,6 +290,11 @@ def _package_files(names):
 def main(import_keras_gelu):
     """Serve jobs until the input ends; `import_keras_gelu()` imports the package this module is in (and with it
     TensorFlow and Keras), which its launcher held back until what they import is chosen here."""
+    global _events
+    # Standard output becomes the log: what a package prints as it is imported, by Python or by a C library,
+    # goes there, never into the channel as a line the supervisor could not read.
+    _events = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
     # ^C in a terminal reaches the whole process group: the supervisor decides, and cancels the worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Orphans of a job's processes become the zygote's, which waits for them: no process of a job outlives it.
