@@ -300,6 +300,18 @@ def test_a_package_registered_after_the_zygote_started_is_imported_there_once_no
             sys.modules.pop(name, None)
 
 
+def test_only_names_an_import_could_take_reach_the_zygote_as_packages_to_import(monkeypatch):
+    """The packages the caller registered Keras classes of, by their classes' modules: a module named with a NUL
+    (which no process argument can hold), a path, or nothing is none (an attacker helper's find: a traceback)."""
+    from keras_gelu.converters.sandbox import supervisor
+
+    custom = {f"odd>{index}": type("Odd", (), {"__module__": module})
+              for index, module in enumerate(["bad\x00name.layers", "/etc", "", None, "fine_name.layers"])}
+    monkeypatch.setattr(keras.saving, "get_custom_objects", lambda: custom)
+    assert "fine_name" in supervisor._registering_packages()
+    assert not [name for name in supervisor._registering_packages() if not name.isidentifier()]
+
+
 def test_a_package_that_runs_a_tensorflow_op_as_it_is_imported_is_left_to_each_worker(small_model, tmp_path,
                                                                                      monkeypatch):
     """A zygote forks only with no thread but its own: a package whose import runs a TensorFlow op (a constant

@@ -139,8 +139,10 @@ def _registering_packages():
         module = sys.modules.get(name)
         saving = getattr(module, "saving", None)
         if saving is not None and hasattr(saving, "get_custom_objects"):
-            packages |= {getattr(value, "__module__", "").split(".")[0] for value in saving.get_custom_objects().values()}
-    return sorted(name for name in packages if name and name != "__main__")
+            packages |= {str(getattr(value, "__module__", None) or "").split(".")[0]
+                         for value in saving.get_custom_objects().values()}
+    # a name an import could take: nothing else reaches the zygote's arguments (a NUL, a path)
+    return sorted(name for name in packages if name.isidentifier() and name != "__main__")
 
 
 def _zygote(progress):
