@@ -317,8 +317,9 @@ def test_a_package_that_runs_a_tensorflow_op_as_it_is_imported_is_left_to_each_w
     """A zygote forks only with no thread but its own: a package whose import runs a TensorFlow op (a constant
     computed at module level) starts TensorFlow's thread pools, and a worker forked after it waited on them until
     its time limit (an attacker helper's find). The zygote ends instead, naming the package, and the next leaves
-    it to each worker, which imports it confined (its folder among what it may read): the model converts, in
-    either Keras flavour, and so does every later one, from a zygote that still holds no thread. Only a thread
+    it to each worker, which imports it confined (its folder among what it may read; tf-keras, this leg's,
+    imports no module a file names): the model converts, and so does every later one, from a zygote that still
+    holds no thread. Only a thread
     the import started counts: with numpy's OpenBLAS pool there (no thread count set: the make legs set one),
     nothing else is blamed (an attacker helper's find). What the package prints, by Python or straight to the
     descriptor, goes to the zygote's log, not into its channel to the supervisor."""

@@ -41,7 +41,7 @@ def run(job):
         entered = _stage_writer(job["scratch"], job.get("crash_at"))
         entered("confinement")
         _confine(job)
-        _import_where_installed(job.get("worker_imports", ()))
+        _import_what_the_zygote_could_not(job.get("worker_imports", ()))
         if "check" in job:
             _answer(job, _checked(job["check"]), None)
         else:
@@ -54,7 +54,7 @@ def run(job):
         os._exit(status)
 
 
-def _import_where_installed(names):
+def _import_what_the_zygote_could_not(names):
     """Import the packages the zygote could not import and still fork (supervisor._unforkable), which a Keras file
     may name (tf-keras imports no module a file names)."""
     for name in names:
