@@ -312,6 +312,25 @@ def test_only_names_an_import_could_take_reach_the_zygote_as_packages_to_import(
     assert not [name for name in supervisor._registering_packages() if not name.isidentifier()]
 
 
+def test_a_line_from_the_zygote_that_is_not_an_event_is_a_zygote_gone_not_a_traceback():
+    """Whatever reaches the supervisor's end of the channel that is not a JSON object (a zygote's channel holds
+    only its events, but the supervisor need not trust that) reads as a zygote that said nothing, which the
+    supervisor closes and reports in one line."""
+    from keras_gelu.converters.sandbox import channel
+    from keras_gelu.converters.sandbox import supervisor
+
+    reading, writing = os.pipe()
+    zygote = supervisor._Zygote.__new__(supervisor._Zygote)
+    zygote._events = channel.Lines(reading)
+    try:
+        for line in (b"sitecustomize: no JSON\n", b'"ready"\n', b"[1, 2]\n", b'{"started": 7}\n'):
+            os.write(writing, line)
+            assert zygote.next_event(5) == ({"started": 7} if line.startswith(b"{") else None)
+    finally:
+        os.close(reading)
+        os.close(writing)
+
+
 def test_a_package_that_runs_a_tensorflow_op_as_it_is_imported_is_left_to_each_worker(small_model, tmp_path,
                                                                                      monkeypatch):
     """A zygote forks only with no thread but its own: a package whose import runs a TensorFlow op (a constant
@@ -321,8 +340,11 @@ def test_a_package_that_runs_a_tensorflow_op_as_it_is_imported_is_left_to_each_w
     imports no module a file names): the model converts, and so does every later one, from a zygote that still
     holds no thread. Only a thread
     the import started counts: with numpy's OpenBLAS pool there (no thread count set: the make legs set one),
-    nothing else is blamed (an attacker helper's find). What the package prints, by Python or straight to the
-    descriptor, goes to the zygote's log, not into its channel to the supervisor."""
+    nothing else is blamed (an attacker helper's find). A thread that appears only later, before a fork (a
+    package that starts one when its `__file__` is first read, as the zygote reads every module's), ends the
+    zygote too, naming every package it imported for the caller. What a package prints, by Python or straight
+    to the descriptor, as it is imported or as Python starts (a sitecustomize), goes to the zygote's log, not
+    into its channel to the supervisor (an attacker helper's finds)."""
     from keras_gelu.converters.sandbox import supervisor
 
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -343,25 +365,51 @@ def test_a_package_that_runs_a_tensorflow_op_as_it_is_imported_is_left_to_each_w
             def call(self, x):
                 return SCALE * x
     """))
+    (site / "lazy_thread_layers").mkdir()
+    (site / "lazy_thread_layers" / "__init__.py").write_text(textwrap.dedent("""
+        import sys, threading, time, types
+        from keras_gelu.flavour import keras
+
+        class _StartsAThreadWhenAskedItsFile(types.ModuleType):
+            @property
+            def __file__(self):
+                if not getattr(self, "started", False):
+                    self.started = True
+                    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+                return __spec__.origin
+
+        @keras.saving.register_keras_serializable(package="lazy_thread_layers")
+        class Same(keras.layers.Layer):
+            def call(self, x):
+                return x
+
+        sys.modules[__name__].__class__ = _StartsAThreadWhenAskedItsFile
+    """))
+    (site / "sitecustomize.py").write_text("import os\nos.write(1, b'sitecustomize: no JSON\\n')\n")
     os.chmod(tmp_path, 0o755)  # the worker, as nobody where it may be, reads the package
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
     converters.convert(small_model)  # this environment's zygote, started before the package is registered
     assert not supervisor._unforkable
     monkeypatch.syspath_prepend(str(site))
+    import lazy_thread_layers
     import op_at_import_layers
 
     try:
         path = str(tmp_path / "model.keras")
-        keras.Sequential([keras.Input((4,)), op_at_import_layers.Scaled(), keras.layers.Dense(2)]).save(path)
+        keras.Sequential([keras.Input((4,)), op_at_import_layers.Scaled(), lazy_thread_layers.Same(),
+                          keras.layers.Dense(2)]).save(path)
         _, report = converters.convert(path, time_limit=60)
         assert report.verified and all(c["passed"] for c in report.fidelity), report.fidelity
-        assert supervisor._unforkable == {"op_at_import_layers"}
+        assert {"op_at_import_layers", "lazy_thread_layers"} <= supervisor._unforkable
         converters.convert(small_model, time_limit=60)
         zygote = next(iter(supervisor._zygotes.values())).process.pid
         assert os.listdir(f"/proc/{zygote}/task") == [str(zygote)]
-    finally:  # the next tests' jobs name none of it
-        keras.saving.get_custom_objects().pop("op_at_import_layers>Scaled", None)
-        sys.modules.pop("op_at_import_layers", None)
+    finally:  # the next tests' jobs name none of it, and their zygotes preload what they would
+        for name in ("op_at_import_layers>Scaled", "lazy_thread_layers>Same"):
+            keras.saving.get_custom_objects().pop(name, None)
+        for name in ("op_at_import_layers", "lazy_thread_layers"):
+            sys.modules.pop(name, None)
+        supervisor._unforkable.clear()
 
 
 @needs_landlock

@@ -36,6 +36,7 @@ _CLONE_NEWPID, _CLONE_NEWNS = 0x20000000, 0x00020000
 NAMESPACES = _CLONE_NEWUSER | _CLONE_NEWIPC | _CLONE_NEWNET
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 # The PID namespace's init: `sleep`, for as long as the job may last (its process kills it sooner; where the zygote
 # is killed first, the supervisor kills its process group, the init in it).
 _SLEEP = shutil.which("sleep") or "/bin/sleep"
@@ -130,6 +131,13 @@ def _below_an_init(lifetime):
     os.kill(init, signal.SIGKILL)  # an init takes SIGKILL from a process of an ancestor namespace
     os.waitpid(init, 0)
     _end_as(status)
+
+
+def set_dumpable(dumpable):
+    """Whether another process of this user may open what /proc shows of this one (its descriptors among it): the
+    zygote is not, so that a worker the kernel confines less (no Landlock, no namespaces) cannot reach the
+    zygote's channel; each worker is again (a fork inherits the flag), for the zygote's watch of it."""
+    _checked(_libc.prctl(_PR_SET_DUMPABLE, int(dumpable), 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
 
 
 def die_with_parent():

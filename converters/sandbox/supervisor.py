@@ -50,14 +50,21 @@ class Outcome:
 class _Zygote:
     def __init__(self, environment, progress):
         self._log = tempfile.TemporaryFile()
+        # The events come on a pipe of their own, standard output going to the log from the start: nothing Python
+        # or a library prints as the zygote starts (a sitecustomize, a .pth file) reaches the channel.
+        reading, writing = os.pipe()
         # -P and a working folder of our own: nothing is imported from the caller's folder or the model's (a
         # json.py planted beside saved_model.pb would otherwise shadow the standard library's, unconfined).
-        self.process = subprocess.Popen(
-            [sys.executable, "-P", "-c", _ZYGOTE, *_preloaded([*_PRELOAD_WHERE_INSTALLED, *_registering_packages()])],
-            cwd=_WORKING_FOLDER,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._log, env=environment, start_new_session=True, close_fds=True)
-        self._events = channel.Lines(self.process.stdout.fileno())
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-P", "-c", _ZYGOTE, str(writing),
+                 *_preloaded([*_PRELOAD_WHERE_INSTALLED, *_registering_packages()])], cwd=_WORKING_FOLDER,
+                stdin=subprocess.PIPE, stdout=self._log, stderr=self._log, env=environment, start_new_session=True,
+                close_fds=True, pass_fds=(writing,))
+        finally:
+            os.close(writing)
+        self._reading = reading
+        self._events = channel.Lines(reading)
         event = self.next_event(_START_SECONDS, lambda: progress(_STARTING))
         if event is None or "ready" not in event:
             last_words = self._last_words()
@@ -81,7 +88,12 @@ class _Zygote:
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
-            event = self._events.next(max(min(left, _PROGRESS_SECONDS), 0) if waiting else max(left, 0))
+            try:
+                event = self._events.next(max(min(left, _PROGRESS_SECONDS), 0) if waiting else max(left, 0))
+            except ValueError:  # a line that is no JSON: a zygote that says that is not one to trust
+                return None
+            if event is not None and not isinstance(event, dict):
+                return None
             if event is not None or left <= 0 or self._events.ended:
                 return event
             waiting()
@@ -102,6 +114,7 @@ class _Zygote:
                 self.process.kill()
             self.process.wait()
         self._log.close()
+        os.close(self._reading)
 
 
 _zygotes = {}
@@ -114,12 +127,13 @@ _unforkable = set()
 
 
 class _Unforkable(Exception):
-    """A zygote ended, unable to fork, after importing the package `args[0]` (its {"unforkable"} event)."""
+    """A zygote ended, unable to fork, after importing the packages `args[0]` (its {"unforkable"} event)."""
 
 
 def _raise_if_unforkable(event):
     if event is not None and "unforkable" in event:
-        raise _Unforkable(str(event["unforkable"]))
+        names = event["unforkable"]
+        raise _Unforkable([str(name) for name in names] if isinstance(names, list) else [])
 
 
 def _preloaded(packages):
@@ -206,11 +220,13 @@ def _ran(job, progress):
         try:
             return _ran_in_a_zygote(job, progress)
         except _Unforkable as error:
-            if error.args[0] in _unforkable:  # its start failed for a package it was not given
-                raise errors.ConversionCrashed(f"the conversion process could not start: importing {error.args[0]} "
-                                               "started threads, and a process with threads cannot fork") from None
-            _unforkable.add(error.args[0])
+            blamed = set(error.args[0]) - _unforkable
             _close_zygotes()
+            if not blamed:  # a thread no package it was given started
+                raise errors.ConversionCrashed("the conversion process could not start: it holds a thread none of "
+                                               "your packages started, and a process with threads cannot fork") \
+                    from None
+            _unforkable.update(blamed)
 
 
 def _ran_in_a_zygote(job, progress):
@@ -302,7 +318,7 @@ def _pidfd(pid):
     """A descriptor of the process `pid` (the worker, while the zygote has not reaped it), or None."""
     try:
         return os.pidfd_open(pid)
-    except (AttributeError, OSError):
+    except (AttributeError, OSError, TypeError):  # TypeError: no process id
         return None
 
 

@@ -68,6 +68,7 @@ def _prepare_process(job):
     scratch = job["scratch"]
     os.chdir(scratch)  # paths the job names are absolute: nothing relative reaches the caller's folder
     privileges.die_with_parent()  # the zygote's
+    privileges.set_dumpable(True)  # the zygote reads this process's descriptors through /proc, for its watch
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the file size cap a write fails, one clear error
     log = os.open(os.path.join(scratch, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     null = os.open(os.devnull, os.O_RDONLY)

@@ -9,11 +9,15 @@ goes away.
 
 It forks only while it has no thread but its own: a forked child has the calling thread alone, and a lock
 another thread held stays held in it (TensorFlow's thread pools start with the first op run). A package whose
-import starts threads (one that runs a TensorFlow op as it is imported) ends the zygote with {"unforkable":
-its name}: the supervisor starts another that leaves the package to each worker.
+import starts a thread (one that runs a TensorFlow op as it is imported) ends the zygote with {"unforkable":
+[its name]}, and a thread found before a fork that no import is known to have started, with the names of
+every package it imported by name: the supervisor starts another that leaves them to each worker.
 
 It talks to the supervisor in JSON lines: jobs and cancellations on stdin; {"ready"}, {"started"},
-{"ended"} and {"unforkable"} on the pipe it was given as stdout. The end of its input ends it.
+{"ended"} and {"unforkable"} on the descriptor its first argument names. Its standard output is its log,
+from its start: nothing a package or a library prints reaches the channel. The end of its input ends it.
+It is not dumpable: a process of the same user cannot open its descriptors through /proc (a worker, where
+the kernel gives it neither Landlock nor namespaces).
 """
 
 import ctypes
@@ -29,6 +33,7 @@ import time
 
 from . import channel
 from . import policy
+from . import privileges
 from . import scratch
 
 # What every worker runs: the pipeline (which imports TensorFlow, Keras and the layers); then what its arguments
@@ -58,7 +63,7 @@ _SCRATCH_POLLS = 10
 _LIMITS = [getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_")]
 
 
-# The channel to the supervisor: the pipe that was standard output, which from `main` on is the log.
+# The channel to the supervisor: the pipe its first argument names (standard output is its log).
 _events = None
 
 
@@ -253,22 +258,36 @@ def _limits_restored(expected):
 # The names an import was tried for: each once. A name that would not import is not tried again before each
 # later job, when a module of that name planted since in a folder on the zygote's path would run here, unconfined.
 _TRIED = set()
+# The packages imported here by name (its arguments, the jobs' preloads), in order.
+_IMPORTED = []
+
+
+def _lasting_threads():
+    """The threads of this process besides its own that a fork would leave behind: those still there after a
+    child that exits at once was forked (numpy's OpenBLAS stops its pool in its handler before a fork, and starts
+    it again when next used)."""
+    own = {str(os.getpid())}
+    if set(os.listdir("/proc/self/task")) == own:
+        return set()
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+    return set(os.listdir("/proc/self/task")) - own
 
 
 def _import_where_installed(names):
-    """Import each of `names` not tried before; the first whose import started a thread that is still running, or
-    None. (A thread there before is another's: numpy's OpenBLAS keeps a pool, which it stops itself before a
-    fork.)"""
+    """Import each of `names` not tried before; the first whose import left a lasting thread, or None."""
     for name in names:
         if name in _TRIED:
             continue
         _TRIED.add(name)
-        threads = set(os.listdir("/proc/self/task"))
         try:
             importlib.import_module(name)
+            _IMPORTED.append(name)
         except Exception:  # noqa: BLE001 - a package that will not import here is one a worker imports, or not
             pass
-        if set(os.listdir("/proc/self/task")) - threads:
+        if _lasting_threads():  # a failed import may have started one too
             return name
     return None
 
@@ -291,10 +310,8 @@ def main(import_keras_gelu):
     """Serve jobs until the input ends; `import_keras_gelu()` imports the package this module is in (and with it
     TensorFlow and Keras), which its launcher held back until what they import is chosen here."""
     global _events
-    # Standard output becomes the log: what a package prints as it is imported, by Python or by a C library,
-    # goes there, never into the channel as a line the supervisor could not read.
-    _events = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
+    _events = os.fdopen(int(sys.argv[1]), "wb")
+    privileges.set_dumpable(False)
     # ^C in a terminal reaches the whole process group: the supervisor decides, and cancels the worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Orphans of a job's processes become the zygote's, which waits for them: no process of a job outlives it.
@@ -308,9 +325,11 @@ def main(import_keras_gelu):
     finally:
         for name in kept_out:
             del sys.modules[name]
-    unforkable = _import_where_installed(sys.argv[1:])
+    if _lasting_threads():
+        raise SystemExit("the converter's own imports left a thread running: no worker can be forked")
+    unforkable = _import_where_installed(sys.argv[2:])
     if unforkable is not None:
-        _say({"unforkable": unforkable})
+        _say({"unforkable": [unforkable]})
         return
     from keras_gelu import xla_kernels
 
@@ -335,7 +354,7 @@ def main(import_keras_gelu):
             return  # a changed zygote serves no job: the supervisor starts another
         unforkable = _import_where_installed(job.get("preload", ()))
         if unforkable is not None:
-            _say({"unforkable": unforkable})
+            _say({"unforkable": [unforkable]})
             return
         policy.static_reads()  # here, for every worker to inherit: made again only where a module was loaded since
         job["reads"] = [*job["reads"], *_package_files(job.get("worker_imports", ()))]
@@ -349,6 +368,9 @@ def main(import_keras_gelu):
         # SavedModel's conversion took 0.61 s where it took 0.74-0.81 s (tests/test_sandbox.py). (A collection
         # before the first freeze found no garbage after the imports, in 0.17 s: not made.)
         gc.freeze()
+        if _lasting_threads():  # started since its import by what a package left behind (a lazy import, a hook)
+            _say({"unforkable": _IMPORTED})
+            return
         pid = os.fork()
         if pid == 0:
             worker.run(job)
