@@ -311,6 +311,7 @@ def main(import_keras_gelu):
     TensorFlow and Keras), which its launcher held back until what they import is chosen here."""
     global _events
     _events = os.fdopen(int(sys.argv[1]), "wb")
+    os.set_inheritable(_events.fileno(), False)  # no program it runs (a namespace's init) holds the channel open
     privileges.set_dumpable(False)
     # ^C in a terminal reaches the whole process group: the supervisor decides, and cancels the worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
