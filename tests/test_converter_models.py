@@ -346,11 +346,16 @@ def test_a_saved_model_s_jit_compiled_functions_run_as_written_and_a_live_model_
     (from_file,) = verify.run_source(saved, {saved.inputs[0].name: x}).values()
     (from_live,) = verify.run_source(live, {live.inputs[0].name: x}).values()
     assert marked(saved.function) == 0 and marked(live.function) >= 1
+    # the rewritten SavedModel the .tflite is checked against (rewriting.saved_model) keeps them too: run as written
+    rewritten = verify.signature_as_written(saved.path, saved.signature)
+    assert marked(rewritten) == 0
+    (from_rewritten,) = rewritten(**{saved.inputs[0].name: tf.constant(x)}).values()
     h = x.astype(np.float64) @ model.layers[0].kernel.numpy().astype(np.float64) + model.layers[0].bias.numpy()
     expected = h * np.vectorize(lambda value: 0.5 * math.erfc(-value / math.sqrt(2)))(h)
     # float32 rounding of an 8-term matmul and of each kernel's erfc: a few float32 eps of values up to ~10
     np.testing.assert_allclose(from_file, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(from_live, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(from_rewritten, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_exact_as_is_refused_where_the_mode_has_the_gelu_op(tmp_path):
