@@ -325,7 +325,8 @@ def test_reference_graph_computes_layer_normalization_as_written():
 def test_a_saved_model_s_jit_compiled_functions_run_as_written_and_a_live_model_s_are_left_alone(tmp_path):
     """The original model runs its ops as written (verify.run_source): a SavedModel keeps the XLA mark of the
     jit-compiled functions it was saved from (keras_gelu's kernels), which the conversion registers again
-    without it; a live model's functions are its caller's, and keep theirs."""
+    without it, for the model and for the SavedModel rewritten in place that parity runs; a live model's
+    functions are its caller's, and keep theirs."""
     from tensorflow.python.eager import context
 
     from keras_gelu.converters.reading import loading
@@ -346,7 +347,8 @@ def test_a_saved_model_s_jit_compiled_functions_run_as_written_and_a_live_model_
     (from_file,) = verify.run_source(saved, {saved.inputs[0].name: x}).values()
     (from_live,) = verify.run_source(live, {live.inputs[0].name: x}).values()
     assert marked(saved.function) == 0 and marked(live.function) >= 1
-    # the rewritten SavedModel the .tflite is checked against (rewriting.saved_model) keeps them too: run as written
+    # the SavedModel rewritten in place (rewriting.saved_model), which parity runs, keeps them as this one does (which
+    # stands in for it here): loaded as written too
     rewritten = verify.signature_as_written(saved.path, saved.signature)
     assert marked(rewritten) == 0
     (from_rewritten,) = rewritten(**{saved.inputs[0].name: tf.constant(x)}).values()
