@@ -7,6 +7,7 @@ activations on grids 256 times finer); with --target tflm it runs in TFLite Micr
 in one line.
 """
 
+import math
 import re
 
 import numpy as np
@@ -109,13 +110,12 @@ def test_a_quantization_aware_model_is_refused_for_int16(tmp_path, capsys):
     assert code == errors.BadInputs.exit_code and re.search(r"trained for int8 ranges; drop --int16", line), line
 
 
-@pytest.mark.xfail(not IS_KERAS3, strict=True, reason="tf-keras's LayerNormalization is a FusedBatchNormV3 the stock "
-                   "converter lowers itself, into an int16 SQUARED_DIFFERENCE (no LiteRT kernel) and a FILL of "
-                   "zeros on scale 0: refused in one line (exit 11), not yet converted")
 def test_a_layer_normalization_converts_to_16x8_that_litert_runs(tmp_path):
     """A LayerNormalization's variance is a squared difference, whose LiteRT kernel has no int16 (the benchmark's
     ViT and ConvNeXt were written and left unverified): in 16x8 it is a SUB and a MUL, which LiteRT runs; and an
-    integer model LiteRT cannot run is refused, not written unverified."""
+    integer model LiteRT cannot run is refused, not written unverified. tf-keras's is a FusedBatchNormV3 on its
+    rows, which the stock converter lowered itself, into that SQUARED_DIFFERENCE and a FILL of zeros on scale 0
+    (refused, exit 11): it is written as its moments first (int8.batch_statistics_as_moments)."""
     keras.utils.set_random_seed(4)
     inputs = keras.Input((8, 16), name="x")
     hidden = keras.layers.Dense(32, activation="gelu")(keras.layers.LayerNormalization()(inputs))
@@ -124,6 +124,45 @@ def test_a_layer_normalization_converts_to_16x8_that_litert_runs(tmp_path):
     _, report = converters.convert(path, int16=True, calibration="random:8")
     assert report.verified and report.budget["passed"], report.not_verified_reason
     assert "SQUARED_DIFFERENCE" not in report.ops and set(report.op_types["SUB"]) == {"int16"}, report.op_types
+
+
+@pytest.mark.legs("tf_keras")  # a TensorFlow graph, any flavour: one leg
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+def test_a_batch_normalized_by_its_own_statistics_with_a_scale_and_offset_converts_to_16x8(tmp_path, data_format):
+    """The other spellings of a fused batch normalization computing its batch's statistics (the one above is
+    tf-keras's, NCHW with a scale of ones and an offset of zeros): either data format, a scale and an offset of
+    the channels' own, and its moments written out the same way; LiteRT runs the 16x8 model, and it stays within
+    the budget of the float model, computed here in float64 as the op is defined (the batch's biased variance)."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(5)
+    channels_axis = 3 if data_format == "NHWC" else 1
+    scale, offset = rng.uniform(0.5, 2.0, 6).astype(np.float32), rng.normal(size=6).astype(np.float32)
+    shape = [1, 4, 5, 6] if data_format == "NHWC" else [1, 6, 4, 5]
+
+    @tf.function(input_signature=[tf.TensorSpec(shape, tf.float32, name="x")])
+    def serve(x):
+        normalized, _, _ = tf.compat.v1.nn.fused_batch_norm(x, scale, offset, epsilon=1e-3, is_training=True,
+                                                             data_format=data_format)
+        return {"y": tf.nn.gelu(normalized, approximate=False)}
+
+    path = str(tmp_path / "batch_norm")
+    tf.saved_model.save(tf.Module(), path, signatures={"serving_default": serve})
+    x = rng.normal(2.0, 3.0, size=shape).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    tflite_model, report = converters.convert(path, int16=True, calibration=str(tmp_path / "x.npz"),
+                                              inputs=str(tmp_path / "x.npz"))
+    assert report.verified and report.budget["passed"], report.not_verified_reason
+    assert "SQUARED_DIFFERENCE" not in report.ops and report.float_ops == {}, report.op_types
+    axes = tuple(axis for axis in range(4) if axis != channels_axis)
+    wide = x.astype(np.float64)
+    by_channel = [1, -1, 1, 1] if data_format == "NCHW" else [-1]
+    normalized = (wide - wide.mean(axes, keepdims=True)) / np.sqrt(wide.var(axes, keepdims=True) + 1e-3)
+    normalized = normalized * scale.reshape(by_channel) + offset.reshape(by_channel)
+    expected = normalized * np.vectorize(lambda value: 0.5 * math.erfc(-value / math.sqrt(2)))(normalized)
+    (actual,) = tflite_helpers.run(tflite_model, x)
+    cosine = float(actual.ravel() @ expected.ravel() / (np.linalg.norm(actual) * np.linalg.norm(expected)))
+    assert cosine > 0.999, cosine  # 16x8: a cosine of 0.99998 or more in the tests above
 
 
 @pytest.mark.skipif(not IS_KERAS3, reason="keras.applications' ConvNeXt of Keras 3 (tf-keras's has no LayerScale)")

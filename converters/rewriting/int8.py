@@ -193,8 +193,63 @@ def squared_differences_as_products(graph_def):
     return rewritten
 
 
+_BATCH_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+_BATCH_AXES = {b"NHWC": [0, 1, 2], b"NCHW": [0, 2, 3]}
+
+
+def _fill_of(name, nodes, value):
+    """Whether tensor `name` is a Fill of the constant `value`, of whatever shape (a shape computed at run time,
+    as tf-keras's LayerNormalization makes its scale of ones and offset of zeros)."""
+    node = graph.producer(name, nodes)
+    if node is None or node.op != "Fill":
+        return False
+    filled = graph.constant_value(graph.data_inputs(node)[1], nodes)
+    return filled is not None and filled.size == 1 and float(filled.reshape(())) == value
+
+
+def _moments(x, *affine, axes, epsilon, scaled, shifted):
+    """[x normalized by its mean and biased variance over `axes`, times the scale and plus the offset by channel
+    where `scaled` and `shifted` (`affine`'s tensors, in that order)], as FusedBatchNorm computes in training."""
+    centred = x - tf.reduce_mean(x, axes, keepdims=True)
+    normalized = centred * tf.math.rsqrt(tf.reduce_mean(centred * centred, axes, keepdims=True) + epsilon)
+    by_channel = [1, -1, 1, 1] if axes == _BATCH_AXES[b"NCHW"] else [-1]
+    affine = list(affine)
+    if scaled:
+        normalized = normalized * tf.reshape(affine.pop(0), by_channel)
+    if shifted:
+        normalized = normalized + tf.reshape(affine.pop(0), by_channel)
+    return [normalized]
+
+
+def batch_statistics_as_moments(graph_def):
+    """Rewrite a FusedBatchNorm that normalizes by its own batch's statistics (is_training), which is what
+    tf-keras's LayerNormalization runs on its rows, reshaped to four axes, as the mean, the centred values, their
+    mean square and its Rsqrt, for 16x8: the stock converter lowers the op itself, into a SQUARED_DIFFERENCE
+    LiteRT has no int16 kernel for and a FILL of zeros its quantizer puts on scale 0, where these ops have int16
+    kernels. Its scale of ones and offset of zeros are left out; another scale and offset are applied by channel.
+    Only where nothing reads the statistics it also returns. Returns how many were rewritten."""
+    nodes = graph.nodes_by_name(graph_def)
+    readers = graph.consumers(graph_def)
+    rewritten = 0
+    for node in list(graph_def.node):
+        axes = _BATCH_AXES.get(graph.attribute(node, "data_format", b"NHWC"))
+        if (node.op not in _BATCH_NORMS or not graph.attribute(node, "is_training", True) or axes is None
+                or any(readers.get(f"{node.name}:{index}") for index in range(1, 6))):
+            continue
+        x, scale, offset = graph.data_inputs(node)[:3]
+        dtype = tf.dtypes.as_dtype(node.attr["T"].type)
+        scaled, shifted = not _fill_of(scale, nodes, 1.0), not _fill_of(offset, nodes, 0.0)
+        operands = [(name, dtype, None) for name, kept in ((x, True), (scale, scaled), (offset, shifted)) if kept]
+        build = functools.partial(_moments, axes=axes, epsilon=graph.attribute(node, "epsilon", 1e-4),
+                                  scaled=scaled, shifted=shifted)
+        (normalized,) = graph.splice_many(graph_def, build, operands, f"{node.name}/moments", nodes)
+        graph.redirect(graph_def, node.name, normalized)
+        rewritten += 1
+    return rewritten
+
+
 # What a 16x8 conversion runs after GRAPH_PASSES: the spellings LiteRT has no int16 kernel for.
-INT16_PASSES = (squared_differences_as_products,)
+INT16_PASSES = (batch_statistics_as_moments, squared_differences_as_products)
 
 
 def _in_four_axes(first, second):
