@@ -194,7 +194,8 @@ def squared_differences_as_products(graph_def):
 
 
 _BATCH_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
-_BATCH_AXES = {b"NHWC": [0, 1, 2], b"NCHW": [0, 2, 3]}
+# data format -> (the axes a batch's statistics are taken over, the shape a scale or offset of channels takes)
+_BATCH_AXES = {b"NHWC": ([0, 1, 2], [-1]), b"NCHW": ([0, 2, 3], [1, -1, 1, 1])}
 
 
 def _fill_of(name, nodes, value):
@@ -207,12 +208,12 @@ def _fill_of(name, nodes, value):
     return filled is not None and filled.size == 1 and float(filled.reshape(())) == value
 
 
-def _moments(x, *affine, axes, epsilon, scaled, shifted):
-    """[x normalized by its mean and biased variance over `axes`, times the scale and plus the offset by channel
-    where `scaled` and `shifted` (`affine`'s tensors, in that order)], as FusedBatchNorm computes in training."""
+def _moments(x, *affine, axes, by_channel, epsilon, scaled, shifted):
+    """[x normalized by its mean and biased variance over `axes`, times the scale and plus the offset (reshaped to
+    `by_channel`) where `scaled` and `shifted` (`affine`'s tensors, in that order)], as FusedBatchNorm computes in
+    training."""
     centred = x - tf.reduce_mean(x, axes, keepdims=True)
     normalized = centred * tf.math.rsqrt(tf.reduce_mean(centred * centred, axes, keepdims=True) + epsilon)
-    by_channel = [1, -1, 1, 1] if axes == _BATCH_AXES[b"NCHW"] else [-1]
     affine = list(affine)
     if scaled:
         normalized = normalized * tf.reshape(affine.pop(0), by_channel)
@@ -232,16 +233,19 @@ def batch_statistics_as_moments(graph_def):
     readers = graph.consumers(graph_def)
     rewritten = 0
     for node in list(graph_def.node):
-        axes = _BATCH_AXES.get(graph.attribute(node, "data_format", b"NHWC"))
-        if (node.op not in _BATCH_NORMS or not graph.attribute(node, "is_training", True) or axes is None
+        if node.op not in _BATCH_NORMS:
+            continue
+        layout = _BATCH_AXES.get(graph.attribute(node, "data_format", b"NHWC"))
+        if (layout is None or not graph.attribute(node, "is_training", True)
                 or any(readers.get(f"{node.name}:{index}") for index in range(1, 6))):
             continue
+        axes, by_channel = layout
         x, scale, offset = graph.data_inputs(node)[:3]
         dtype = tf.dtypes.as_dtype(node.attr["T"].type)
         scaled, shifted = not _fill_of(scale, nodes, 1.0), not _fill_of(offset, nodes, 0.0)
         operands = [(name, dtype, None) for name, kept in ((x, True), (scale, scaled), (offset, shifted)) if kept]
-        build = functools.partial(_moments, axes=axes, epsilon=graph.attribute(node, "epsilon", 1e-4),
-                                  scaled=scaled, shifted=shifted)
+        build = functools.partial(_moments, axes=axes, by_channel=by_channel,
+                                  epsilon=graph.attribute(node, "epsilon", 1e-4), scaled=scaled, shifted=shifted)
         (normalized,) = graph.splice_many(graph_def, build, operands, f"{node.name}/moments", nodes)
         graph.redirect(graph_def, node.name, normalized)
         rewritten += 1
