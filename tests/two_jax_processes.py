@@ -34,6 +34,11 @@ def main(index, port, folder):
     # Keras imports TensorFlow where it is installed (for its tf.keras API), which nothing here uses: kept out,
     # as an environment with JAX alone would have it (the import is two thirds of a process's start).
     sys.modules["tensorflow"] = None
+    # XLA's CPU code generated without its fusion emitters: what the two processes agree on is the subject here,
+    # and XLA's default code generation is the JAX leg's. Compiling the QAT step with them was a third of the
+    # pair's CPU time (27 CPU-s, 17.5 s of wall; 20 and 12.7 s without). (LLVM's level 0 would save more, but
+    # there the step computed NaN gradients, in jax.jit only: docs/development.md.)
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_use_fusion_emitters=false").strip()
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
