@@ -136,8 +136,9 @@ test-torch: $(TORCH_VENV)/.installed
 test-as-avx2:
 	XLA_FLAGS=--xla_cpu_max_isa=AVX2 ATEN_CPU_CAPABILITY=avx2 $(MAKE) test
 
-# Every case of every matrix that `make test` runs today's share of (conftest.todays_share), and every keras-hub
-# family, in the two flavour legs: for a release, or a change to a mechanism a matrix covers (about an hour).
+# Every case of every matrix that `make test` runs today's share of (conftest.todays_share, conftest.rotated), and
+# every keras-hub family, in the two flavour legs: for a release, or a change to a mechanism a matrix covers (about
+# an hour).
 test-every-case:
 	KG_EVERY_CASE=1 $(MAKE) --jobs=2 test-keras3 test-tf-keras
 

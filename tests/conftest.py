@@ -59,25 +59,27 @@ def pytest_collection_modifyitems(config, items):
             assert set(marker.args) <= set(LEGS), marker.args
             item.add_marker(pytest.mark.skip(reason=f"runs in the {' and '.join(marker.args)} leg(s)"))
 
-def rotated(cases, legs=("keras3", "tf_keras")):
-    """The share of `cases` (a parametrize list) this leg runs, where running each in every one of `legs` would
-    repeat what does not differ between them: case i in legs[i % len(legs)], so each runs in one of them, and
-    what does differ (the flavour's model beside the conversion's mode, say) varies across the cases. A leg
-    outside `legs` runs them all."""
-    cases = list(cases)
-    if LEG not in legs:
-        return cases
-    return [case for index, case in enumerate(cases) if index % len(legs) == legs.index(LEG)]
 
-
-# KG_EVERY_CASE=1 (`make test-every-case`): every case of the matrices `todays_share` takes a share of.
+# KG_EVERY_CASE=1 (`make test-every-case`): every case of the matrices `rotated` and `todays_share` take a share of.
 EVERY_CASE = os.environ.get("KG_EVERY_CASE") == "1"
 
 
 def todays_seed():
-    """The seed of today's draws (`todays_share`, the graph fuzzer's programs): the day's ordinal, so that each
-    day's run takes other cases; KG_SEED repeats a day's draw (the report header names it)."""
+    """The seed of today's draws (`rotated`, `todays_share`, the graph fuzzer's programs): the day's ordinal, so
+    that each day's run takes other cases; KG_SEED repeats a day's draw (the report header names it)."""
     return int(os.environ.get("KG_SEED", datetime.date.today().toordinal()))
+
+
+def rotated(cases, legs=("keras3", "tf_keras")):
+    """The share of `cases` (a parametrize list) this leg runs, where running each in every one of `legs` would
+    repeat what does not differ between them: case i in legs[(i + day) % len(legs)] (todays_seed), so that each
+    runs in one of them a day and in every one of them within len(legs) days, and what does differ (the flavour's
+    model beside the conversion's mode, say) varies across the cases. A leg outside `legs`, or KG_EVERY_CASE=1,
+    runs them all."""
+    cases = list(cases)
+    if LEG not in legs or EVERY_CASE:
+        return cases
+    return [case for index, case in enumerate(cases) if (index + todays_seed()) % len(legs) == legs.index(LEG)]
 
 
 def todays_share(cases, count):
