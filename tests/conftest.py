@@ -70,7 +70,14 @@ def todays_seed():
     return int(os.environ.get("KG_SEED", datetime.date.today().toordinal()))
 
 
-def rotated(cases, legs=("keras3", "tf_keras")):
+FLAVOUR_LEGS = ("keras3", "tf_keras")
+
+
+def _todays_leg(index, legs):
+    return legs[(index + todays_seed()) % len(legs)]
+
+
+def rotated(cases, legs=FLAVOUR_LEGS):
     """The share of `cases` (a parametrize list) this leg runs, where running each in every one of `legs` would
     repeat what does not differ between them: case i in legs[(i + day) % len(legs)] (todays_seed), so that each
     runs in one of them a day and in every one of them within len(legs) days, and what does differ (the flavour's
@@ -79,7 +86,14 @@ def rotated(cases, legs=("keras3", "tf_keras")):
     cases = list(cases)
     if LEG not in legs or EVERY_CASE:
         return cases
-    return [case for index, case in enumerate(cases) if (index + todays_seed()) % len(legs) == legs.index(LEG)]
+    return [case for index, case in enumerate(cases) if _todays_leg(index, legs) == LEG]
+
+
+def rotated_test(index, legs=FLAVOUR_LEGS):
+    """A mark that runs the test in one of `legs` a day, as `rotated` runs its case number `index`: for tests
+    that are not one parametrize list (tests of one subject, `index` telling them apart)."""
+    today = _todays_leg(index, legs)
+    return pytest.mark.skipif(LEG in legs and LEG != today and not EVERY_CASE, reason=f"runs in the {today} leg today")
 
 
 def todays_share(cases, count):

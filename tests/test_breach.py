@@ -30,9 +30,8 @@ import pytest
 
 import sandbox_payloads
 import spelling_models
-from conftest import LEG
 from conftest import rotated
-from conftest import todays_seed
+from conftest import rotated_test
 from keras_gelu import converters
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
@@ -53,11 +52,7 @@ SECRET = "tok_3f9a1c_the_callers_api_token"
 
 # The two tests that start a command of their own (a new zygote, TensorFlow imported again: 10 to 15 s each) run
 # one in each flavour leg, and swap legs each day: both in both flavours every two days.
-_FLAVOURS = ("keras3", "tf_keras")
-_TODAYS = _FLAVOURS[todays_seed() % 2]
-in_todays_leg = pytest.mark.skipif(LEG in _FLAVOURS and LEG != _TODAYS, reason=f"runs in the {_TODAYS} leg today")
-in_the_other_leg = pytest.mark.skipif(LEG in _FLAVOURS and LEG == _TODAYS,
-                                      reason=f"runs in the leg that is not {_TODAYS} today")
+in_todays_leg, in_the_other_leg = rotated_test(0), rotated_test(1)
 
 
 @pytest.fixture(scope="module")
