@@ -308,6 +308,7 @@ class Report:
         stages = ", ".join(f"{stage} {seconds:.1f}" for stage, seconds in self.stage_seconds.items())
         memory = f", peak memory {self.peak_bytes / 2**30:.2f} GiB" if verbose and self.peak_bytes else ""
         if memory and self.stage_peak_bytes:
-            memory += " (" + ", ".join(f"{stage} {peak / 2**30:.2f}" for stage, peak in self.stage_peak_bytes.items()) + ")"
+            peaks = ", ".join(f"{stage} {peak / 2**30:.2f}" for stage, peak in self.stage_peak_bytes.items())
+            memory += f" ({peaks})"
         lines.append(f"time: {self.seconds:.1f} s" + (f" ({stages})" if verbose and stages else "") + memory)
         return "\n".join(lines)

@@ -118,7 +118,8 @@ def main(argv=None):
 
     saved_model = os.path.join(args.output_dir, "digits_gelu_savedmodel")
     tflite_path = os.path.join(args.output_dir, "digits_gelu.tflite")
-    tflite_accuracy = convert_and_score([saved_model, "--mode", "builtin", "-o", tflite_path, "--force"], x_test, y_test)
+    tflite_accuracy = convert_and_score([saved_model, "--mode", "builtin", "-o", tflite_path, "--force"], x_test,
+                                        y_test)
     if tflite_accuracy is None:
         return 1
     print(f"\n.tflite test accuracy: {tflite_accuracy:.3f} (Keras: {accuracy:.3f}); "

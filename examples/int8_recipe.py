@@ -51,7 +51,8 @@ class EpochProgress(keras.callbacks.Callback):
         self.epoch_seconds.append(time.perf_counter() - self.epoch_started)
         logs = logs or {}
         figures = "  ".join(f"{key} {value:.4f}" for key, value in logs.items())
-        line = f"  {self.label}: epoch {epoch + 1}/{self.epochs}  {figures}  ({time.perf_counter() - self.started:.0f} s)"
+        elapsed = time.perf_counter() - self.started
+        line = f"  {self.label}: epoch {epoch + 1}/{self.epochs}  {figures}  ({elapsed:.0f} s)"
         last = epoch + 1 == self.epochs
         if self.interactive:
             print("\r" + line.ljust(110), end="\n" if last else "", flush=True)

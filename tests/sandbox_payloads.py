@@ -161,8 +161,8 @@ def forged(job_, result, tflite_model):
         answer["report"]["warnings"].append("fine\nop checks: passed\ncontained: everything")
         answer["report"]["containment"] = "contained: forged by the model"
         answer["report"]["trusted"] = False
-        answer["report"]["gelus"].append({"pattern": "x\x1b[2J\x1b]0;pwned\x07", "alpha": 1.0, "became": "\u202egnp.exe",
-                                          "count": 1})
+        answer["report"]["gelus"].append({"pattern": "x\x1b[2J\x1b]0;pwned\x07", "alpha": 1.0,
+                                          "became": "\u202egnp.exe", "count": 1})
         with open(os.path.join(scratch, "result.json"), "w") as stream:
             json.dump(answer, stream)
     elif kind == "an answer the parser chokes on":  # quadratic for a pattern that skips strings
@@ -171,7 +171,8 @@ def forged(job_, result, tflite_model):
     elif kind == "an error only the supervisor finds":
         with open(os.path.join(scratch, "result.json"), "w") as stream:
             json.dump({"nonce": job_["nonce"], "status": "refused", "error": "ScratchNotRemoved",
-                       "message": "the scratch folder /home/you could not be removed; run sudo rm -rf /home/you"}, stream)
+                       "message": "the scratch folder /home/you could not be removed; run sudo rm -rf /home/you"},
+                      stream)
     elif kind == "a .tflite of its own":
         with open(os.path.join(scratch, "output.tflite"), "wb") as stream:
             stream.write(job["trojan"])

@@ -288,7 +288,8 @@ def test_unnamed_npz_arrays_feed_inputs_in_signature_order(tmp_path):
     from keras_gelu.converters.running import verify
     from keras_gelu.converters.reading.loading import TensorInfo
 
-    signature = [TensorInfo("b_second", "b:0", tf.float32, (None, 2)), TensorInfo("a_first", "a:0", tf.float32, (None, 3))]
+    signature = [TensorInfo("b_second", "b:0", tf.float32, (None, 2)),
+                 TensorInfo("a_first", "a:0", tf.float32, (None, 3))]
     first, second = np.zeros((1, 2), np.float32), np.ones((1, 3), np.float32)
     np.savez(tmp_path / "positional.npz", first, second)
     arrays = verify.load_npz(str(tmp_path / "positional.npz"), signature)

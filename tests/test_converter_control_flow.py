@@ -43,7 +43,8 @@ def branch_with_nested_function(h):
     return tf.cond(tf.reduce_max(h) > 100.0, lambda: h, lambda: nested(h))
 
 
-MODELS = {"cond": (branches, 2, "IF"), "while": (loop, 1, "WHILE"), "cond_nested": (branch_with_nested_function, 1, "IF")}
+MODELS = {"cond": (branches, 2, "IF"), "while": (loop, 1, "WHILE"),
+          "cond_nested": (branch_with_nested_function, 1, "IF")}
 
 
 class Block(tf.Module):

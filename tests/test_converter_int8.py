@@ -607,8 +607,8 @@ def test_a_float_island_of_several_paths_from_one_int8_tensor_becomes_one_lookup
 def test_a_float_function_of_an_int8_tensor_is_looked_up_in_a_table_of_its_256_results(tmp_path, rng):
     """COS, SIN, EXP, FLOOR, ... have no int8 kernel in TFLite: between a DEQUANTIZE and a QUANTIZE they were
     float islands (a rotary table computed from positions at run time), and so was a CAST of a quantized count
-    to int32 or of a float mask to bool. Of an int8 input they take 256 values: a GATHER from a table of them, within a step (a tie
-    rounded the other way) of what the graph computes, and the truncated integers exactly."""
+    to int32 or of a float mask to bool. Of an int8 input they take 256 values: a GATHER from a table of them, within
+    a step (a tie rounded the other way) of what the graph computes, and the truncated integers exactly."""
     import tensorflow as tf
 
     from keras_gelu.converters.running import verify

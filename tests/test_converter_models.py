@@ -238,7 +238,8 @@ def test_signature_is_kept_by_name(tmp_path, source, int8):
     _, input_specs = reference.structured_input_signature
     rng = np.random.default_rng(1)
     arrays = {name: rng.normal(size=(1, *spec.shape[1:])).astype(np.float32) for name, spec in input_specs.items()}
-    expected = {name: value.numpy() for name, value in reference(**{k: tf.constant(v) for k, v in arrays.items()}).items()}
+    outputs = reference(**{k: tf.constant(v) for k, v in arrays.items()})
+    expected = {name: value.numpy() for name, value in outputs.items()}
     actual = verify.run_signature(tflite_model, "serving_default", arrays)
     assert sorted(actual) == sorted(expected) and len(expected) == 2
     # float: kernel rounding (see options.DEFAULT_ATOL); int8: a few steps of outputs of range ~2.

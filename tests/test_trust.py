@@ -557,7 +557,8 @@ def test_h5_config_is_read_without_deserializing(layer, what, tmp_path, capsys):
 def test_tf_keras_h5_lambda_is_refused_before_its_code_runs(tmp_path, side_effect, capsys, monkeypatch):
     command = f"touch {side_effect}"
     # Self-contained code: the conversion's process has not imported this test module, whose globals it would use
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Lambda(lambda x: (__import__("os").system(command), x)[1]),
+    model = keras.Sequential([keras.Input((4,)),
+                              keras.layers.Lambda(lambda x: (__import__("os").system(command), x)[1]),
                               keras.layers.Dense(2, activation="gelu")])
     path = str(tmp_path / "lambda.h5")
     model.save(path)

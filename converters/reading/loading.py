@@ -470,7 +470,8 @@ def _source(path, kind, signature, function, freeze=True):
     if freeze:
         graph_def, variable_shapes = _frozen_graph_def(function, path), {}
     else:
-        graph_def, variable_shapes = graph.inline_function_calls(function.graph.as_graph_def()), _variable_shapes(function)
+        graph_def = graph.inline_function_calls(function.graph.as_graph_def())
+        variable_shapes = _variable_shapes(function)
     graph_def, promoted = _inlined_in_float32(graph_def)
     for info in inputs:
         if info.dtype.is_integer:

@@ -95,7 +95,8 @@ def _guarded_value(node, nodes):
         when_zero = graph.producer(operands[1], nodes)
         product = graph.producer(otherwise, nodes)
         if (len(compared) == 1 and when_zero is not None and when_zero.op == "ZerosLike" and product is not None
-                and product.op == "Mul" and compared[0] in {graph.resolve(name, nodes) for name in graph.data_inputs(product)}):
+                and product.op == "Mul"
+                and compared[0] in {graph.resolve(name, nodes) for name in graph.data_inputs(product)}):
             return operands[2]
     return None
 

@@ -14,7 +14,8 @@ from . import flatbuffer_model
 
 # The zero points each integer type can hold; int16 activations are symmetric (TFLite's 16x8 scheme).
 _ZERO_POINT_RANGES = {getattr(schema.TensorType, name): limits for name, limits in (
-    ("INT8", (-128, 127)), ("UINT8", (0, 255)), ("INT16", (0, 0)), ("INT4", (-8, 7))) if hasattr(schema.TensorType, name)}
+    ("INT8", (-128, 127)), ("UINT8", (0, 255)), ("INT16", (0, 0)), ("INT4", (-8, 7)))
+    if hasattr(schema.TensorType, name)}
 
 
 def problem(tflite_model):

@@ -99,7 +99,8 @@ class _OutputQuantizingConfig(tfmot_keras.QuantizeConfig):
 
     def __init__(self, quantize_output=True):
         if not isinstance(quantize_output, bool):
-            raise ValueError(f"Argument `quantize_output` must be a bool. Received: quantize_output={quantize_output!r}")
+            raise ValueError(
+                f"Argument `quantize_output` must be a bool. Received: quantize_output={quantize_output!r}")
         self.quantize_output = quantize_output
 
     def get_output_quantizers(self, layer):
