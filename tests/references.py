@@ -139,3 +139,10 @@ def fake_quant(x, low, high, bits=8):
     nudged_low, nudged_high = -zero_point * scale, (steps - zero_point) * scale
     clamped = np.clip(np.asarray(x, np.float64), nudged_low, nudged_high)
     return np.floor((clamped - nudged_low) / scale + 0.5) * scale + nudged_low, scale
+
+
+def cosine(actual, expected):
+    """The cosine of two arrays' values, flattened, in float64: how a test judges a quantized model's outputs
+    against the float model's."""
+    actual, expected = (np.asarray(array, np.float64).ravel() for array in (actual, expected))
+    return float(actual @ expected / (np.linalg.norm(actual) * np.linalg.norm(expected)))

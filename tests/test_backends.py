@@ -301,11 +301,6 @@ def rounding_bound(model, inputs):
     return error
 
 
-def _cosine(a, b):
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
 @pytest.mark.parametrize("source", ["jax", "torch"])
 def test_a_model_saved_on_any_backend_computes_here_what_it_did_there(source):
     model, recorded = saved_on(source, "float")
@@ -331,7 +326,7 @@ def test_a_qat_model_saved_on_any_backend_loads_here_with_its_ranges(source):
     if source == BACKEND or {source, BACKEND} == {"jax", "torch"}:
         assert np.mean(np.all(actual == recorded["outputs"], axis=-1)) >= 0.99
     assert np.mean(actual.argmax(-1) == recorded["outputs"].argmax(-1)) >= 0.99
-    assert _cosine(actual, recorded["outputs"]) >= 0.999
+    assert references.cosine(actual, recorded["outputs"]) >= 0.999
     assert np.mean(actual.argmax(-1) == recorded["labels"]) >= 0.95  # it was trained: digits at 97%
 
 

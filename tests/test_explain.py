@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import gelu_models
+import references
 from conftest import keras
 from conftest import last_error_line
 from keras_gelu.converters import cli
@@ -134,7 +135,7 @@ def test_the_explanation_s_figures_are_the_tflite_s_tensors_against_the_keras_la
         row = next(row for row in saved["tensors"] if row["layer"].split("/")[-1].rstrip("_0123456789") == layer)
         expected = keras.Model(model.inputs, model.get_layer(layer).output).predict(samples[:8], verbose=0)
         actual = tflite_tensors[row["name"]]
-        cosine = float(np.dot(actual.ravel(), expected.ravel()) / np.linalg.norm(actual) / np.linalg.norm(expected))
+        cosine = references.cosine(actual, expected)
         # float32 Keras against the float .tflite: within 1e-6 relative, far below int8's effect on the cosine
         assert row["cosine"] == pytest.approx(cosine, abs=1e-5), (layer, row)
         assert row["max_abs"] == pytest.approx(np.abs(actual - expected).max(), rel=1e-3, abs=1e-5)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import keras_gelu
+import references
 from conftest import IS_KERAS3
 from conftest import keras
 
@@ -136,9 +137,7 @@ def test_a_real_family_trains_saves_loads_and_converts_integer_throughout(family
     assert wrapped or family not in COMPOSITE, "the backbone's composite layers are quantized through their sublayers"
     # The QAT model computed the float model's function, int8 rounding aside (its GELUs, its pooler's tanh...)
     for name, values in untrained.items():
-        float_values = _as_dict(model(_first(x, 16)))[name].ravel().astype(np.float64)
-        values = values.ravel().astype(np.float64)
-        cosine = values @ float_values / (np.linalg.norm(values) * np.linalg.norm(float_values))
+        cosine = references.cosine(values, _as_dict(model(_first(x, 16)))[name])
         assert cosine >= INT8_COSINE, (name, cosine)
     loaded = keras.models.load_model(str(folder / "qat.keras"))
     sample = _first(x, 8)
@@ -260,7 +259,7 @@ def test_a_composites_operators_selections_and_concatenations_convert_integer_th
     assert {"CONCATENATION", "SELECT_V2", "RSQRT"} <= set(report.op_types)
     # A row's int8 RSQRT a step off QAT's float one moves the whole row, and the head sums it: the cosine is the bar
     values, qat_values = tflite_helpers.run(tflite_model, x)[0].ravel(), qat(x).numpy().ravel()
-    assert values @ qat_values / (np.linalg.norm(values) * np.linalg.norm(qat_values)) >= INT8_COSINE
+    assert references.cosine(values, qat_values) >= INT8_COSINE
 
 
 def test_a_composite_calling_dot_product_attention_converts_integer_throughout(tmp_path, rng):
@@ -299,7 +298,7 @@ def test_a_composite_calling_dot_product_attention_converts_integer_throughout(t
     mask = (np.arange(6) < lengths[:, None]).astype(np.int32)
     qat = keras_gelu.qat.quantize_model(model, calibration_data=[x, mask])
     expected, computed = model([x, mask]).numpy().ravel(), qat([x, mask]).numpy().ravel()
-    assert expected @ computed / (np.linalg.norm(expected) * np.linalg.norm(computed)) >= INT8_COSINE
+    assert references.cosine(expected, computed) >= INT8_COSINE
     qat.compile(keras.optimizers.Adam(1e-3), "mse")
     qat.fit([x, mask], rng.normal(size=(64, 6, 8)).astype(np.float32), batch_size=16, epochs=1, verbose=0)
     assert all(np.isfinite(variable.numpy()).all() for variable in qat.variables)
@@ -312,7 +311,7 @@ def test_a_composite_calling_dot_product_attention_converts_integer_throughout(t
     # the .tflite's inputs in the order of their names: padding, tokens
     values = np.concatenate([tflite_helpers.run(tflite_model, mask[i:i + 1], x[i:i + 1])[0] for i in range(8)])
     values, qat_values = values.ravel(), qat([x[:8], mask[:8]]).numpy().ravel()
-    assert values @ qat_values / (np.linalg.norm(values) * np.linalg.norm(qat_values)) >= INT8_COSINE
+    assert references.cosine(values, qat_values) >= INT8_COSINE
 
 
 def test_a_group_normalization_computing_its_moments_in_one_call_converts_integer_throughout(tmp_path, rng):
@@ -328,7 +327,7 @@ def test_a_group_normalization_computing_its_moments_in_one_call_converts_intege
     x = rng.normal(size=(64, 12, 16)).astype(np.float32)
     qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
     expected, computed = model(x).numpy().ravel(), qat(x).numpy().ravel()
-    assert expected @ computed / (np.linalg.norm(expected) * np.linalg.norm(computed)) >= INT8_COSINE
+    assert references.cosine(expected, computed) >= INT8_COSINE
     qat.compile(keras.optimizers.Adam(1e-3), "mse")
     qat.fit(x, rng.normal(size=(64, 10, 4)).astype(np.float32), batch_size=16, epochs=1, verbose=0)
     qat.save(str(tmp_path / "qat.keras"))
@@ -337,7 +336,7 @@ def test_a_group_normalization_computing_its_moments_in_one_call_converts_intege
     assert report.float_ops == {}, report.op_types
     values = np.concatenate([tflite_helpers.run(tflite_model, x[i:i + 1])[0] for i in range(8)]).ravel()
     qat_values = qat(x[:8]).numpy().ravel()
-    assert values @ qat_values / (np.linalg.norm(values) * np.linalg.norm(qat_values)) >= INT8_COSINE
+    assert references.cosine(values, qat_values) >= INT8_COSINE
 
 
 def test_a_composite_mixing_tokens_with_a_fourier_transform_converts_integer_throughout(rng):
@@ -363,12 +362,12 @@ def test_a_composite_mixing_tokens_with_a_fourier_transform_converts_integer_thr
     x = rng.normal(size=(64, 6, 8)).astype(np.float32)
     qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
     expected, computed = model(x).numpy().ravel(), qat(x).numpy().ravel()
-    assert expected @ computed / (np.linalg.norm(expected) * np.linalg.norm(computed)) >= INT8_COSINE
+    assert references.cosine(expected, computed) >= INT8_COSINE
     tflite_model, report = converters.convert(qat, int8=True, input_shapes={"tokens": (1, 6, 8)})
     assert report.float_ops == {}, report.op_types
     values = np.concatenate([tflite_helpers.run(tflite_model, x[i:i + 1])[0] for i in range(8)]).ravel()
     qat_values = qat(x[:8]).numpy().ravel()
-    assert values @ qat_values / (np.linalg.norm(values) * np.linalg.norm(qat_values)) >= INT8_COSINE
+    assert references.cosine(values, qat_values) >= INT8_COSINE
 
 
 def test_beyond_the_default_steps_a_qat_tflite_is_judged_by_its_graphs_rounding_envelope(monkeypatch, rng):
@@ -501,7 +500,7 @@ def test_a_model_a_composite_holds_is_quantized_through_its_layers_at_the_shape_
         <= set(names), names
     # calibrated, untrained: the QAT model computes the float one within int8 rounding
     expected, computed = model(x).numpy().ravel(), qat(x).numpy().ravel()
-    assert expected @ computed / (np.linalg.norm(expected) * np.linalg.norm(computed)) >= INT8_COSINE
+    assert references.cosine(expected, computed) >= INT8_COSINE
     qat.compile(keras.optimizers.Adam(1e-3), "mse")
     qat.train_on_batch(x, rng.normal(size=(16, 4, 4, 3)).astype(np.float32))
     assert all(np.isfinite(variable.numpy()).all() for variable in qat.variables)
@@ -510,4 +509,4 @@ def test_a_model_a_composite_holds_is_quantized_through_its_layers_at_the_shape_
     tflite_model, report = converters.convert(qat, int8=True)
     assert report.float_ops == {}, report.op_types
     values, qat_values = tflite_helpers.run(tflite_model, x)[0].ravel(), qat(x).numpy().ravel()
-    assert values @ qat_values / (np.linalg.norm(values) * np.linalg.norm(qat_values)) >= INT8_COSINE
+    assert references.cosine(values, qat_values) >= INT8_COSINE

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import conversions
+import references
 import tflite_helpers
 from conftest import BuiltOnFirstUse
 from conftest import IS_KERAS3
@@ -214,8 +215,7 @@ def _assert_converts_faithfully(case, mode, exact_as):
             (warning,) = [w for w in report.warnings if w.startswith("not fully integer")]
             assert all(name in warning for name in report.float_ops)
         for name, expected in case.reference.items():
-            a, e = (_unpadded(case, values).astype(np.float64) for values in (actual[name], expected))
-            assert a @ e / (np.linalg.norm(a) * np.linalg.norm(e)) >= INT8_COSINE, name
+            assert references.cosine(_unpadded(case, actual[name]), _unpadded(case, expected)) >= INT8_COSINE, name
         return
     kept = conversions.keeps_exact_gelu(mode, exact_as) or case.gelu_function != "exact"
     for name, expected in case.reference.items():
@@ -287,7 +287,7 @@ def test_a_keras_hub_decoder_s_masked_softmax_keeps_its_peaked_scores_at_int8_an
         assert len(report.ranges_repaired["narrowed"]) == 2, report.ranges_repaired  # each layer's selection
         (actual,) = verify.run_signature(tflite_model, "serving_default", unseen).values()
         actual = actual.astype(np.float64) * unseen["padding_mask"][..., None]
-        cosine = actual.ravel() @ expected.ravel() / (np.linalg.norm(actual) * np.linalg.norm(expected))
+        cosine = references.cosine(actual, expected)
         assert cosine >= bound, (int16, cosine)
 
 
@@ -336,7 +336,7 @@ def test_int8_hugging_face_layoutlmv3_gets_ranges_the_quantizer_can_take(tmp_pat
 
     def cosine(model):
         actual = verify.run_signature(model, "serving_default", arrays)["last_hidden_state"].astype(np.float64)
-        return actual.ravel() @ expected.ravel() / np.linalg.norm(actual) / np.linalg.norm(expected)
+        return references.cosine(actual, expected)
 
     int8_cosine = cosine(tflite_model)
     assert int8_cosine > 0.9
@@ -478,5 +478,4 @@ def test_keras_hub_text_backbones_convert_to_16x8(keras_hub_cases):
     assert "int16" in report.op_types["FULLY_CONNECTED"] and "float32" not in report.op_types["FULLY_CONNECTED"]
     actual = verify.run_signature(tflite_model, "serving_default", case.arrays)
     for name, expected in case.reference.items():
-        a, e = (_unpadded(case, values).astype(np.float64) for values in (actual[name], expected))
-        assert a @ e / (np.linalg.norm(a) * np.linalg.norm(e)) >= INT8_COSINE, name
+        assert references.cosine(_unpadded(case, actual[name]), _unpadded(case, expected)) >= INT8_COSINE, name
