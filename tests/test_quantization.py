@@ -309,11 +309,18 @@ def test_quantize_model_refuses_exact_as_in_native_mode():
         keras_gelu.qat.quantize_model(_dense_model(keras_gelu.GELU()), mode="native", exact_as="tanh")
 
 
+@pytest.fixture(scope="module")
+def every_gelu_qat_trained():
+    """(a QAT model of every GELU trained an epoch, inputs), which each saved format's test saves: eagerly, as
+    tracing its training step cost more than its eight steps (training in a graph: the tests above)."""
+    qat = keras_gelu.qat.quantize_model(every_gelu_functional(seed=5))
+    return qat, _fit(qat, np.random.default_rng(20261129), epochs=1, run_eagerly=True)[:16]
+
+
 @needs_tfmot
 @pytest.mark.parametrize("fmt", ["h5", "savedmodel"])
-def test_quantize_scope_loads_saved_qat_models(fmt, tmp_path, rng):
-    qat = keras_gelu.qat.quantize_model(every_gelu_functional(seed=5))
-    x = _fit(qat, rng, epochs=1)[:16]
+def test_quantize_scope_loads_saved_qat_models(fmt, tmp_path, every_gelu_qat_trained):
+    qat, x = every_gelu_qat_trained
     path = str(tmp_path / ("qat.h5" if fmt == "h5" else "qat_savedmodel"))
     qat.save(path)
     with keras_gelu.qat.quantize_scope():

@@ -15,7 +15,7 @@ from keras_gelu.converters import errors
 from keras_gelu.converters.rewriting import graph
 from keras_gelu.converters.rewriting import tf_ops_as_builtins
 
-pytestmark = pytest.mark.legs("keras3")  # TensorFlow graphs rewritten before any converter: one leg
+pytestmark = pytest.mark.legs("tf_keras")  # TensorFlow graphs rewritten before any converter: one leg (the shorter)
 
 
 @st.composite
