@@ -3,8 +3,8 @@ DeiT backbones (tiny random configs; DeiT is ViT with class and distillation tok
 takes its turn in test_every_family), quantized without flattening anything by hand, trained a step, saved
 as .keras, loaded, converted in a fresh process to a .tflite that is integer throughout and agrees with the QAT
 model, for TFLite Micro (and ConvNeXt for Ethos-U55): today's family of the three (conftest.todays_share, each
-within three days; they are one mechanism on three models, 28 CPU-s together, ConvNeXt 17 of them). The recipes
-measure accuracy on real data.
+within three days; they are one mechanism on three models, 28 CPU-s together). The recipes measure accuracy on
+real data.
 """
 
 import importlib.util
