@@ -380,8 +380,8 @@ def test_keras_hub_exported(keras_hub_cases, name, mode, exact_as):
 # The .keras route reaches the same graphs as the exported one (every mode there): one float and the int8 mode
 # check what loading the file adds: today's half of the eight (todays_share: the two halves alternate by day, and
 # each holds every model once; the eight took 23 CPU-s of the Keras 3 leg).
-KERAS_FILES_TODAY = todays_share([(name, *conversion) for name in KERAS_HUB for conversion in [("builtin", "erf"), INT8]],
-                                 4)
+KERAS_FILES_TODAY = todays_share([(name, *conversion) for name in KERAS_HUB
+                                  for conversion in [("builtin", "erf"), INT8]], 4)
 
 
 @pytest.mark.slow
