@@ -353,11 +353,11 @@ def test_int8_hugging_face_layoutlmv3_gets_ranges_the_quantizer_can_take(tmp_pat
     assert 1 - cosine(int16_model) < min(0.005, (1 - int8_cosine) / 10)
 
 
-def _each_model_in_each_conversion(names):
+def _each_model_in_each_conversion(names, each_conversion=(*FLOAT_CONVERSIONS, INT8), days=3):
     """(name, mode, exact_as) for every model and conversion: a matrix of one mechanism on two parameters, of
-    which `make test` takes today's share (todays_share: every case within three days)."""
-    cases = [(name, *conversion) for name in names for conversion in FLOAT_CONVERSIONS + [INT8]]
-    return todays_share(cases, len(cases) // 3)
+    which `make test` takes today's share (todays_share: every case within `days` days)."""
+    cases = [(name, *conversion) for name in names for conversion in each_conversion]
+    return todays_share(cases, len(cases) // days)
 
 
 def _case_id(case):
@@ -378,10 +378,9 @@ def test_keras_hub_exported(keras_hub_cases, name, mode, exact_as):
 
 
 # The .keras route reaches the same graphs as the exported one (every mode there): one float and the int8 mode
-# check what loading the file adds: today's half of the eight (todays_share: the two halves alternate by day, and
-# each holds every model once; the eight took 23 CPU-s of the Keras 3 leg).
-KERAS_FILES_TODAY = todays_share([(name, *conversion) for name in KERAS_HUB
-                                  for conversion in [("builtin", "erf"), INT8]], 4)
+# check what loading the file adds: today's half of the eight (the two halves alternate by day, and each holds
+# every model once; the eight took 23 CPU-s of the Keras 3 leg).
+KERAS_FILES_TODAY = _each_model_in_each_conversion(KERAS_HUB, [("builtin", "erf"), INT8], days=2)
 
 
 @pytest.mark.slow
