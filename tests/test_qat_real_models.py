@@ -261,7 +261,7 @@ def test_a_composites_operators_selections_and_concatenations_convert_integer_th
     assert report.float_ops == {}, report.op_types
     assert {"CONCATENATION", "SELECT_V2", "RSQRT"} <= set(report.op_types)
     # A row's int8 RSQRT a step off QAT's float one moves the whole row, and the head sums it: the cosine is the bar
-    values, qat_values = tflite_helpers.run(tflite_model, x)[0].ravel(), qat(x).numpy().ravel()
+    values, qat_values = tflite_helpers.run(tflite_model, x)[0], qat(x).numpy()
     assert references.cosine(values, qat_values) >= INT8_COSINE
 
 
@@ -300,7 +300,7 @@ def test_a_composite_calling_dot_product_attention_converts_integer_throughout(t
     lengths[0] = 0
     mask = (np.arange(6) < lengths[:, None]).astype(np.int32)
     qat = keras_gelu.qat.quantize_model(model, calibration_data=[x, mask])
-    expected, computed = model([x, mask]).numpy().ravel(), qat([x, mask]).numpy().ravel()
+    expected, computed = model([x, mask]).numpy(), qat([x, mask]).numpy()
     assert references.cosine(expected, computed) >= INT8_COSINE
     qat.compile(keras.optimizers.Adam(1e-3), "mse")
     qat.fit([x, mask], rng.normal(size=(64, 6, 8)).astype(np.float32), batch_size=16, epochs=1, verbose=0)
@@ -313,8 +313,7 @@ def test_a_composite_calling_dot_product_attention_converts_integer_throughout(t
     assert {"BATCH_MATMUL", "SOFTMAX", "SELECT_V2"} <= set(report.op_types)
     # the .tflite's inputs in the order of their names: padding, tokens
     values = np.concatenate([tflite_helpers.run(tflite_model, mask[i:i + 1], x[i:i + 1])[0] for i in range(8)])
-    values, qat_values = values.ravel(), qat([x[:8], mask[:8]]).numpy().ravel()
-    assert references.cosine(values, qat_values) >= INT8_COSINE
+    assert references.cosine(values, qat([x[:8], mask[:8]]).numpy()) >= INT8_COSINE
 
 
 def test_a_group_normalization_computing_its_moments_in_one_call_converts_integer_throughout(tmp_path, rng):
@@ -329,7 +328,7 @@ def test_a_group_normalization_computing_its_moments_in_one_call_converts_intege
     model = keras.Model(inputs, keras.layers.Dense(4, name="head")(hidden))
     x = rng.normal(size=(64, 12, 16)).astype(np.float32)
     qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
-    expected, computed = model(x).numpy().ravel(), qat(x).numpy().ravel()
+    expected, computed = model(x).numpy(), qat(x).numpy()
     assert references.cosine(expected, computed) >= INT8_COSINE
     qat.compile(keras.optimizers.Adam(1e-3), "mse")
     qat.fit(x, rng.normal(size=(64, 10, 4)).astype(np.float32), batch_size=16, epochs=1, verbose=0)
@@ -337,8 +336,8 @@ def test_a_group_normalization_computing_its_moments_in_one_call_converts_intege
     np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "qat.keras"))(x).numpy(), qat(x).numpy())
     tflite_model, report = converters.convert(qat, int8=True, input_shapes={"frames": (1, 12, 16)})
     assert report.float_ops == {}, report.op_types
-    values = np.concatenate([tflite_helpers.run(tflite_model, x[i:i + 1])[0] for i in range(8)]).ravel()
-    qat_values = qat(x[:8]).numpy().ravel()
+    values = np.concatenate([tflite_helpers.run(tflite_model, x[i:i + 1])[0] for i in range(8)])
+    qat_values = qat(x[:8]).numpy()
     assert references.cosine(values, qat_values) >= INT8_COSINE
 
 
@@ -364,12 +363,12 @@ def test_a_composite_mixing_tokens_with_a_fourier_transform_converts_integer_thr
     model = keras.Model(inputs, keras.layers.Dense(4, name="head")(FourierMixing(name="mixing")(inputs)))
     x = rng.normal(size=(64, 6, 8)).astype(np.float32)
     qat = keras_gelu.qat.quantize_model(model, calibration_data=x)
-    expected, computed = model(x).numpy().ravel(), qat(x).numpy().ravel()
+    expected, computed = model(x).numpy(), qat(x).numpy()
     assert references.cosine(expected, computed) >= INT8_COSINE
     tflite_model, report = converters.convert(qat, int8=True, input_shapes={"tokens": (1, 6, 8)})
     assert report.float_ops == {}, report.op_types
-    values = np.concatenate([tflite_helpers.run(tflite_model, x[i:i + 1])[0] for i in range(8)]).ravel()
-    qat_values = qat(x[:8]).numpy().ravel()
+    values = np.concatenate([tflite_helpers.run(tflite_model, x[i:i + 1])[0] for i in range(8)])
+    qat_values = qat(x[:8]).numpy()
     assert references.cosine(values, qat_values) >= INT8_COSINE
 
 
@@ -502,7 +501,7 @@ def test_a_model_a_composite_holds_is_quantized_through_its_layers_at_the_shape_
     assert {"block/quant_downscaler/quant_reduce/kernel_min", "block/quant_downscaler/quant_project/kernel_min"} \
         <= set(names), names
     # calibrated, untrained: the QAT model computes the float one within int8 rounding
-    expected, computed = model(x).numpy().ravel(), qat(x).numpy().ravel()
+    expected, computed = model(x).numpy(), qat(x).numpy()
     assert references.cosine(expected, computed) >= INT8_COSINE
     qat.compile(keras.optimizers.Adam(1e-3), "mse")
     qat.train_on_batch(x, rng.normal(size=(16, 4, 4, 3)).astype(np.float32))
@@ -511,5 +510,5 @@ def test_a_model_a_composite_holds_is_quantized_through_its_layers_at_the_shape_
     np.testing.assert_array_equal(keras.models.load_model(str(tmp_path / "qat.keras"))(x).numpy(), qat(x).numpy())
     tflite_model, report = converters.convert(qat, int8=True)
     assert report.float_ops == {}, report.op_types
-    values, qat_values = tflite_helpers.run(tflite_model, x)[0].ravel(), qat(x).numpy().ravel()
+    values, qat_values = tflite_helpers.run(tflite_model, x)[0], qat(x).numpy()
     assert references.cosine(values, qat_values) >= INT8_COSINE
