@@ -117,8 +117,8 @@ test-tf-keras: $(INSTALLED) install-chromium  # the browser test of --explain's 
 # TensorFlow 2.18's XLA knows no --xla_cpu_max_isa (`make test-as-avx2`'s): it ends the process at its first XLA
 # function ("Unknown flags in XLA_FLAGS"), so this leg runs without that flag, its XLA built for the CPU it is on.
 test-tf218: $(TF218_INSTALLED)
-	$(ONE_THREAD) TF_USE_LEGACY_KERAS=0 TF_ENABLE_ONEDNN_OPTS=1 XLA_FLAGS="$(filter-out --xla_cpu_max_isa=%,$(XLA_FLAGS))" \
-	  $(TF218_PYTHON) -m pytest $(PYTEST_ARGS)
+	$(ONE_THREAD) TF_USE_LEGACY_KERAS=0 TF_ENABLE_ONEDNN_OPTS=1 \
+	  XLA_FLAGS="$(filter-out --xla_cpu_max_isa=%,$(XLA_FLAGS))" $(TF218_PYTHON) -m pytest $(PYTEST_ARGS)
 
 test-jax: $(JAX_VENV)/.installed
 	$(ONE_THREAD) KERAS_BACKEND=jax $(JAX_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(BACKEND_TESTS)
