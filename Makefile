@@ -133,7 +133,8 @@ test-torch: $(TORCH_VENV)/.installed
 	$(ONE_THREAD) TORCHINDUCTOR_CACHE_DIR=$(INDUCTOR_CACHE) KERAS_BACKEND=torch $(TORCH_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(BACKEND_TESTS)
 
 # On an AVX-512 machine, the suite with the other CPU kind's kernels where a library lets a process choose them
-# faithfully: XLA's (JAX) built for AVX2, PyTorch's too (and its inductor cache the AVX2 one). Not XNNPACK's
+# faithfully: XLA's built for AVX2 (JAX's, and TensorFlow 2.21's, which keras_gelu's kernels compile with; not
+# TensorFlow 2.18's: see test-tf218), PyTorch's too (and its inductor cache the AVX2 one). Not XNNPACK's
 # (LiteRT's), which picks by what the CPU has; nor oneDNN's: ONEDNN_MAX_CPU_ISA=AVX2 leaves TensorFlow handing
 # bfloat16 ops to oneDNN by what the CPU has, and the mixed_bfloat16 tests abort (dnnl::error).
 test-as-avx2:
