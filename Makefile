@@ -6,6 +6,11 @@ INSTALLED := $(VENV)/.installed
 EXTRAS := tensorflow,test,qat,litert,examples,tflm,vela,docs,jax
 # Every leg shows its 15 slowest tests, so that where the time goes stays in view.
 PYTEST_ARGS ?= --durations=15
+# pytest, then the process ends once pytest has returned and every exit handler has run, without Python tearing
+# down its heap object by object: a flavour leg's millions of TensorFlow and Keras objects took 6-7 s of CPU
+# after the leg's summary, for nothing anyone reads.
+PYTEST := -c 'import atexit, os, sys, pytest; code = int(pytest.main()); sys.stdout.flush(); sys.stderr.flush(); \
+  atexit._run_exitfuncs(); os._exit(code)'
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 # Each leg's kernels on one thread (TensorFlow's, oneDNN's and PyTorch's OpenMP): the two legs `make test` runs
@@ -83,7 +88,7 @@ install-chromium:
 
 # The picture of --explain's page that docs/int8.md shows, taken by the browser test.
 screenshot: $(INSTALLED) install-chromium
-	KG_UPDATE_SCREENSHOT=1 TF_USE_LEGACY_KERAS=1 $(VENV_PYTHON) -m pytest -q tests/test_explain.py -k chromium
+	KG_UPDATE_SCREENSHOT=1 TF_USE_LEGACY_KERAS=1 $(VENV_PYTHON) $(PYTEST) -q tests/test_explain.py -k chromium
 
 demo: $(INSTALLED)
 	$(VENV_PYTHON) examples/demo.py --output-dir demo_output
@@ -109,19 +114,19 @@ test:
 	$(MAKE) --jobs=2 --keep-going --output-sync=target $(LEGS)
 
 test-keras3: $(INSTALLED)
-	$(ONE_THREAD) TF_USE_LEGACY_KERAS=0 TF_ENABLE_ONEDNN_OPTS=0 $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
+	$(ONE_THREAD) TF_USE_LEGACY_KERAS=0 TF_ENABLE_ONEDNN_OPTS=0 $(VENV_PYTHON) $(PYTEST) $(PYTEST_ARGS)
 
 test-tf-keras: $(INSTALLED) install-chromium  # the browser test of --explain's page runs here
-	$(ONE_THREAD) TF_USE_LEGACY_KERAS=1 TF_ENABLE_ONEDNN_OPTS=1 $(VENV_PYTHON) -m pytest $(PYTEST_ARGS)
+	$(ONE_THREAD) TF_USE_LEGACY_KERAS=1 TF_ENABLE_ONEDNN_OPTS=1 $(VENV_PYTHON) $(PYTEST) $(PYTEST_ARGS)
 
 # TensorFlow 2.18's XLA knows no --xla_cpu_max_isa (`make test-as-avx2`'s): it ends the process at its first XLA
 # function ("Unknown flags in XLA_FLAGS"), so this leg runs without that flag, its XLA built for the CPU it is on.
 test-tf218: $(TF218_INSTALLED)
 	$(ONE_THREAD) TF_USE_LEGACY_KERAS=0 TF_ENABLE_ONEDNN_OPTS=1 \
-	  XLA_FLAGS="$(filter-out --xla_cpu_max_isa=%,$(XLA_FLAGS))" $(TF218_PYTHON) -m pytest $(PYTEST_ARGS)
+	  XLA_FLAGS="$(filter-out --xla_cpu_max_isa=%,$(XLA_FLAGS))" $(TF218_PYTHON) $(PYTEST) $(PYTEST_ARGS)
 
 test-jax: $(JAX_VENV)/.installed
-	$(ONE_THREAD) KERAS_BACKEND=jax $(JAX_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(BACKEND_TESTS)
+	$(ONE_THREAD) KERAS_BACKEND=jax $(JAX_VENV)/bin/python $(PYTEST) $(PYTEST_ARGS) $(BACKEND_TESTS)
 
 # PyTorch's FX graph cache keys a compiled CPU step without the vector instructions it was built for (2.13): read
 # on the other CPU kind (this disk moves between AVX2 and AVX-512 machines, /tmp with it), a jit-compiled step
@@ -130,7 +135,7 @@ CPU_KIND := $(shell grep -qw avx512f /proc/cpuinfo && echo avx512 || echo avx2)
 INDUCTOR_CACHE := $(or $(TMPDIR),/tmp)/torchinductor-keras-gelu-$(or $(ATEN_CPU_CAPABILITY),$(CPU_KIND))
 
 test-torch: $(TORCH_VENV)/.installed
-	$(ONE_THREAD) TORCHINDUCTOR_CACHE_DIR=$(INDUCTOR_CACHE) KERAS_BACKEND=torch $(TORCH_VENV)/bin/python -m pytest $(PYTEST_ARGS) $(BACKEND_TESTS)
+	$(ONE_THREAD) TORCHINDUCTOR_CACHE_DIR=$(INDUCTOR_CACHE) KERAS_BACKEND=torch $(TORCH_VENV)/bin/python $(PYTEST) $(PYTEST_ARGS) $(BACKEND_TESTS)
 
 # On an AVX-512 machine, the suite with the other CPU kind's kernels where a library lets a process choose them
 # faithfully: XLA's built for AVX2 (JAX's, and TensorFlow 2.21's, which keras_gelu's kernels compile with; not
