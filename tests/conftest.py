@@ -17,6 +17,12 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# The collector is off through the imports (TensorFlow's, Keras's, then each test module's as it is collected):
+# the heap they make grows to about a million objects, which the collector walked again and again as it grew, to
+# free next to nothing (1.9 s of each leg's collection). The first test's collection (pytest_runtest_setup) frees
+# what they left, once, and turns it on.
+gc.disable()
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
@@ -204,6 +210,8 @@ _module_of_the_last_test = [None]
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     if item.module is not _module_of_the_last_test[0]:
+        if _module_of_the_last_test[0] is None:
+            gc.enable()  # off since the imports (above)
         _module_of_the_last_test[0] = item.module
         gc.collect()
         gc.freeze()

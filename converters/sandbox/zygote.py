@@ -317,6 +317,10 @@ def main(import_keras_gelu):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Orphans of a job's processes become the zygote's, which waits for them: no process of a job outlives it.
     ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    # The collector is off through the start-up's imports: it walked the heap they make (TensorFlow's and Keras's,
+    # about 430,000 objects) again and again as it grew, to free next to nothing. The start took 5.1 s of CPU where
+    # it takes 3.9 s with one collection at its end.
+    gc.disable()
     kept_out = [name for name in _NOT_PRELOADED if name not in sys.modules]
     sys.modules.update(dict.fromkeys(kept_out))  # None: `import sklearn` raises ImportError, which Keras expects
     try:
@@ -340,6 +344,8 @@ def main(import_keras_gelu):
     loading.autograph_ahead()
     from . import worker
 
+    gc.enable()
+    gc.collect()
     limits = _own_limits()
     sandbox_plan = policy.plan()
     _say({"ready": os.getpid(), "plan": sandbox_plan})
@@ -366,8 +372,7 @@ def main(import_keras_gelu):
         # Every object here so far kept out of the worker's garbage collections: a full one would walk the
         # whole of TensorFlow's and Keras's Python objects (0.2 s), writing to each and so copying its page
         # from the zygote's, and loading a SavedModel makes enough objects to set one off. Frozen, a Keras 3
-        # SavedModel's conversion took 0.61 s where it took 0.74-0.81 s (tests/test_sandbox.py). (A collection
-        # before the first freeze found no garbage after the imports, in 0.17 s: not made.)
+        # SavedModel's conversion took 0.61 s where it took 0.74-0.81 s (tests/test_sandbox.py).
         gc.freeze()
         if _lasting_threads():  # started since its import by what a package left behind (a lazy import, a hook)
             _say({"unforkable": _IMPORTED})
