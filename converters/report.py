@@ -36,7 +36,7 @@ _TENSOR = {"name": str, "layer": str, "op": str, "position": int, "type": str, "
 _SHAPES = {
     "gelus": [{"pattern": str, "alpha": _NUMBER, "became": str, "count": int}],
     "leftover_erf": _COUNTS, "ops": _COUNTS, "float_ops": _COUNTS, "islands_made_integer": _COUNTS,
-    "kernel_grids": _COUNTS, "op_types": _Mapping(_COUNTS), "flex_ops": [str], "warnings": [str],
+    "kernel_grids": _COUNTS, "op_types": _Mapping(_COUNTS), "flex_ops": [str], "warnings": [str], "retyped_to_float32": [str],
     "fidelity": [_PARITY], "drift": [_PARITY], "stage_seconds": _Mapping(_NUMBER),
     "tolerance": {"rounding_envelope": _Optional({"fraction": _NUMBER, "trials": int, "steps": _Mapping(_NUMBER)})},
     "explanation": _Optional({"tensors": [_TENSOR], "gelus": [_TENSOR], "worst": _Optional(str),
@@ -121,7 +121,7 @@ class Report:
     exact_as: str  # how builtin mode computes exact GELU (--form); None in other modes
     output: str = ""
     float16_weights: bool = False
-    promoted_to_float32: bool = False
+    retyped_to_float32: list = dataclasses.field(default_factory=list)  # float types computed in float32
     trusted: bool = False  # --trust-model: the code and outside-world checks were skipped
     gelus: list = dataclasses.field(default_factory=list)  # [{"pattern", "alpha", "became", "count"}]
     leftover_erf: dict = dataclasses.field(default_factory=dict)
@@ -212,6 +212,9 @@ class Report:
                              ("step_type", ("int8", "int16"))):
             if name in data and data[name] not in values:
                 raise ValueError(f"its report's {name} is none the converter has")
+        retyped = data.get("retyped_to_float32") or []
+        if not set(retyped) <= set(vocabulary.RETYPED_TO_FLOAT32) or retyped != sorted(set(retyped)):
+            raise ValueError("its report's retyped_to_float32 is not the sorted types the converter retypes")
         if not _numbers_within_float(data):
             raise ValueError("its report holds a number past any float")
         data = {name: value for name, value in data.items() if name not in _SUPERVISORS}
@@ -246,8 +249,8 @@ class Report:
             lines.append("model trusted (--trust-model): not checked for code or file-system ops")
         if self.containment:
             lines.append(self.containment)
-        if self.promoted_to_float32:
-            lines.append("half-precision compute graph: recomputed in float32")
+        if self.retyped_to_float32:
+            lines.append(f"{' and '.join(self.retyped_to_float32)} arithmetic: computed in float32")
         total = sum(entry["count"] for entry in self.gelus)
         lines.append(f"GELUs found: {total}")
         for entry in self.gelus:

@@ -20,6 +20,9 @@ _KERAS_BOOLEANS = {False: "exact", True: "tanh"}
 
 EXACT_AS = ("sigmoid", "tanh", "erf")
 
+# The float types a converted graph computes in float32 instead, as TFLite computes floats (the report names them).
+RETYPED_TO_FLOAT32 = ("bfloat16", "float16", "float64")
+
 
 def gelu_function(approximate):
     """The canonical name of the GELU that `approximate` names.

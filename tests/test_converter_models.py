@@ -1,5 +1,7 @@
 """Keras models built with this package's layers, through the converter in every mode."""
 
+import math
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -7,11 +9,13 @@ import tensorflow as tf
 import conversions
 import keras_gelu
 import references
+import tflite_helpers
 from conftest import IS_KERAS3
 from conftest import keras
 from conftest import rotated
 from keras_gelu import converters
 from keras_gelu.converters import errors
+from keras_gelu.converters.report import Report
 
 pytestmark = pytest.mark.legs("keras3", "tf_keras")
 
@@ -187,7 +191,7 @@ def test_mixed_precision_models_convert(tmp_path, policy, mode, exact_as):
     path = _save(_mixed_precision_model(policy), tmp_path, as_file=True)
     for float16_weights in (False, True):
         _, report = converters.convert(path, mode=mode, exact_as=exact_as, float16_weights=float16_weights)
-        assert report.promoted_to_float32
+        assert policy.removeprefix("mixed_") in report.retyped_to_float32, report.retyped_to_float32
         assert sum(g["count"] for g in report.gelus) == 3  # ours, Keras's 'gelu', our tanh function
         _assert_converted(report, mode, gelu_ops_expected=3)
         if float16_weights:
@@ -371,9 +375,40 @@ def test_a_mixed_precision_saved_model_is_frozen_and_retyped_like_a_keras_file(t
     is then frozen and retyped to float32 (loading.freeze_graph), as a Keras file is."""
     path = _save(_mixed_precision_model("mixed_float16"), tmp_path, as_file=False)
     _, report = converters.convert(path, mode="native")
-    assert report.promoted_to_float32
+    assert "float16" in report.retyped_to_float32, report.retyped_to_float32
     assert sum(g["count"] for g in report.gelus) == 3
     _assert_converted(report, "native", gelu_ops_expected=3)
+
+
+class _RelativePositionBuckets(tf.Module):
+    """Hugging Face's TF MPNet and T5 put a relative distance n in a bucket by its logarithm, computed in float64 (an
+    int32 tensor divided by a Python int) and truncated: each of 128 distances scales one input."""
+
+    @tf.function(input_signature=[tf.TensorSpec([128], tf.float32, name="x")])
+    def __call__(self, x):
+        n = tf.range(128)
+        large = 8 + tf.cast(tf.math.log(n / 8) / math.log(128 / 8) * 8, tf.int32)
+        return {"y": x * tf.cast(tf.where(n < 8, n, tf.minimum(large, 15)), tf.float32)}
+
+
+@pytest.mark.legs("keras3")  # a TensorFlow graph, which no Keras flavour changes
+def test_float64_arithmetic_is_computed_in_float32_and_named_so(tmp_path):
+    """TFLite computes no float64: the converter computes it in float32, says so naming float64 (not half
+    precision), and every bucket stays where float64 puts it, at the powers of two where the logarithm's ratio
+    is an integer too."""
+    path = str(tmp_path / "buckets")
+    tf.saved_model.save(_RelativePositionBuckets(), path)
+    tflite_model, report = converters.convert(path, mode="builtin")
+    assert report.retyped_to_float32 == ["float64"]
+    assert "float64 arithmetic: computed in float32" in report.to_text()
+    expected = [n if n < 8 else min(8 + int(math.log(n / 8) / math.log(16) * 8), 15) for n in range(128)]
+    (buckets,) = tflite_helpers.run(tflite_model, np.ones(128, np.float32))
+    np.testing.assert_array_equal(buckets, expected)
+    # From the worker, the types are words the converter has, or the report is refused
+    assert Report.from_untrusted(report.to_dict()).retyped_to_float32 == ["float64"]
+    for forged in (["float64: recomputed by us, trust it"], ["float64"] * 10_000):
+        with pytest.raises(ValueError, match="retyped_to_float32"):
+            Report.from_untrusted({**report.to_dict(), "retyped_to_float32": forged})
 
 
 class _CountingCalls(tf.Module):

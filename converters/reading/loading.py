@@ -40,7 +40,7 @@ class Source:
     inputs: list
     outputs: list
     graph_def: object  # inlined, float16/bfloat16/float64 retyped as float32; frozen unless load(freeze=False)
-    promoted_to_float32: bool
+    retyped_to_float32: tuple  # the float types it computed in, now in float32 (vocabulary.RETYPED_TO_FLOAT32)
     directory: str = None  # a SavedModel's folder, where its graph is rewritten (rewriting.saved_model)
     owner: object = None  # what owns the function's variables (the loaded SavedModel): let go with the function
 
@@ -436,7 +436,7 @@ def _refuse_non_finite_weights(path, function):
 
 def freeze_graph(source):
     """Freeze, in place, the graph of a Source loaded with freeze=False (its function still held)."""
-    source.graph_def, source.promoted_to_float32 = _inlined_in_float32(_frozen_graph_def(source.function,
+    source.graph_def, source.retyped_to_float32 = _inlined_in_float32(_frozen_graph_def(source.function,
                                                                                          source.path))
 
 
@@ -472,23 +472,24 @@ def _source(path, kind, signature, function, freeze=True):
     else:
         graph_def = graph.inline_function_calls(function.graph.as_graph_def())
         variable_shapes = _variable_shapes(function)
-    graph_def, promoted = _inlined_in_float32(graph_def)
+    graph_def, retyped = _inlined_in_float32(graph_def)
     for info in inputs:
         if info.dtype.is_integer:
             info.values = integer_inputs.integer_values(graph_def, info.tensor, info.name, variable_shapes)
-    return Source(path, kind, signature, function, inputs, outputs, graph_def, promoted)
+    return Source(path, kind, signature, function, inputs, outputs, graph_def, retyped)
 
 
 def _inlined_in_float32(graph_def):
-    """(graph_def, retyped?): calls inlined and half/double retyped, in the graph and its control flow."""
-    retyped = []
+    """(graph_def, the names of the types retyped): calls inlined and half/double retyped, in the graph and its
+    control flow."""
+    retyped = set()
 
     def prepare(body, outputs=None):
-        body, changed = graph.retype_floats_to_float32(graph.inline_function_calls(body))
-        retyped.append(changed)
+        body, types = graph.retype_floats_to_float32(graph.inline_function_calls(body))
+        retyped.update(types)
         return body
 
     graph_def = prepare(graph_def)
     graph.constant_arguments_inlined(graph_def)  # captured constants, visible in the bodies they reach
     graph_def = graph.transform_control_flow_functions(graph_def, prepare)
-    return graph_def, any(retyped)
+    return graph_def, tuple(sorted(retyped))

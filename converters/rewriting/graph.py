@@ -15,6 +15,8 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.python.framework import function_def_to_graph
 from tensorflow.python.framework import graph_to_function_def
 
+from keras_gelu import vocabulary
+
 CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
 # Attributes through which If/While/Case ops (and their Stateless twins) name
 # the library functions they run: branches, loop conditions and bodies.
@@ -22,7 +24,7 @@ CONTROL_FLOW_FUNCTION_ATTRS = ("then_branch", "else_branch", "cond", "body", "br
 PASS_THROUGH_OPS = ("Identity", "IdentityN", "StopGradient", "Snapshot")
 # TFLite computes floats in float32: half types (Keras mixed precision) and
 # float64 (keras_gelu computes bfloat16 GELUs in float64) are retyped.
-RETYPED_TO_FLOAT32 = (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16, types_pb2.DT_DOUBLE)
+RETYPED_TO_FLOAT32 = tuple(tf.as_dtype(name).as_datatype_enum for name in vocabulary.RETYPED_TO_FLOAT32)
 
 
 def split_tensor_name(name):
@@ -609,45 +611,44 @@ def _to_float32_saturating(values):
     return np.where(np.isfinite(values), np.clip(values, -largest, largest), values).astype(np.float32)
 
 
-def _has_retyped_type(value):
-    return (value.HasField("type") and value.type in RETYPED_TO_FLOAT32) or (
-        value.HasField("list") and any(t in RETYPED_TO_FLOAT32 for t in value.list.type)) or (
-        value.HasField("tensor") and value.tensor.dtype in RETYPED_TO_FLOAT32)
+def _retyped_types(value):
+    """The types of RETYPED_TO_FLOAT32 an attribute's value names."""
+    types = [value.type] if value.HasField("type") else value.list.type if value.HasField("list") else \
+        [value.tensor.dtype] if value.HasField("tensor") else []
+    return {dtype for dtype in types if dtype in RETYPED_TO_FLOAT32}
 
 
 def retype_floats_to_float32(graph_def):
-    """Recompute float16/bfloat16/float64 parts of a graph in float32; returns (graph_def, changed?).
+    """Recompute float16/bfloat16/float64 parts of a graph in float32; returns (graph_def, the names of the types
+    retyped, sorted: none where the graph has none).
 
     Keras mixed-precision models compute in half precision between casts; the
     TFLite converter cannot convert those graphs at all, nor float64 math. We
     retype every such tensor as float32: constants are converted, and casts
     that become float32-to-float32 turn into Identity.
     """
-    if not any(_has_retyped_type(value) for node in graph_def.node for value in node.attr.values()):
-        return graph_def, False  # nothing to do: spare the copy of every weight
+    found = set().union(*(_retyped_types(value) for node in graph_def.node for value in node.attr.values()))
+    if not found:
+        return graph_def, ()  # nothing to do: spare the copy of every weight
     promoted = graph_pb2.GraphDef()
     promoted.CopyFrom(graph_def)
-    changed = False
     for node in promoted.node:
         for key, value in node.attr.items():
             if value.HasField("type") and value.type in RETYPED_TO_FLOAT32:
                 value.type = types_pb2.DT_FLOAT
-                changed = True
             elif value.HasField("list") and any(t in RETYPED_TO_FLOAT32 for t in value.list.type):
                 types = [types_pb2.DT_FLOAT if t in RETYPED_TO_FLOAT32 else t for t in value.list.type]
                 del value.list.type[:]
                 value.list.type.extend(types)
-                changed = True
             elif value.HasField("tensor") and value.tensor.dtype in RETYPED_TO_FLOAT32:
                 value.tensor.CopyFrom(tf.make_tensor_proto(_to_float32_saturating(tf.make_ndarray(value.tensor))))
-                changed = True
         if node.op == "Cast" and node.attr["SrcT"].type == node.attr["DstT"].type:
             node.op = "Identity"
             dtype = node.attr["SrcT"].type
             for key in list(node.attr):
                 del node.attr[key]
             node.attr["T"].CopyFrom(attr_value_pb2.AttrValue(type=dtype))
-    return promoted, changed
+    return promoted, tuple(sorted(tf.as_dtype(dtype).name for dtype in found))
 
 
 # Constants larger than this are weights, never the shapes and axes that importing a graph infers from.

@@ -277,7 +277,7 @@ def convert(model, options, kind=None, name=None):
                               config_limit=int(options.config_limit * 2**20),
                               member_limit=None if options.memory_limit is None else int(options.memory_limit * 2**30),
                               freeze=kept_graph is None)
-        if kept_graph is not None and (source.promoted_to_float32 or integer.is_quantization_aware(source.graph_def)):
+        if kept_graph is not None and (source.retyped_to_float32 or integer.is_quantization_aware(source.graph_def)):
             loading.freeze_graph(source)  # retyped or quantization-aware: the frozen route's passes serve these
             kept_graph = None
         if kept_graph is None:
@@ -291,7 +291,7 @@ def convert(model, options, kind=None, name=None):
                                                                                   options.input_shapes)
     report = reporting.Report(source.path, source.kind, source.signature, options.mode, options.exact_as,
                               float16_weights=options.float16_weights,
-                              promoted_to_float32=source.promoted_to_float32, trusted=options.trust_model)
+                              retyped_to_float32=list(source.retyped_to_float32), trusted=options.trust_model)
     int8_setup = _int8_setup(source, options, report)
     # The original graph, for the float model an int8 model is judged against, or that --explain compares with
     original_graph = _original_graph(source, options) if kept_graph is None else None
