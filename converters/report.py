@@ -36,7 +36,8 @@ _TENSOR = {"name": str, "layer": str, "op": str, "position": int, "type": str, "
 _SHAPES = {
     "gelus": [{"pattern": str, "alpha": _NUMBER, "became": str, "count": int}],
     "leftover_erf": _COUNTS, "ops": _COUNTS, "float_ops": _COUNTS, "islands_made_integer": _COUNTS,
-    "kernel_grids": _COUNTS, "op_types": _Mapping(_COUNTS), "flex_ops": [str], "warnings": [str], "retyped_to_float32": [str],
+    "kernel_grids": _COUNTS, "op_types": _Mapping(_COUNTS), "flex_ops": [str], "warnings": [str],
+    "retyped_to_float32": [str],
     "fidelity": [_PARITY], "drift": [_PARITY], "stage_seconds": _Mapping(_NUMBER),
     "tolerance": {"rounding_envelope": _Optional({"fraction": _NUMBER, "trials": int, "steps": _Mapping(_NUMBER)})},
     "explanation": _Optional({"tensors": [_TENSOR], "gelus": [_TENSOR], "worst": _Optional(str),

@@ -437,7 +437,7 @@ def _refuse_non_finite_weights(path, function):
 def freeze_graph(source):
     """Freeze, in place, the graph of a Source loaded with freeze=False (its function still held)."""
     source.graph_def, source.retyped_to_float32 = _inlined_in_float32(_frozen_graph_def(source.function,
-                                                                                         source.path))
+                                                                                        source.path))
 
 
 def _variable_shapes(function):
