@@ -171,6 +171,29 @@ def test_post_training_int8_of_a_map_over_computed_tensors_converts(tmp_path):
     assert report.ops.get("WHILE") == 1 and report.verified, report.ops
 
 
+def _window_mask(shift):
+    """Hugging Face Swin's attention mask: built from constants through a cond, zeros where windows are not shifted."""
+    return tf.cond(tf.constant(shift) > 0, lambda: tf.fill([16], -100.0), lambda: tf.zeros([16]))
+
+
+def _masked_in_a_loop(h):
+    return tf.while_loop(lambda i, v: i < 2, lambda i, v: (i + 1, exact_gelu(v + _window_mask(0))),
+                         (tf.constant(0), h))[1]
+
+
+MASKED = {"unshifted": lambda h: exact_gelu(h + _window_mask(0)),
+          "shifted": lambda h: exact_gelu(h + _window_mask(3)), "in a loop body": _masked_in_a_loop}
+
+
+@pytest.mark.parametrize("placement", MASKED)
+def test_post_training_int8_of_an_addition_a_cond_computes_from_constants_converts(tmp_path, placement):
+    """The int8 passes evaluate what an addition adds where constants alone compute it (a zero bias is dropped):
+    a cond's branches were left out of the graph evaluated, and Swin's --int8 ended in an internal error. In a
+    loop body, whose graph does not hold the branches of a cond nested in it, the addition is left as it is."""
+    _, report = converters.convert(_saved_block(tmp_path, MASKED[placement]), int8=True, calibration="random:4")
+    assert report.verified and "IF" not in report.ops, report.ops  # the mask folded: computed once, from constants
+
+
 def test_an_exact_and_a_tanh_gelu_of_one_tensor_both_become_the_gelu_op(tmp_path):
     """tf.nn.gelu's two spellings share their first product, 0.5 x; the converter merged the two products and
     then fused only the tanh one, failing on an Erfc. The tanh replacement is now spelled x (0.5 (1 + tanh))."""

@@ -579,7 +579,8 @@ def constant_value(name, nodes):
 
 def constant_subgraph_value(name, graph_def, nodes, ops):
     """The value of tensor `name` where it is computed from constants alone, by `ops` (stateless op names), else
-    None. Run in a graph of its own, control inputs left out with the rest of the graph."""
+    None. Run in a graph of its own, control inputs left out with the rest of the graph, with the library functions
+    it runs (Hugging Face Swin's attention mask comes out of a cond on constants)."""
     pending, seen = [split_tensor_name(name)[0]], set()
     while pending:
         node = nodes.get(pending.pop())
@@ -594,10 +595,33 @@ def constant_subgraph_value(name, graph_def, nodes, ops):
         del node.input[:]  # control inputs dropped with the rest of the graph; data inputs restored below
         node.input.extend(data_inputs(nodes[node.name]))
     drop_dangling_colocations(subgraph)
+    if any(True for node in subgraph.node for _ in itertools.islice(functions_named(node), 1, None)):
+        functions = _functions_reached(subgraph.node, {function.signature.name: function
+                                                       for function in graph_def.library.function})
+        if functions is None:
+            return None
+        subgraph.library.function.extend(functions)
     with tf.Graph().as_default() as scratch:
         tf.compat.v1.import_graph_def(subgraph, name="")
         with tf.compat.v1.Session(graph=scratch) as session:
             return session.run(canonical(name))
+
+
+def _functions_reached(nodes, library):
+    """The library functions `nodes` name (as their op or in function attributes: a cond's branches) and those
+    name in turn; None where a function attribute names one `library` lacks (a control-flow body's nested
+    branches, which the main graph's library keeps)."""
+    reached, pending = {}, list(nodes)
+    while pending:
+        node = pending.pop()
+        for position, name in enumerate(functions_named(node)):
+            if name in library:
+                if name not in reached:
+                    reached[name] = library[name]
+                    pending.extend(library[name].node_def)
+            elif position:  # position 0 is the node's op: a registered op, where no function has its name
+                return None
+    return list(reached.values())
 
 
 def _to_float32_saturating(values):
