@@ -121,6 +121,57 @@ def test_a_shifted_window_model_converts_without_roll(tmp_path, mode, extra):
     assert all(comparison["passed"] for comparison in report.fidelity + report.drift), report.drift
 
 
+@st.composite
+def transposes(draw):
+    """A shape of five to seven axes and a permutation of them, the runs it keeps together drawn first, so that
+    some do merge; the shape's sizes given to the graph or left unknown."""
+    rank = draw(st.integers(5, 7))
+    cuts = sorted(draw(st.sets(st.integers(1, rank - 1), max_size=rank - 2)))
+    runs = [list(range(start, end)) for start, end in zip([0] + cuts, cuts + [rank])]
+    permutation = [axis for run in draw(st.permutations(runs)) for axis in run]
+    shape = draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
+    return shape, permutation, draw(st.booleans())
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=transposes())
+def test_a_transpose_of_many_axes_becomes_one_of_fewer_and_computes_numpys_transpose(case):
+    """Numpy's transpose is the reference, exactly (values only move); the transpose left has one axis per run
+    of axes the permutation keeps together, and one that keeps none together is left as it is."""
+    shape, permutation, known = case
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    function = tf.function(lambda v: tf.transpose(v, permutation)).get_concrete_function(
+        tf.TensorSpec(shape if known else [None] * len(shape), tf.float32))
+    graph_def = function.graph.as_graph_def()
+    runs = 1 + sum(after != before + 1 for before, after in zip(permutation, permutation[1:]))
+    assert tf_ops_as_builtins.transposes_of_fewer_axes(graph_def) == int(runs < len(permutation))
+    output = function.outputs[0].name
+    graph.prune(graph_def, [function.inputs[0].name, output])
+    (transposed,) = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
+        graph_def, input_map={function.inputs[0].name: tf.constant(x)}, return_elements=[output]), [])()
+    np.testing.assert_array_equal(transposed.numpy(), np.transpose(x, permutation))
+    nodes = graph.nodes_by_name(graph_def)
+    ranks = [graph.constant_value(graph.data_inputs(node)[1], nodes).size for node in graph_def.node
+             if node.op == "Transpose"]
+    assert ranks == [runs], (ranks, permutation)
+
+
+def test_swins_window_partition_of_six_axes_runs_on_tflite_micro(tmp_path):
+    """Hugging Face Swin splits a feature map into windows with a transpose of six axes; TFLite Micro transposes
+    five at most, and refused it. As a transpose of four, it runs there, integer throughout."""
+    def windows(x):  # (1, 8, 8, 6) into 4x4 windows, Swin's window_partition
+        blocks = tf.reshape(x, [1, 2, 4, 2, 4, 6])
+        return tf.nn.gelu(tf.reshape(tf.transpose(blocks, [0, 1, 3, 2, 4, 5]), [4, 16, 6]), approximate=False)
+
+    module = tf.Module()
+    module.f = tf.function(lambda x: {"y": windows(x)}, input_signature=[tf.TensorSpec([1, 8, 8, 6], tf.float32)])
+    path = str(tmp_path / "windows")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    _, report = converters.convert(path, int8=True, calibration="random:8", target="tflm")
+    assert report.verified and report.float_ops == {}, report.op_types
+    assert "TFLite Micro" in report.target["runtime_check"], report.target
+
+
 def test_a_roll_along_an_axis_of_unknown_size_is_left_and_named(tmp_path, capsys):
     path = _saved(tmp_path, lambda x: tf.roll(x, shift=1, axis=0), "batch_roll")  # the batch axis: size unknown
     code = cli.main([path, "-o", str(tmp_path / "m.tflite")])

@@ -26,6 +26,11 @@ values from the same inputs, so parity and int8 ranges are unaffected:
 * Abs and Sign of int64 (DeBERTa's relative-position buckets), which TFLite's
   ABS and SIGN do not take: max(x, -x), and x clipped to [-1, 1], in the
   int64 NEG, MAXIMUM and MINIMUM TFLite has.
+* Transpose of more than four axes (Swin's window partition: six), where the
+  axes it keeps next to each other and in order make fewer: each such run one
+  axis (a RESHAPE), the runs permuted, the result reshaped to the output's
+  shape (sizes the converter folds where shapes are static). TFLite Micro
+  transposes five axes at most, and LiteRT's GPU delegate four.
 * The Fourier transform of a real tensor, FFT, FFT2D or FFT3D of which only
   the real or imaginary part or the magnitude is read (FNet's token mixing):
   products with cosine and sine matrices (`fourier_as_matmuls.py`).
@@ -99,6 +104,37 @@ def _roll_spelling(node, nodes, shape):
 def rolls_as_slices(graph_def):
     """Rewrite Roll(x, shift, axis) with constant shift and axis, on axes of known size, as slices and a concat."""
     return _spelled_in_builtins(graph_def, [node for node in graph_def.node if node.op == "Roll"], _roll_spelling)
+
+
+def _transpose_spelling(node, nodes, shape):
+    permutation = graph.constant_value(graph.data_inputs(node)[1], nodes)
+    if permutation is None or shape.rank is None or shape.rank <= 4:
+        return None
+    runs = []  # the output's axes in runs of input axes that stay next to each other, in order
+    for axis in (int(axis) % shape.rank for axis in permutation.reshape(-1)):
+        if runs and axis == runs[-1][-1] + 1:
+            runs[-1].append(axis)
+        else:
+            runs.append([axis])
+    if len(runs) == shape.rank:
+        return None
+    in_input_order = sorted(runs)
+    order = [in_input_order.index(run) for run in runs]
+
+    def spelled(x):  # sizes read at run time: the converter folds them where the shapes are static
+        sizes = tf.shape(x)
+        merged = tf.stack([tf.reduce_prod(tf.gather(sizes, run)) for run in in_input_order])
+        output = tf.gather(sizes, [axis for run in runs for axis in run])
+        return tf.reshape(tf.transpose(tf.reshape(x, merged), order), output)
+
+    return spelled
+
+
+def transposes_of_fewer_axes(graph_def):
+    """Rewrite Transpose of more than four axes, where some stay next to each other and in order, as one of fewer
+    axes between two reshapes."""
+    return _spelled_in_builtins(graph_def, [node for node in graph_def.node if node.op == "Transpose"],
+                                _transpose_spelling)
 
 
 def _bits(mask, count):
@@ -283,4 +319,4 @@ def input_ids_gathered_directly(graph_def):
 
 
 TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims, products_as_mul, int64_abs_and_sign_as_min_max,
-               fourier_as_matmuls.real_transforms_as_matmuls, input_ids_gathered_directly)
+               transposes_of_fewer_axes, fourier_as_matmuls.real_transforms_as_matmuls, input_ids_gathered_directly)
