@@ -30,7 +30,7 @@ values from the same inputs, so parity and int8 ranges are unaffected:
   axes it keeps next to each other and in order make fewer: each such run one
   axis (a RESHAPE), the runs permuted, the result reshaped to the output's
   shape (sizes the converter folds where shapes are static). TFLite Micro
-  transposes five axes at most, and LiteRT's GPU delegate four.
+  transposes five axes at most, and refused Swin's six.
 * The Fourier transform of a real tensor, FFT, FFT2D or FFT3D of which only
   the real or imaginary part or the magnitude is read (FNet's token mixing):
   products with cosine and sine matrices (`fourier_as_matmuls.py`).
