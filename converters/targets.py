@@ -117,6 +117,12 @@ class Target:
     lacks: str = ""  # what the runtime lacks, for the README and the report
     notes: tuple = ()  # what the report says about running there
 
+    def runs(self, op, output_type):
+        """Whether the runtime has `op` with a kernel that outputs `output_type`."""
+        return (self.ops is None or op in self.ops) and (self.output_types is None or output_type in
+                                                         self.output_types) and output_type in \
+            self.op_output_types.get(op, {output_type})
+
     @property
     def takes_int8(self):
         """Whether the runtime runs int8 models: a quantization-aware model converts to int8 for it unasked."""
@@ -141,9 +147,11 @@ class Target:
 TARGETS = {target.name: target for target in (
     Target("tflm", "TensorFlow Lite for Microcontrollers", TFLM_OPS, ("builtin",), ("sigmoid", "tanh", "erf"),
            static_shapes=True, verifier="tflm",
-           lacks="GELU, POW, TILE; int32 SELECT_V2; float16 weights; dynamic shapes",
-           # tflite-micro's kernels/select.cc: "Does not support type other than int8|int16|float32"
-           op_output_types={"SELECT_V2": frozenset({"int8", "int16", "float32"})},
+           lacks="GELU, POW, TILE; int32 SELECT_V2 and CUMSUM; float16 weights; dynamic shapes",
+           # tflite-micro's kernels/select.cc: "Does not support type other than int8|int16|float32"; cumsum.cc:
+           # float32 or int8 in
+           op_output_types={"SELECT_V2": frozenset({"int8", "int16", "float32"}),
+                            "CUMSUM": frozenset({"int8", "float32"})},
            # kernels/dequantize_common.cc: int8, int16 or uint8 in (float16 weights are not)
            op_input_types={"DEQUANTIZE": frozenset({"int8", "int16", "uint8"})}),
     *(Target(f"ethos-u{size}", f"Arm Ethos-U{size} NPU (Vela 5.2)", ops, ("native", "builtin"), ("sigmoid", "tanh"),

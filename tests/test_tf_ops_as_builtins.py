@@ -172,6 +172,57 @@ def test_swins_window_partition_of_six_axes_runs_on_tflite_micro(tmp_path):
     assert "TFLite Micro" in report.target["runtime_check"], report.target
 
 
+@st.composite
+def cumsums(draw):
+    """A shape of one to four axes, an axis (either sign) and int32 values, exclusive or reversed at times."""
+    shape = draw(st.lists(st.integers(1, 40), min_size=1, max_size=4).filter(lambda sizes: np.prod(sizes) <= 4096))
+    axis = draw(st.integers(-len(shape), len(shape) - 1))
+    return shape, axis, draw(st.booleans()), draw(st.sampled_from([(False, False), (True, False), (False, True)]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=cumsums())
+def test_an_int32_cumsum_becomes_pads_and_adds_and_computes_numpys_cumsum(case):
+    """Numpy's cumsum is the reference, exactly; an exclusive or reversed one is left to the converter."""
+    shape, axis, negative, (exclusive, reverse) = case
+    x = np.random.default_rng(len(shape)).integers(-1000 if negative else 0, 1000, shape).astype(np.int32)
+    function = tf.function(lambda v: tf.math.cumsum(v, axis=axis, exclusive=exclusive, reverse=reverse)) \
+        .get_concrete_function(tf.TensorSpec(shape, tf.int32))
+    graph_def = function.graph.as_graph_def()
+    plain = not exclusive and not reverse
+    assert tf_ops_as_builtins.int32_cumsums_as_additions(graph_def) == int(plain)
+    if plain:
+        output = function.outputs[0].name
+        graph.prune(graph_def, [function.inputs[0].name, output])
+        assert "Cumsum" not in {node.op for node in graph_def.node}
+        (summed,) = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
+            graph_def, input_map={function.inputs[0].name: tf.constant(x)}, return_elements=[output]), [])()
+        np.testing.assert_array_equal(summed.numpy(), np.cumsum(x, axis=axis))
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_robertas_positions_counted_along_the_padding_mask_run_on_tflite_micro(tmp_path, int8):
+    """Hugging Face's RoBERTa family numbers its positions with an int32 cumsum of the padding mask, which TFLite
+    Micro's CUMSUM does not take (it refused the model as it prepared it); for it, the count becomes PADs and
+    ADDs. Other targets keep their CUMSUM."""
+    table = tf.constant(np.random.default_rng(3).normal(size=(20, 8)).astype(np.float32))
+
+    def positions_embedded(ids):  # create_position_ids_from_input_ids, padding id 1
+        mask = tf.cast(tf.math.not_equal(ids, 1), ids.dtype)
+        return {"y": tf.nn.gelu(tf.gather(table, tf.math.cumsum(mask, axis=1) * mask + 1), approximate=False)}
+
+    module = tf.Module()
+    module.f = tf.function(positions_embedded, input_signature=[tf.TensorSpec([1, 16], tf.int32, name="ids")])
+    path = str(tmp_path / "positions")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    calibration = {"int8": True, "calibration": "random:8"} if int8 else {}
+    _, report = converters.convert(path, target="tflm", **calibration)
+    assert "CUMSUM" not in report.ops and report.verified, report.ops
+    assert "TFLite Micro" in report.target["runtime_check"], report.target
+    _, report = converters.convert(path, **calibration)
+    assert report.ops.get("CUMSUM") == 1, report.ops
+
+
 def test_a_roll_along_an_axis_of_unknown_size_is_left_and_named(tmp_path, capsys):
     path = _saved(tmp_path, lambda x: tf.roll(x, shift=1, axis=0), "batch_roll")  # the batch axis: size unknown
     code = cli.main([path, "-o", str(tmp_path / "m.tflite")])

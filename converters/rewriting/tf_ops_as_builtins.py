@@ -35,6 +35,12 @@ values from the same inputs, so parity and int8 ranges are unaffected:
   the real or imaginary part or the magnitude is read (FNet's token mixing):
   products with cosine and sine matrices (`fourier_as_matmuls.py`).
 
+One pass runs for the targets whose runtime lacks what TFLite has:
+
+* Cumsum of int32 (RoBERTa's and XLM-RoBERTa's positions, a running count
+  along the padding mask), which TFLite Micro's CUMSUM does not take (float32
+  and int8 only): Hillis and Steele's scan, log2(n) PADs and ADDs in int32.
+
 One pass changes what a graph computes, for values a model is never given:
 
 * Keras 3's `keras.ops.take` (every Embedding's lookup) wraps negative ids
@@ -135,6 +141,35 @@ def transposes_of_fewer_axes(graph_def):
     axes between two reshapes."""
     return _spelled_in_builtins(graph_def, [node for node in graph_def.node if node.op == "Transpose"],
                                 _transpose_spelling)
+
+
+def _cumsum_spelling(node, nodes, shape):
+    axis = graph.constant_value(graph.data_inputs(node)[1], nodes)
+    if axis is None or shape.rank is None or node.attr["exclusive"].b or node.attr["reverse"].b:
+        return None
+    axis = int(axis) % shape.rank
+    size = shape[axis]
+    if size is None:
+        return None
+
+    def spelled(x):  # Hillis and Steele's scan: each sum adds the one `step` before it, the step doubling
+        step = 1
+        while step < size:
+            earlier = x[(slice(None),) * axis + (slice(0, size - step),)]
+            x += tf.pad(earlier, [[step, 0] if dimension == axis else [0, 0] for dimension in range(shape.rank)])
+            step *= 2
+        return x
+
+    return spelled
+
+
+def int32_cumsums_as_additions(graph_def):
+    """Rewrite Cumsum of int32 along an axis of known size (not exclusive, not reversed) as PADs and ADDs, for the
+    targets whose CUMSUM takes no int32 (TFLite Micro's: float32 and int8): RoBERTa's positions, counted along
+    the padding mask."""
+    int32 = tf.int32.as_datatype_enum
+    found = [node for node in graph_def.node if node.op == "Cumsum" and node.attr["T"].type == int32]
+    return _spelled_in_builtins(graph_def, found, _cumsum_spelling)
 
 
 def _bits(mask, count):

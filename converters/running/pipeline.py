@@ -629,6 +629,8 @@ def _rewritten(source, options, target):
     mode = vocabulary.conversion_mode(options.mode, options.int8)
     if mode.rewrites:  # builtin op sets only: TensorFlow ops TFLite lacks are spelled in builtins first
         passes = tf_ops_as_builtins.TO_BUILTINS + passes
+        if target is not None and not target.runs("CUMSUM", "int32"):  # a padding mask's running count
+            passes = (tf_ops_as_builtins.int32_cumsums_as_additions,) + passes
     keep = [info.tensor for info in source.inputs + source.outputs]
     graph_def = graph.with_passes(source.graph_def, passes)  # a copy where there are passes, as for int8
     if options.int8 and options.calibration:  # TFLite's calibrator would crash on a loop handing a tensor on
