@@ -117,11 +117,14 @@ class Target:
     lacks: str = ""  # what the runtime lacks, for the README and the report
     notes: tuple = ()  # what the report says about running there
 
+    def has(self, op):
+        """Whether the runtime has `op`, of some type."""
+        return self.ops is None or op in self.ops
+
     def runs(self, op, output_type):
         """Whether the runtime has `op` with a kernel that outputs `output_type`."""
-        has_op = self.ops is None or op in self.ops
         outputs = self.output_types is None or output_type in self.output_types
-        return has_op and outputs and output_type in self.op_output_types.get(op, {output_type})
+        return self.has(op) and outputs and output_type in self.op_output_types.get(op, {output_type})
 
     @property
     def takes_int8(self):

@@ -223,6 +223,53 @@ def test_robertas_positions_counted_along_the_padding_mask_run_on_tflite_micro(t
     assert report.ops.get("CUMSUM") == 1, report.ops
 
 
+@st.composite
+def tiles(draw):
+    """A shape of one to four axes and how often each is repeated: at times an axis of size above 1 repeated too,
+    which no broadcast computes."""
+    shape = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+    times = [draw(st.integers(1, 3)) if size == 1 or draw(st.integers(0, 4)) == 0 else 1 for size in shape]
+    return shape, times
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=tiles())
+def test_a_tile_of_axes_of_size_one_becomes_a_broadcast_and_computes_numpys_tile(case):
+    """Numpy's tile is the reference, exactly; a tile that repeats an axis of size above 1 is left as it is."""
+    shape, times = case
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    function = tf.function(lambda v: tf.tile(v, times)).get_concrete_function(tf.TensorSpec(shape, tf.float32))
+    graph_def = function.graph.as_graph_def()
+    broadcast = all(count == 1 or size == 1 for size, count in zip(shape, times))
+    assert tf_ops_as_builtins.tiles_as_broadcasts(graph_def) == int(broadcast)
+    output = function.outputs[0].name
+    graph.prune(graph_def, [function.inputs[0].name, output])
+    assert ("Tile" in {node.op for node in graph_def.node}) != broadcast
+    (tiled,) = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
+        graph_def, input_map={function.inputs[0].name: tf.constant(x)}, return_elements=[output]), [])()
+    np.testing.assert_array_equal(tiled.numpy(), np.tile(x, times))
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_funnels_tiles_and_repeats_run_on_tflite_micro_as_broadcasts(tmp_path, int8):
+    """Hugging Face's Funnel widens masks with tf.tile and upsamples with tf.repeat (a Tile whose multiples
+    constants compute), on axes of size 1; TFLite Micro has no TILE, and refused it. There, they become the
+    broadcasts they are."""
+    def widened(x):  # (1, 4, 8): a mask tiled over two heads, each position repeated twice
+        mask = tf.tile(tf.reshape(tf.sigmoid(x[:, :, :4]), [1, 1, 4, 4]), [1, 2, 1, 1])
+        upsampled = tf.repeat(x, repeats=2, axis=1)
+        return {"mask": mask, "y": tf.nn.gelu(upsampled, approximate=False)}
+
+    module = tf.Module()
+    module.f = tf.function(widened, input_signature=[tf.TensorSpec([1, 4, 8], tf.float32, name="x")])
+    path = str(tmp_path / "widened")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    calibration = {"int8": True, "calibration": "random:8"} if int8 else {}
+    _, report = converters.convert(path, target="tflm", **calibration)
+    assert "TILE" not in report.ops and report.verified, report.ops
+    assert "TFLite Micro" in report.target["runtime_check"], report.target
+
+
 def test_a_roll_along_an_axis_of_unknown_size_is_left_and_named(tmp_path, capsys):
     path = _saved(tmp_path, lambda x: tf.roll(x, shift=1, axis=0), "batch_roll")  # the batch axis: size unknown
     code = cli.main([path, "-o", str(tmp_path / "m.tflite")])

@@ -14,6 +14,7 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.framework import types_pb2
 from tensorflow.python.framework import function_def_to_graph
 from tensorflow.python.framework import graph_to_function_def
+from tensorflow.python.framework import op_def_registry
 
 from keras_gelu import vocabulary
 
@@ -575,6 +576,19 @@ def constant_value(name, nodes):
         return value.astype(tf.dtypes.as_dtype(node.attr["DstT"].type).as_numpy_dtype)
     shape = constant_value(node.input[1], nodes)
     return None if shape is None else value.reshape(shape)
+
+
+class _StatelessOps:
+    """The ops a tensor computed from constants alone may be computed by (for constant_subgraph_value): any
+    TensorFlow op that reads no state and takes no input."""
+
+    def __contains__(self, op):
+        definition = op_def_registry.get(op)
+        return definition is not None and not definition.is_stateful and op not in (
+            "Placeholder", "PlaceholderWithDefault")
+
+
+STATELESS_OPS = _StatelessOps()
 
 
 def constant_subgraph_value(name, graph_def, nodes, ops):

@@ -675,16 +675,6 @@ def one_table_per_lookup(graph_def):
     return given
 
 
-class _Stateless:
-    """The ops a tensor computed from constants alone may be computed by (for graph.constant_subgraph_value):
-    any TensorFlow op that reads no state and takes no input."""
-
-    def __contains__(self, op):
-        definition = op_def_registry.get(op)
-        return definition is not None and not definition.is_stateful and op not in (
-            "Placeholder", "PlaceholderWithDefault")
-
-
 def fake_quants_of_constants_folded(graph_def):
     """Where a FakeQuant reads another's output computed from constants alone (a rotary table, where the
     input's shape is fixed), hand it that output as a constant; returns how many were.
@@ -697,7 +687,7 @@ def fake_quants_of_constants_folded(graph_def):
     the QAT model does, and TFLite stores them on it.
     """
     nodes = graph.nodes_by_name(graph_def)
-    stateless = _Stateless()
+    stateless = graph.STATELESS_OPS
     folded = 0
     for node in list(graph_def.node):
         if node.op not in FAKE_QUANT_OPS:
@@ -730,7 +720,7 @@ def additions_of_zeros_dropped(graph_def):
     grid (fake_quants_on_one_grid_merged).
     """
     nodes = graph.nodes_by_name(graph_def)
-    stateless = _Stateless()
+    stateless = graph.STATELESS_OPS
     dropped = 0
     for node in list(graph_def.node):
         if node.op not in ("Add", "AddV2", "BiasAdd", "Sub"):
@@ -1017,7 +1007,7 @@ def one_grid_operands_on_the_results_range(graph_def):
     """
     nodes = graph.nodes_by_name(graph_def)
     readers = graph.consumers(graph_def)
-    stateless = _Stateless()
+    stateless = graph.STATELESS_OPS
     moved = 0
     for node, result in _one_scale_ops(graph_def, nodes, readers):
         data = [position for position, name in enumerate(node.input) if not name.startswith("^")]

@@ -35,11 +35,14 @@ values from the same inputs, so parity and int8 ranges are unaffected:
   the real or imaginary part or the magnitude is read (FNet's token mixing):
   products with cosine and sine matrices (`fourier_as_matmuls.py`).
 
-One pass runs for the targets whose runtime lacks what TFLite has:
+Two passes run for the targets whose runtime lacks what TFLite has:
 
 * Cumsum of int32 (RoBERTa's and XLM-RoBERTa's positions, a running count
   along the padding mask), which TFLite Micro's CUMSUM does not take (float32
   and int8 only): Hillis and Steele's scan, log2(n) PADs and ADDs in int32.
+* Tile, which TFLite Micro lacks, where every axis it repeats has size 1 and
+  constants compute how often (Funnel's attention and its decoder's
+  tf.repeat): the broadcast it is, BROADCAST_TO the tiled shape.
 
 One pass changes what a graph computes, for values a model is never given:
 
@@ -170,6 +173,23 @@ def int32_cumsums_as_additions(graph_def):
     int32 = tf.int32.as_datatype_enum
     found = [node for node in graph_def.node if node.op == "Cumsum" and node.attr["T"].type == int32]
     return _spelled_in_builtins(graph_def, found, _cumsum_spelling)
+
+
+def _tile_spelling(node, nodes, shape, graph_def):
+    times = graph.constant_subgraph_value(graph.data_inputs(node)[1], graph_def, nodes, graph.STATELESS_OPS)
+    if times is None or shape.rank is None:
+        return None
+    times = [int(count) for count in times.reshape(-1)]
+    if any(count != 1 and size != 1 for size, count in zip(shape.as_list(), times)):
+        return None
+    return lambda x: tf.broadcast_to(x, tf.shape(x) * times)
+
+
+def tiles_as_broadcasts(graph_def):
+    """Rewrite Tile that repeats only axes of size 1, by multiples constants compute, as BROADCAST_TO the tiled
+    shape: for the targets without TILE."""
+    return _spelled_in_builtins(graph_def, [node for node in graph_def.node if node.op == "Tile"],
+                                lambda node, nodes, shape: _tile_spelling(node, nodes, shape, graph_def))
 
 
 def _bits(mask, count):

@@ -631,6 +631,8 @@ def _rewritten(source, options, target):
         passes = tf_ops_as_builtins.TO_BUILTINS + passes
         if target is not None and not target.runs("CUMSUM", "int32"):  # a padding mask's running count
             passes = (tf_ops_as_builtins.int32_cumsums_as_additions,) + passes
+        if target is not None and not target.has("TILE") and target.has("BROADCAST_TO"):
+            passes = (tf_ops_as_builtins.tiles_as_broadcasts,) + passes
     keep = [info.tensor for info in source.inputs + source.outputs]
     graph_def = graph.with_passes(source.graph_def, passes)  # a copy where there are passes, as for int8
     if options.int8 and options.calibration:  # TFLite's calibrator would crash on a loop handing a tensor on
