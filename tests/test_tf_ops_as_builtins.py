@@ -102,6 +102,25 @@ def test_an_attention_mask_widened_with_new_axes_converts_where_the_stock_conver
     assert all(comparison["passed"] for comparison in report.fidelity + report.drift), report.drift
 
 
+_RANDOM_INT8 = {"int8": True, "calibration": "random:8"}
+
+
+def _saved_function(tmp_path, function, signature, name):
+    module = tf.Module()
+    module.f = tf.function(function, input_signature=[signature])
+    path = str(tmp_path / name)
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    return path
+
+
+def _on_tflite_micro(path, int8):
+    """The report of `path` converted for TFLite Micro (int8 from random samples, or float), having run there."""
+    _, report = converters.convert(path, target="tflm", **(_RANDOM_INT8 if int8 else {}))
+    assert report.verified and "TFLite Micro" in report.target["runtime_check"], report.target
+    return report
+
+
+
 def _saved(tmp_path, body, name):
     module = tf.Module()
     module.f = tf.function(lambda x: {"y": body(x)}, input_signature=[tf.TensorSpec([None, 6, 4], tf.float32)])
@@ -163,13 +182,9 @@ def test_swins_window_partition_of_six_axes_runs_on_tflite_micro(tmp_path):
         blocks = tf.reshape(x, [1, 2, 4, 2, 4, 6])
         return tf.nn.gelu(tf.reshape(tf.transpose(blocks, [0, 1, 3, 2, 4, 5]), [4, 16, 6]), approximate=False)
 
-    module = tf.Module()
-    module.f = tf.function(lambda x: {"y": windows(x)}, input_signature=[tf.TensorSpec([1, 8, 8, 6], tf.float32)])
-    path = str(tmp_path / "windows")
-    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
-    _, report = converters.convert(path, int8=True, calibration="random:8", target="tflm")
-    assert report.verified and report.float_ops == {}, report.op_types
-    assert "TFLite Micro" in report.target["runtime_check"], report.target
+    path = _saved_function(tmp_path, lambda x: {"y": windows(x)}, tf.TensorSpec([1, 8, 8, 6], tf.float32), "windows")
+    report = _on_tflite_micro(path, int8=True)
+    assert report.float_ops == {}, report.op_types
 
 
 @st.composite
@@ -211,15 +226,9 @@ def test_robertas_positions_counted_along_the_padding_mask_run_on_tflite_micro(t
         mask = tf.cast(tf.math.not_equal(ids, 1), ids.dtype)
         return {"y": tf.nn.gelu(tf.gather(table, tf.math.cumsum(mask, axis=1) * mask + 1), approximate=False)}
 
-    module = tf.Module()
-    module.f = tf.function(positions_embedded, input_signature=[tf.TensorSpec([1, 16], tf.int32, name="ids")])
-    path = str(tmp_path / "positions")
-    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
-    calibration = {"int8": True, "calibration": "random:8"} if int8 else {}
-    _, report = converters.convert(path, target="tflm", **calibration)
-    assert "CUMSUM" not in report.ops and report.verified, report.ops
-    assert "TFLite Micro" in report.target["runtime_check"], report.target
-    _, report = converters.convert(path, **calibration)
+    path = _saved_function(tmp_path, positions_embedded, tf.TensorSpec([1, 16], tf.int32, name="ids"), "positions")
+    assert "CUMSUM" not in _on_tflite_micro(path, int8).ops
+    _, report = converters.convert(path, **(_RANDOM_INT8 if int8 else {}))
     assert report.ops.get("CUMSUM") == 1, report.ops
 
 
@@ -260,14 +269,8 @@ def test_funnels_tiles_and_repeats_run_on_tflite_micro_as_broadcasts(tmp_path, i
         upsampled = tf.repeat(x, repeats=2, axis=1)
         return {"mask": mask, "y": tf.nn.gelu(upsampled, approximate=False)}
 
-    module = tf.Module()
-    module.f = tf.function(widened, input_signature=[tf.TensorSpec([1, 4, 8], tf.float32, name="x")])
-    path = str(tmp_path / "widened")
-    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
-    calibration = {"int8": True, "calibration": "random:8"} if int8 else {}
-    _, report = converters.convert(path, target="tflm", **calibration)
-    assert "TILE" not in report.ops and report.verified, report.ops
-    assert "TFLite Micro" in report.target["runtime_check"], report.target
+    path = _saved_function(tmp_path, widened, tf.TensorSpec([1, 4, 8], tf.float32, name="x"), "widened")
+    assert "TILE" not in _on_tflite_micro(path, int8).ops
 
 
 def test_a_roll_along_an_axis_of_unknown_size_is_left_and_named(tmp_path, capsys):
