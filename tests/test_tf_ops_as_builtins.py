@@ -120,7 +120,6 @@ def _on_tflite_micro(path, int8):
     return report
 
 
-
 def _saved(tmp_path, body, name):
     module = tf.Module()
     module.f = tf.function(lambda x: {"y": body(x)}, input_signature=[tf.TensorSpec([None, 6, 4], tf.float32)])
