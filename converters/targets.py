@@ -139,7 +139,7 @@ class Target:
     @property
     def keeps_non_finite_guards(self):
         """Whether the runtime has the ops of keras_gelu's inf/NaN guards (else they are dropped: NaN at +-inf)."""
-        return self.ops is None or all(op in self.ops or TWINS.get(op) in self.ops for op in GUARD_OPS)
+        return all(self.has(op) or self.has(TWINS.get(op)) for op in GUARD_OPS)
 
     @property
     def verifier_modules(self):

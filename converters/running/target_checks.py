@@ -85,7 +85,7 @@ def check(tflite_model, target, allow_cpu_fallback, cause=""):
     (and `cause`, where the caller knows where such ops come from)."""
     on_target, fallback, missing, wrong_type, unsupported = (collections.Counter() for _ in range(5))
     for operator in operators.operators(tflite_model):
-        if target.ops is None or operator.name in target.ops:
+        if target.has(operator.name):
             on_target[operator.name] += 1
             if target.output_types is not None and operator.output_type not in target.output_types:
                 wrong_type[f"{operator.name} ({operator.output_type})"] += 1

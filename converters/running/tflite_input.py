@@ -188,7 +188,7 @@ def convert(data, path, options):
     report = reporting.Report(path, ".tflite", signature or "(none)", options.mode,
                               vocabulary.resolve_exact_as(options.mode, options.exact_as), trusted=options.trust_model)
     # The int8 GELU's own table where the runtime has its three ops (not Ethos-U's NPU: LOGISTIC/MUL/ADD there)
-    table = target is None or target.ops is None or tflite_gelus.TABLE_OPS <= target.ops
+    table = target is None or all(target.has(op) for op in tflite_gelus.TABLE_OPS)
     # An int8 GELU's faster form where it is within a step of the op on all its inputs, else its table; a
     # --max-steps above 1 is for the model (and the target's kernels), not a looser GELU; 0 asks for the table
     form_steps = min(DEFAULT_INT8_STEPS, DEFAULT_INT8_STEPS if options.max_steps is None else options.max_steps)
