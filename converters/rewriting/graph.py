@@ -609,12 +609,11 @@ def constant_subgraph_value(name, graph_def, nodes, ops):
         del node.input[:]  # control inputs dropped with the rest of the graph; data inputs restored below
         node.input.extend(data_inputs(nodes[node.name]))
     drop_dangling_colocations(subgraph)
-    if any(True for node in subgraph.node for _ in itertools.islice(functions_named(node), 1, None)):
-        functions = _functions_reached(subgraph.node, {function.signature.name: function
-                                                       for function in graph_def.library.function})
-        if functions is None:
-            return None
-        subgraph.library.function.extend(functions)
+    functions = _functions_reached(subgraph.node, {function.signature.name: function
+                                                   for function in graph_def.library.function})
+    if functions is None:
+        return None
+    subgraph.library.function.extend(functions)
     with tf.Graph().as_default() as scratch:
         tf.compat.v1.import_graph_def(subgraph, name="")
         with tf.compat.v1.Session(graph=scratch) as session:
