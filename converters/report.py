@@ -45,7 +45,8 @@ _SHAPES = {
                               "histogram": _Optional({"edges": [_NUMBER], "counts": [int]}), "samples": int,
                               "reference": str}),
     "budget": _Optional({"min_cosine": _NUMBER, "cosine": _NUMBER, "output": str, "passed": bool}),
-    "ranges_repaired": _Optional({"widened": [str], "float_ops": [str], "narrowed": [str]}),
+    "ranges_repaired": _Optional({"widened": [str], "float_ops": [str], "narrowed": [str],
+                                  "multiplied_by_zero": [str]}),
     "lifted": _Optional({"cosine_before": _NUMBER, "cosine": _NUMBER, "trials": int, "float_ops": [str],
                          "stopped": str,
                          "lifts": [{"tensor": str, "layer": str, "op": str, "lost_db": _NUMBER, "float_ops": [str],
@@ -101,7 +102,7 @@ def _ops(count):
 
 def _repairs_lines(repairs):
     """The report's lines for the calibrated ranges repaired (quantizer.Repairs, as a dict)."""
-    widened, kept, narrowed = repairs["widened"], repairs["float_ops"], repairs.get("narrowed", [])
+    widened, kept, narrowed = repairs["widened"], repairs["float_ops"], repairs["narrowed"]
     lines = []
     if widened or kept:
         lines.append(f"  ranges the quantizer cannot take: {len(widened)} too narrow for a grid (0 throughout) "
@@ -110,6 +111,10 @@ def _repairs_lines(repairs):
     if narrowed:
         lines.append(f"  softmax inputs: {len(narrowed)} range{'' if len(narrowed) == 1 else 's'} reaching only as "
                      "far below each row's largest value as the softmax tells apart (masked scores set them)")
+    if repairs["multiplied_by_zero"]:
+        count = len(repairs["multiplied_by_zero"])
+        lines.append(f"  {count} range{'' if count == 1 else 's'} holding only the values an output reads (the others "
+                     "were only ever multiplied by zero: a LayerNormalization's factor for a row of zeros)")
     return lines
 
 
@@ -131,7 +136,7 @@ class Report:
     step_type: str = "int8"  # what an output step is: "int8", or "int16" for a 16x8 .tflite
     quantization_aware: bool = False
     int8_ranges: str = ""  # where the int8 ranges came from
-    ranges_repaired: dict = None  # calibrated ranges the quantizer could not take: quantizer.Repairs, as a dict
+    ranges_repaired: dict = None  # calibrated ranges repaired before quantizing: quantizer.Repairs, as a dict
     op_types: dict = dataclasses.field(default_factory=dict)  # {op: {output type: count}}
     float_ops: dict = dataclasses.field(default_factory=dict)  # what stayed float in an int8 model
     islands_made_integer: dict = dataclasses.field(default_factory=dict)  # a .tflite's float ops, {op: count}

@@ -723,3 +723,34 @@ def test_a_tensor_whose_reader_computes_in_place_is_quantized_on_its_own_range(t
         else:
             expected = (max(values.max(), 0.0) - min(values.min(), 0.0)) / 255  # an int8 range holds 0
         assert scale == pytest.approx(expected, rel=1e-5), name
+
+
+def _cosine(first, second):
+    first, second = np.ravel(first).astype(np.float64), np.ravel(second).astype(np.float64)
+    return float(first @ second / np.sqrt((first @ first) * (second @ second)))
+
+
+@pytest.mark.parametrize("int16", [False, True], ids=["int8", "16x8"])
+def test_rows_a_mask_zeroes_before_a_layer_normalization_leave_the_other_rows_their_grid(tmp_path, int16):
+    # Padded rows zeroed before a LayerNormalization of epsilon 1e-12 (BERT's): its factor rsqrt(variance +
+    # epsilon) is 1e6 there, multiplied by those rows' centred values, zeros. That 1e6 set the factor's range, on
+    # whose grid (int8: steps of 3,922; 16x8: 31) every other row's factor, 1 to 3, rounded to 0: both were
+    # refused at cosine 0.0 to the float model (multiplied_by_zero.py)
+    padding = np.ones((1, 8, 1), np.float32)
+    padding[:, 6:] = 0.0
+    inputs = keras.Input((8, 16), batch_size=1, name="tokens")
+    hidden = keras.layers.Dense(16, bias_initializer="random_normal")(inputs)
+    hidden = keras.layers.Lambda(lambda values: values * padding)(hidden)
+    hidden = keras.layers.LayerNormalization(epsilon=1e-12)(hidden)
+    model = keras.Model(inputs, keras_gelu.GELU(approximate="exact")(keras.layers.Dense(16)(hidden)))
+    path = _save(model, str(tmp_path / "padded"))
+    x = np.random.default_rng(3).normal(size=(16, 8, 16)).astype(np.float32)
+    np.savez(tmp_path / "samples.npz", tokens=x)
+    tflite_model, report = converters.convert(path, int8=True, calibration=str(tmp_path / "samples.npz"),
+                                              int16=int16)
+    # the normalization's factor, and the Dense output the mask zeroes rows of
+    repaired = report.ranges_repaired["multiplied_by_zero"]
+    assert any("layer_normalization" in name for name in repaired), report.ranges_repaired
+    for sample in x[:4, None]:  # samples it was calibrated on: nothing clipped
+        # against the float model itself, not the converter's reference: the budget's 0.99 held against both
+        assert _cosine(tflite_helpers.run(tflite_model, sample)[0], model(sample)) > 0.99

@@ -19,13 +19,15 @@ import collections
 import numpy as np
 
 from ..tflite import quantizer
+from . import multiplied_by_zero
 from . import verify
 
 
 # {tensor index: (smallest, largest)} of each tensor the calibrator recorded a range for, and {tensor index: (the
 # smallest, the largest) of the largest values of its rows} of each softmax input, over the samples; and each
-# softmax input's beta (`quantizer.softmax_inputs`)
-Recorded = collections.namedtuple("Recorded", "ranges row_maxima softmax_betas")
+# softmax input's beta (`quantizer.softmax_inputs`); and the tensors whose ranges hold only the values some output
+# reads, where others only ever met a multiplication by zero (`multiplied_by_zero`)
+Recorded = collections.namedtuple("Recorded", "ranges row_maxima softmax_betas read_alone")
 
 
 def recorded_ranges(calibrated_model, samples):
@@ -35,6 +37,7 @@ def recorded_ranges(calibrated_model, samples):
     softmax_inputs = quantizer.softmax_inputs(calibrated_model)
     row_maxima = {}
     interpreter = verify.interpreter_keeping_every_tensor(calibrated_model)
+    discarded = multiplied_by_zero.DiscardedValues(calibrated_model)
     inputs = interpreter.get_input_details()
     shapes = None
     lowest, highest = {}, {}
@@ -47,6 +50,7 @@ def recorded_ranges(calibrated_model, samples):
         for detail, array in zip(inputs, sample):
             interpreter.set_tensor(detail["index"], verify.input_value(detail, array))
         interpreter.invoke()
+        discarded.record(interpreter)
         for index in tensors:
             values = interpreter.get_tensor(index)
             if values.dtype.kind != "f" or not values.size:
@@ -62,5 +66,6 @@ def recorded_ranges(calibrated_model, samples):
             if varying is not None and varying.size and np.all(np.isfinite(varying)):
                 smallest, largest = row_maxima.get(index, (np.inf, -np.inf))
                 row_maxima[index] = (min(float(varying.min()), smallest), max(float(varying.max()), largest))
-    return Recorded({index: (float(lowest[index]), float(highest[index])) for index in lowest}, row_maxima,
-                    softmax_inputs)
+    ranges = {index: (float(lowest[index]), float(highest[index])) for index in lowest}
+    read_alone = {index: read for index, read in discarded.ranges().items() if index in ranges}
+    return Recorded({**ranges, **read_alone}, row_maxima, softmax_inputs, sorted(read_alone))

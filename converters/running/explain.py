@@ -19,6 +19,7 @@ import numpy as np
 
 from ..explanation import rounding_db
 from ..rewriting import rewrite
+from . import multiplied_by_zero
 from . import verify
 
 # An exact tensor's signal-to-noise ratio, as reported: float32's own rounding is about 140 dB below its signal.
@@ -59,13 +60,17 @@ class _Statistics:
         self.max_abs, self.errors = 0.0, []
         self.channel_peaks = None  # each channel's (last axis) largest magnitude in the float model
 
-    def add(self, value, reference):
+    def add(self, value, reference, read=None):
+        """Take in one sample's values of the tensor and the float model's (`read`: where an output reads them;
+        the others were only ever multiplied by zero, on any range: `multiplied_by_zero`)."""
+        read = np.ones(reference.shape, bool) if read is None else read
         if reference.ndim >= 2 and reference.shape[-1] >= 2:
-            peaks = np.abs(np.nan_to_num(reference.reshape(-1, reference.shape[-1]), posinf=0, neginf=0)).max(axis=0)
+            peaks = np.abs(np.nan_to_num(np.where(read, reference, 0).reshape(-1, reference.shape[-1]),
+                                         posinf=0, neginf=0)).max(axis=0)
             self.channel_peaks = peaks if self.channel_peaks is None else np.maximum(self.channel_peaks, peaks)
         value, reference = value.astype(np.float64).ravel(), reference.astype(np.float64).ravel()
-        finite = np.isfinite(value) & np.isfinite(reference)
-        value, reference = value[finite], reference[finite]
+        kept = np.isfinite(value) & np.isfinite(reference) & read.ravel()
+        value, reference = value[kept], reference[kept]
         error = value - reference
         self.reference_energy += float(reference @ reference)
         self.value_energy += float(value @ value)
@@ -191,16 +196,18 @@ def tensor_errors(tflite_model, float_model, signature, samples, findings=()):
                if last_of_origin[origin(details[index]["name"])] == index}
     matched.update(_outputs_of_several(model, details, reference, reference_details))
     statistics = {index: _Statistics() for index, counterpart in matched.items() if counterpart is not None}
+    discarded = multiplied_by_zero.DiscardedValues(float_model)
     for sample in samples:
         _run(model, signature, sample)
         _run(reference, signature, sample)
+        read = discarded.read_in(reference)
         for index, statistic in statistics.items():
             value = _float_values(model, index, details[index])
             expected = _float_values(reference, matched[index], reference_details[matched[index]])
             if value is None or expected is None or value.size != expected.size:
                 statistics[index] = None
                 continue
-            statistic.add(value, expected)
+            statistic.add(value, expected, read.get(matched[index]))
     # a tensor the float model holds at zero throughout (a mask where nothing is masked) has no signal to lose
     statistics = {index: statistic for index, statistic in statistics.items()
                   if statistic is not None and statistic.reference_energy > 0}

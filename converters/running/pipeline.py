@@ -183,8 +183,8 @@ def calibrated(graph_def, source, mode, samples, report=None, int16=False):
     calibrated_model = _run(converter, source, mode)
     recorded = calibration.recorded_ranges(calibrated_model, samples)
     floors = quantizer.softmax_floors(calibrated_model, recorded, int16)
-    calibrated_model, repairs = quantizer.repaired(calibrated_model, recorded.ranges, floors)
-    if report is not None and (repairs.widened or repairs.float_ops or repairs.narrowed):
+    calibrated_model, repairs = quantizer.repaired(calibrated_model, recorded.ranges, floors, recorded.read_alone)
+    if report is not None and any(repairs):
         report.ranges_repaired = repairs._asdict()
     return calibrated_model, repairs
 

@@ -236,14 +236,16 @@ WIDENED_RANGE = (-1.0, 1.0)
 UNBOUNDED = 2.0 ** 64
 
 # What the quantizer could not take, repaired before it sees it: the tensors whose ranges were widened, the ops
-# kept float because a range they write or read is unbounded, and the softmax inputs whose ranges were narrowed
-# to what their softmax can tell apart (`softmax_floors`).
-Repairs = collections.namedtuple("Repairs", "widened float_ops narrowed", defaults=((),))
+# kept float because a range they write or read is unbounded, the softmax inputs whose ranges were narrowed
+# to what their softmax can tell apart (`softmax_floors`), and the tensors whose ranges hold only the values an
+# output reads, where others were only ever multiplied by zero (`running/multiplied_by_zero.py`).
+Repairs = collections.namedtuple("Repairs", "widened float_ops narrowed multiplied_by_zero", defaults=((), ()))
 
 
-def repaired(calibrated_model, ranges, floors=None):
+def repaired(calibrated_model, ranges, floors=None, read_alone=()):
     """(the calibrated model with `ranges` ({tensor index: (smallest, largest)} of `recorded_tensors`) as its
-    tensors' recorded ranges, each one the quantizer can take, `Repairs`).
+    tensors' recorded ranges, each one the quantizer can take, `Repairs`); `read_alone`: the indices of the tensors
+    whose `ranges` hold only the values an output reads, which `Repairs` names.
 
     A degenerate range (narrower than DEGENERATE_SPAN) is widened. An unbounded one is taken away, and the op
     writing it and those reading it stay float (`quantized`'s float_ops), computing what the float model does.
@@ -272,7 +274,8 @@ def repaired(calibrated_model, ranges, floors=None):
             widened.append(names[index])
     float_ops = {names[operator.outputs[0]] for operator in subgraph.operators
                  if len(operator.outputs) and unbounded & (set(operator.inputs) | set(operator.outputs))}
-    return flatbuffer_model.as_bytes(model, len(calibrated_model)), Repairs(widened, sorted(float_ops), narrowed)
+    return flatbuffer_model.as_bytes(model, len(calibrated_model)), Repairs(
+        widened, sorted(float_ops), narrowed, sorted(names[index] for index in read_alone))
 
 
 def _raised_to_floors(ranges, floors, names):
