@@ -91,6 +91,20 @@ def _conforms(value, shape):
     return isinstance(value, shape)
 
 
+def _completed(value, shape):
+    """`value` (which `_conforms` to `shape`) with each optional key of a dict in it that it lacks as None, as a
+    conversion writes it: the text form and the page read every key their shapes name."""
+    if isinstance(shape, _Optional):
+        return None if value is None else _completed(value, shape.shape)
+    if isinstance(shape, _Mapping):
+        return {key: _completed(item, shape.shape) for key, item in value.items()}
+    if isinstance(shape, dict):
+        return {**value, **{key: _completed(value.get(key), entry) for key, entry in shape.items()}}
+    if isinstance(shape, list):
+        return [_completed(item, shape[0]) for item in value]
+    return value
+
+
 def counted(counts):
     """{name: count} as "2 x GELU, 1 x TILE", sorted by name."""
     return ", ".join(f"{count} x {name}" for name, count in sorted(counts.items()))
@@ -210,10 +224,14 @@ class Report:
         terminal."""
         if not isinstance(data, dict):
             raise ValueError("its report is not a record")
+        data = dict(data)
         for name, shape in _SHAPES.items():
-            absent = isinstance(shape, _Optional) and not data.get(name)
-            if name in data and not absent and not _conforms(data[name], shape):
-                raise ValueError(f"its report's {safe_text.inert(name)} is not as a conversion gives it")
+            if isinstance(shape, _Optional) and not data.get(name):
+                data.pop(name, None)  # absent, None or empty: the field's default, as the readers expect it
+            elif name in data:
+                if not _conforms(data[name], shape):
+                    raise ValueError(f"its report's {safe_text.inert(name)} is not as a conversion gives it")
+                data[name] = _completed(data[name], shape)
         for name, values in (("mode", vocabulary.MODE_NAMES), ("exact_as", (*vocabulary.EXACT_AS, None)),
                              ("step_type", ("int8", "int16"))):
             if name in data and data[name] not in values:

@@ -193,6 +193,21 @@ def test_a_forged_explanation_cannot_put_markup_in_the_page():
         Report.from_untrusted({**data, "explanation": {**data["explanation"], "tensors": [{"name": 1}]}})
 
 
+def test_a_forged_report_leaving_out_what_may_be_empty_reads_as_a_conversion_gives_it():
+    """What a conversion writes as None or leaves empty, a worker may leave out: read as absent, not as a key the
+    text form or the page then cannot find (a traceback and exit 1, the .tflite already written, before)."""
+    row = {"name": "dense", "layer": "dense", "op": "FULLY_CONNECTED", "position": 0, "type": "int8",
+           "max_abs": 1.0, "cosine": 0.5, "snr_db": 3.0, "lost_db": 30.0}  # no scale, steps, gelu nor outlier
+    data = {"input": "m", "kind": "SavedModel", "signature": "serving_default", "mode": "builtin",
+            "exact_as": "sigmoid", "int8": True, "lifted": {}, "ranges_repaired": {},
+            "explanation": {"tensors": [row], "gelus": [], "samples": 1, "reference": "float"}}
+    report = Report.from_untrusted(data)
+    assert report.lifted is None and report.ranges_repaired is None
+    assert report.explanation["worst"] is None and report.explanation["tensors"][0]["outlier"] is None
+    assert "int8" in report.to_text(verbose=True)
+    assert explanation.where_lost(report.explanation) == ""
+    assert "dense" in explanation.page(report)
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Chromium as root, headless, with nothing to reach: no sandbox (root), no GPU, no background connections
 _CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
