@@ -146,6 +146,23 @@ def test_the_explanation_s_figures_are_the_tflite_s_tensors_against_the_keras_la
     assert len(gelus) == 1 and "->" in gelus[0]["gelu"] and "Gelu" in gelus[0]["layer"]
 
 
+def test_a_gelu_ending_the_model_is_compared_as_its_output_not_by_what_its_rewrite_computes_before(models, tmp_path):
+    # Where a GELU ends the model its last op writes the model's output, under the output's name; the int8
+    # model's LOGISTIC before it was taken for the GELU and compared with the float model's clamp of x (cosine
+    # 0.01, errors past 1, beyond what a LOGISTIC can be off by)
+    folder, _, samples = models
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((16,), name="x")
+    model = keras.Model(inputs, keras.layers.Activation("gelu")(keras.layers.Dense(16)(inputs)))
+    path = str(tmp_path / "ending.keras")
+    model.save(path)
+    why = tmp_path / "why"
+    assert cli.main([path, "-o", str(tmp_path / "m.tflite"), "--int8", "--calibration", str(folder / "calibration.npz"),
+                     "--explain", str(why), "-q"]) == 0
+    rows = json.loads((why / "report.json").read_text())["explanation"]["tensors"]
+    # an int8 model at cosine 0.999 to the float model: no tensor compared with its own counterpart is far off
+    assert rows and all(row["cosine"] > 0.99 for row in rows), [(row["op"], row["cosine"]) for row in rows]
+
 def test_explain_refuses_to_write_over_its_files_without_force(models, tmp_path, capsys):
     _, paths, _ = models
     why = tmp_path / "why"
