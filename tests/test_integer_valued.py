@@ -33,14 +33,14 @@ def _traced(build, specs, feeds):
     return graph_def, outputs, inputs, _run(graph_def, inputs, outputs)
 
 
-def _rewritten_outputs(build, specs, feeds):
-    """(the outputs of `build` on placeholders of `specs` (dtype, shape) fed `feeds`, the same after the pass, how
-    many sinks the pass rewrote, the (op, type) pairs of the rewritten graph pruned to its outputs)."""
+def _rewritten_outputs(build, specs, feeds, rewrite=integer_valued.integer_arithmetic_in_int32):
+    """(the outputs of `build` on placeholders of `specs` (dtype, shape) fed `feeds`, the same after the pass
+    `rewrite`, how many sinks it rewrote, the (op, type) pairs of the rewritten graph pruned to its outputs)."""
     graph_def, outputs, inputs, before = _traced(build, specs, feeds)
-    rewritten = integer_valued.integer_arithmetic_in_int32(graph_def)
+    rewritten = rewrite(graph_def)
     graph.prune(graph_def, outputs + list(inputs))
     typed_ops = {(node.op, tf.as_dtype(value.type).name) for node in graph_def.node for key, value in node.attr.items()
-                 if key in ("T", "dtype", "DstT", "SrcT", "Tidx", "Tparams") and value.HasField("type")}
+                 if key in ("T", "dtype", "DstT", "SrcT", "Tidx", "Tparams", "Tindices") and value.HasField("type")}
     return before, _run(graph_def, inputs, outputs), rewritten, typed_ops
 
 
@@ -191,6 +191,56 @@ def test_random_integer_valued_graphs_compute_the_same_in_int32(case, seed):
         assert rewritten >= len(sinks)  # (a select's own comparison among them)
         assert _float_ops(typed_ops) == []
 
+
+# int64 index arithmetic (integer_valued.int64_arithmetic_in_int32): the integer ops, on int64 tensors of shape
+# [_LENGTH] or scalars, with a running sum; sinks reading int64 as GATHER's indices, CAST and comparisons do.
+_INT64_OPS = {name: _INTEGER_OPS[name] for name in (
+    "add", "sub", "mul", "maximum", "minimum", "neg", "abs", "select", "expand and squeeze", "reshape", "transpose",
+    "strided slice", "slice", "concat", "pack", "gather", "broadcast")}
+_INT64_OPS["running sum"] = (1, lambda x: tf.math.cumsum(x))
+_INT64_SINKS = {"less": tf.less, "equal": tf.equal, "float": lambda x, y: tf.cast(x - y, tf.float32),
+                "int32": lambda x, y: tf.cast(x * y, tf.int32),
+                # x - y within +-2000 (each operand clipped into +-1000): an index into 4001 entries
+                "indices": lambda x, y: tf.gather(tf.range(-4000, 4001, 2, dtype=tf.int64) * 3,
+                                                  x - y + 2 * int(_BOUNDED))}
+
+
+@st.composite
+def int64_graphs(draw):
+    """A random graph of int64 index arithmetic, as a list of steps (op name, operand positions), and its sinks."""
+    steps = []
+    for count in range(draw(st.integers(1, 8))):
+        name = draw(st.sampled_from(sorted(_INT64_OPS)))
+        steps.append((name, [draw(st.integers(0, 3 + count)) for _ in range(_INT64_OPS[name][0])]))
+    sinks = [(draw(st.sampled_from(sorted(_INT64_SINKS))), [draw(st.integers(0, 3 + len(steps))) for _ in range(2)])
+             for _ in range(draw(st.integers(1, 3)))]
+    return steps, sinks
+
+
+def _computed_in_int64(steps, sinks, values, flags):
+    bound = tf.constant(int(_BOUNDED), tf.int64)
+    tensors = [tf.cast(values, tf.int64), tf.cast(flags, tf.int64), tf.constant([3, -7, 0, 12, -1], tf.int64),
+               tf.cast(values, tf.int64) * tf.constant(-2, tf.int64)]
+    for name, positions in steps:
+        result = _INT64_OPS[name][1](*[tensors[position] for position in positions])
+        tensors.append(tf.minimum(tf.maximum(result, -bound), bound))
+    return [_INT64_SINKS[name](*[tensors[position] for position in positions]) for name, positions in sinks]
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=int64_graphs(), seed=st.integers(0, 2 ** 16))
+def test_random_int64_index_arithmetic_computes_the_same_in_int32(case, seed):
+    steps, sinks = case
+    rng = np.random.default_rng(seed)
+    before, after, rewritten, typed_ops = _rewritten_outputs(
+        lambda *inputs: _computed_in_int64(steps, sinks, *inputs), [(tf.int32, [_LENGTH]), (tf.bool, [_LENGTH])],
+        [rng.integers(-50, 50, _LENGTH), rng.integers(0, 2, _LENGTH) == 1], integer_valued.int64_arithmetic_in_int32)
+    for value_after, value_before in zip(after, before):
+        assert value_after.dtype == value_before.dtype
+        np.testing.assert_array_equal(value_after, value_before)
+    assert rewritten >= len(sinks)  # (a select's own comparison among them)
+    # what is left in int64: the table the indices read (a sink's own values, not index arithmetic)
+    assert {op for op, dtype in typed_ops if dtype == "int64"} <= {"Range", "Mul", "Const", "GatherV2"}, typed_ops
 
 @keras3_only
 def test_a_causal_mask_on_a_dynamic_length_is_integer_in_the_int8_model():

@@ -14,6 +14,7 @@ from keras_gelu.converters import cli
 from keras_gelu.converters import errors
 from keras_gelu.converters.rewriting import graph
 from keras_gelu.converters.rewriting import tf_ops_as_builtins
+from keras_gelu.converters.tflite import operators
 
 pytestmark = pytest.mark.legs("tf_keras")  # TensorFlow graphs rewritten before any converter: one leg (the shorter)
 
@@ -114,9 +115,11 @@ def _saved_function(tmp_path, function, signature, name):
 
 
 def _on_tflite_micro(path, int8):
-    """The report of `path` converted for TFLite Micro (int8 from random samples, or float), having run there."""
-    _, report = converters.convert(path, target="tflm", **(_RANDOM_INT8 if int8 else {}))
+    """The report of `path` converted for TFLite Micro (int8 from random samples, or float), having run there, with
+    its ops' output types ({op: {type: count}}, float models' too)."""
+    tflite_model, report = converters.convert(path, target="tflm", **(_RANDOM_INT8 if int8 else {}))
     assert report.verified and "TFLite Micro" in report.target["runtime_check"], report.target
+    report.op_types = operators.typed_op_histogram(tflite_model)
     return report
 
 
@@ -215,20 +218,24 @@ def test_an_int32_cumsum_becomes_pads_and_adds_and_computes_numpys_cumsum(case):
 
 
 @pytest.mark.parametrize("int8", [False, True])
-def test_robertas_positions_counted_along_the_padding_mask_run_on_tflite_micro(tmp_path, int8):
+@pytest.mark.parametrize("positions", [tf.int32, tf.int64], ids=["RoBERTa's int32", "ESM's int64"])
+def test_positions_counted_along_the_padding_mask_run_on_tflite_micro(tmp_path, int8, positions):
     """Hugging Face's RoBERTa family numbers its positions with an int32 cumsum of the padding mask, which TFLite
     Micro's CUMSUM does not take (it refused the model as it prepared it); for it, the count becomes PADs and
-    ADDs. Other targets keep their CUMSUM."""
+    ADDs. ESM counts in int64, which neither its CUMSUM nor its GATHER's indices take (refused before running):
+    for a target, that arithmetic is int32 (integer_valued.int64_arithmetic_in_int32). Without a target, the
+    CUMSUM and its type stay."""
     table = tf.constant(np.random.default_rng(3).normal(size=(20, 8)).astype(np.float32))
 
     def positions_embedded(ids):  # create_position_ids_from_input_ids, padding id 1
-        mask = tf.cast(tf.math.not_equal(ids, 1), ids.dtype)
+        mask = tf.cast(tf.math.not_equal(ids, 1), positions)
         return {"y": tf.nn.gelu(tf.gather(table, tf.math.cumsum(mask, axis=1) * mask + 1), approximate=False)}
 
     path = _saved_function(tmp_path, positions_embedded, tf.TensorSpec([1, 16], tf.int32, name="ids"), "positions")
-    assert "CUMSUM" not in _on_tflite_micro(path, int8).ops
-    _, report = converters.convert(path, **(_RANDOM_INT8 if int8 else {}))
-    assert report.ops.get("CUMSUM") == 1, report.ops
+    on_micro = _on_tflite_micro(path, int8)
+    assert "CUMSUM" not in on_micro.ops and not any("int64" in types for types in on_micro.op_types.values())
+    tflite_model, _ = converters.convert(path, **(_RANDOM_INT8 if int8 else {}))
+    assert operators.typed_op_histogram(tflite_model)["CUMSUM"] == {positions.name: 1}
 
 
 @st.composite

@@ -1,4 +1,4 @@
-"""Float arithmetic on integer values, done in int32: the causal masks of keras-hub's decoders.
+"""Float (or int64) arithmetic on integer values, done in int32: the causal masks of keras-hub's decoders.
 
 keras-hub builds a decoder's causal mask in float from the dynamic sequence
 length (`compute_causal_mask`: `arange(length, dtype="float32")`, plus the
@@ -42,7 +42,12 @@ in int32 clipped to the span past which every value saturates. The same values
 exactly, bit for bit, at any sequence length: a GATHER of an int8 table, where
 the CAST and MUL stayed float before a QUANTIZE.
 
-Both are `int8.GRAPH_PASSES`, not `tf_ops_as_builtins.TO_BUILTINS`:
+A third, for any target (`pipeline`'s builtin rewrites where one is named), takes int64 values the same way:
+int64 integer arithmetic from narrower integers and int64 constants, with Cumsum among its ops, read as a
+GatherV2's indices, cast, or compared, is computed in int32 (ESM counts its positions in int64, which TFLite
+Micro's CUMSUM and GATHER's indices do not take).
+
+The first two are `int8.GRAPH_PASSES`, not `tf_ops_as_builtins.TO_BUILTINS`:
 a float model is integer nowhere, and a float runtime is what such a model is
 for; the GPU delegate, one, runs float ops and leaves int32 arithmetic to the
 CPU. An int8 model's bar is integer throughout, which float positions fail.
@@ -57,6 +62,7 @@ from . import graph
 
 _FLOAT32 = types_pb2.DT_FLOAT
 _INT32 = types_pb2.DT_INT32
+_INT64 = types_pb2.DT_INT64
 # Integers float32 holds exactly, and sums and products of them in range: 2**24 is the first past which an odd
 # integer is not a float32.
 _EXACT_BELOW = 2 ** 24
@@ -82,6 +88,8 @@ _SELECTS = ("Select", "SelectV2")
 # Ops that move their first input's values and compute none (the others are shapes, indices, axes).
 _MOVING_FIRST = ("Identity", "ExpandDims", "Reshape", "Squeeze", "StridedSlice", "Slice", "Tile", "BroadcastTo",
                  "Transpose", "GatherV2")
+# Narrower than int64: a Cast of one to int64 is a source of int64 values an int32 holds.
+_NARROWER_THAN_INT64 = _INTEGER_TYPES[:-1]
 
 
 def _value_positions(node):
@@ -95,7 +103,7 @@ def _value_positions(node):
         return [1, 2]
     if node.op == "ConcatV2":
         return list(range(count - 1))
-    if node.op in _MOVING_FIRST:
+    if node.op in _MOVING_FIRST or node.op == "Cumsum":  # (a running sum of integers: integers)
         return [0]
     return None
 
@@ -105,7 +113,7 @@ def _type_attribute(node):
 
 
 def _integer_constant(node):
-    """Whether a float Const holds integers float32 and int32 both hold exactly."""
+    """Whether a float or int64 Const holds integers int32 holds (and float32 exactly)."""
     tensor = node.attr["value"].tensor
     if np.prod([dim.size for dim in tensor.tensor_shape.dim]) > _LARGEST_CONSTANT:
         return False
@@ -115,24 +123,29 @@ def _integer_constant(node):
 
 
 class _IntegerValues:
-    """Which float tensors of a graph hold integers, and their int32 twins, made on demand."""
+    """Which tensors of a type (float32, or int64) of a graph hold integers an int32 holds, and their int32
+    twins, made on demand."""
 
-    def __init__(self, graph_def):
+    def __init__(self, graph_def, values_type=_FLOAT32):
         self.graph_def = graph_def
+        self.values_type = values_type
         self.nodes = graph.nodes_by_name(graph_def)
-        self.known = {}  # node name -> whether its float output holds integers
+        self.known = {}  # node name -> whether its output holds integers
         self.twins = {}  # node name -> the int32 tensor that holds its values
 
     def _operands(self, node):
         """The tensors whose integer values make the node's integer; None where no values of its can be."""
-        if graph.attribute(node, _type_attribute(node), None) != _FLOAT32:
+        if graph.attribute(node, _type_attribute(node), None) != self.values_type:
             return None
         if node.op == "Const":
             return [] if _integer_constant(node) else None
         if node.op == "Cast":
-            return [] if graph.attribute(node, "SrcT", None) in _INTEGER_TYPES else None
+            sources = _INTEGER_TYPES if self.values_type == _FLOAT32 else _NARROWER_THAN_INT64
+            return [] if graph.attribute(node, "SrcT", None) in sources else None
         positions = _value_positions(node)
-        if positions is None:
+        if positions is None or (node.op == "Cumsum" and self.values_type == _FLOAT32):
+            # a float running sum stays float: an int32 CUMSUM, which TFLite Micro lacks, is spelled in additions
+            # (tf_ops_as_builtins) before the int8 passes make twins
             return None
         operands = graph.data_inputs(node)
         if node.op in _DIVISIONS:
@@ -275,6 +288,55 @@ def integer_arithmetic_in_int32(graph_def):
             if not operand.startswith("^"):
                 node.input[position] = next(twins)
         if node.op in _COMPARISONS:
+            node.attr["T"].type = _INT32
+        elif node.attr["DstT"].type == _INT32:  # int32 already: the twin itself
+            node.op = "Identity"
+            for key in list(node.attr):
+                del node.attr[key]
+            node.attr["T"].CopyFrom(attr_value_pb2.AttrValue(type=_INT32))
+        else:
+            node.attr["SrcT"].type = _INT32
+        rewritten += 1
+    return rewritten
+
+
+def _int64_sink_positions(node):
+    """The positions of the int64 operands a node reads as integers, where its op takes int32 ones as well: a
+    GatherV2's indices, a Cast's operand, a comparison's two; None where the node is no such sink."""
+    if node.op == "GatherV2" and graph.attribute(node, "Tindices", None) == _INT64:
+        return [1]
+    if node.op == "Cast" and graph.attribute(node, "SrcT", None) == _INT64:
+        return [0]
+    if node.op in _COMPARISONS and graph.attribute(node, "T", None) == _INT64:
+        return [0, 1]
+    return None
+
+
+def int64_arithmetic_in_int32(graph_def):
+    """Make each GatherV2's int64 indices, Cast of int64 and comparison of int64 values that integer arithmetic
+    computes from narrower integers and int64 constants (positions counted along a padding mask: ESM's Cumsum of
+    the mask, times it, plus one) read int32 twins of that arithmetic: for the runtimes whose kernels take no
+    int64 (TFLite Micro's CUMSUM and GATHER's indices). The twins compute what the int64 ops compute wherever
+    every value along the way fits int32, as positions into a tensor do (TFLite's shapes are int32). In place;
+    returns how many sinks were rewritten."""
+    values = _IntegerValues(graph_def, _INT64)
+    rewritten = 0
+    for node in list(graph_def.node):
+        positions = _int64_sink_positions(node)
+        operands = graph.data_inputs(node)
+        if positions is None or not all(values.holds_integers(operands[position]) for position in positions):
+            continue
+        twins = {position: values.twin(operands[position]) for position in positions}
+        data_position = 0
+        for position, operand in enumerate(node.input):
+            if operand.startswith("^"):
+                continue
+            if data_position in twins:
+                node.input[position] = twins[data_position]
+            data_position += 1
+        if node.op == "GatherV2":
+            node.attr["Tindices"].type = _INT32
+        elif node.op in _COMPARISONS:
             node.attr["T"].type = _INT32
         elif node.attr["DstT"].type == _INT32:  # int32 already: the twin itself
             node.op = "Identity"

@@ -29,6 +29,7 @@ from ..reading import loading
 from ..reading import trust
 from ..rewriting import graph
 from ..rewriting import int8 as integer
+from ..rewriting import integer_valued
 from ..rewriting import rewrite
 from ..rewriting import saved_model
 from ..rewriting import stablehlo_as_tf
@@ -631,6 +632,8 @@ def _rewritten(source, options, target):
         passes = tf_ops_as_builtins.TO_BUILTINS + passes
         if target is not None and not target.runs("CUMSUM", "int32"):  # a padding mask's running count
             passes = (tf_ops_as_builtins.int32_cumsums_as_additions,) + passes
+        if target is not None:  # a device's runtime: positions in int32, which its kernels take where any take int64
+            passes = (integer_valued.int64_arithmetic_in_int32,) + passes
         if target is not None and not target.has("TILE") and target.has("BROADCAST_TO"):
             passes = (tf_ops_as_builtins.tiles_as_broadcasts,) + passes
     keep = [info.tensor for info in source.inputs + source.outputs]
