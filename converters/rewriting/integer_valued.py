@@ -282,22 +282,32 @@ def integer_arithmetic_in_int32(graph_def):
                   if not holds and integer.count(False) == 1}
         if not all(holds or bounds.get(position) for position, holds in enumerate(integer)):
             continue
-        twins = iter([bounds[position] if position in bounds else values.twin(operand)
-                      for position, operand in enumerate(operands)])
-        for position, operand in enumerate(node.input):
-            if not operand.startswith("^"):
-                node.input[position] = next(twins)
-        if node.op in _COMPARISONS:
-            node.attr["T"].type = _INT32
-        elif node.attr["DstT"].type == _INT32:  # int32 already: the twin itself
-            node.op = "Identity"
-            for key in list(node.attr):
-                del node.attr[key]
-            node.attr["T"].CopyFrom(attr_value_pb2.AttrValue(type=_INT32))
-        else:
-            node.attr["SrcT"].type = _INT32
+        _reading_int32(node, [bounds[position] if position in bounds else values.twin(operand)
+                              for position, operand in enumerate(operands)])
         rewritten += 1
     return rewritten
+
+
+def _reading_int32(node, operands):
+    """Make a sink read `operands` (for each of its data inputs in order, an int32 tensor, or None to keep it)
+    as int32: a comparison's T, a GatherV2's Tindices, a Cast's SrcT (a Cast to int32 becomes the Identity of
+    its twin)."""
+    operands = iter(operands)
+    for position, operand in enumerate(node.input):
+        replacement = None if operand.startswith("^") else next(operands)
+        if replacement is not None:
+            node.input[position] = replacement
+    if node.op == "GatherV2":
+        node.attr["Tindices"].type = _INT32
+    elif node.op in _COMPARISONS:
+        node.attr["T"].type = _INT32
+    elif node.attr["DstT"].type == _INT32:  # int32 already: the twin itself
+        node.op = "Identity"
+        for key in list(node.attr):
+            del node.attr[key]
+        node.attr["T"].CopyFrom(attr_value_pb2.AttrValue(type=_INT32))
+    else:
+        node.attr["SrcT"].type = _INT32
 
 
 def _int64_sink_positions(node):
@@ -326,25 +336,8 @@ def int64_arithmetic_in_int32(graph_def):
         operands = graph.data_inputs(node)
         if positions is None or not all(values.holds_integers(operands[position]) for position in positions):
             continue
-        twins = {position: values.twin(operands[position]) for position in positions}
-        data_position = 0
-        for position, operand in enumerate(node.input):
-            if operand.startswith("^"):
-                continue
-            if data_position in twins:
-                node.input[position] = twins[data_position]
-            data_position += 1
-        if node.op == "GatherV2":
-            node.attr["Tindices"].type = _INT32
-        elif node.op in _COMPARISONS:
-            node.attr["T"].type = _INT32
-        elif node.attr["DstT"].type == _INT32:  # int32 already: the twin itself
-            node.op = "Identity"
-            for key in list(node.attr):
-                del node.attr[key]
-            node.attr["T"].CopyFrom(attr_value_pb2.AttrValue(type=_INT32))
-        else:
-            node.attr["SrcT"].type = _INT32
+        _reading_int32(node, [values.twin(operand) if position in positions else None
+                              for position, operand in enumerate(operands)])
         rewritten += 1
     return rewritten
 
