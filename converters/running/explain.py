@@ -188,13 +188,14 @@ def tensor_errors(tflite_model, float_model, signature, samples, findings=()):
                         verify.interpreter_keeping_every_tensor(float_model))
     details = {detail["index"]: detail for detail in model.get_tensor_details()}
     reference_details = {detail["index"]: detail for detail in reference.get_tensor_details()}
-    # the float model's tensor for each node, the last computed where several come from one (a GELU's ops); of
-    # what a rewrite spliced in, its GELU op's alone: where the GELU ends the model, its output bears the model
-    # output's name, and the last tensor of its own was the clamp before it, which the int8 model's last tensor
-    # of the GELU's (its LOGISTIC, before the MUL writing the output) was compared with
-    by_origin = {origin(reference_details[index]["name"]): index
-                 for index, op_name, *_ in _computed_tensors(reference)
-                 if op_name == "GELU" or rewrite.REWRITE_SCOPE not in reference_details[index]["name"]}
+    # the float model's tensor for each node, the last computed where several come from one (a GELU's ops), but
+    # never what a GELU op reads: where the GELU ends the model, its output bears the model output's name, and
+    # the last tensor of its own was the clamp of its input, which the int8 model's last tensor of the GELU's
+    # (its LOGISTIC, before the MUL writing the output) was compared with
+    reference_computed = _computed_tensors(reference)
+    read_by_gelus = {source for _, op_name, _, inputs in reference_computed if op_name == "GELU" for source in inputs}
+    by_origin = {origin(reference_details[index]["name"]): index for index, *_ in reference_computed
+                 if index not in read_by_gelus}
     computed = _computed_tensors(model)
     last_of_origin = {origin(details[index]["name"]): index for index, *_ in computed}
     matched = {index: by_origin.get(origin(details[index]["name"])) for index, *_ in computed
