@@ -128,7 +128,7 @@ def _repairs_lines(repairs):
     if repairs["multiplied_by_zero"]:
         count = len(repairs["multiplied_by_zero"])
         lines.append(f"  {count} range{'' if count == 1 else 's'} holding only the values an output reads (the others "
-                     "were only ever multiplied by zero: a LayerNormalization's factor for a row of zeros)")
+                     "only ever multiplied by an exact zero, as a LayerNormalization's factor for a row of zeros is)")
     return lines
 
 

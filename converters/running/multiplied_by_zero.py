@@ -8,7 +8,9 @@ rounded to 0. Measured on a model that zeroes two of eight rows before a LayerNo
 int8 model kept a cosine of 0.0 to the float model, and 0.9998 with the ranges taken here.
 
 A value that every op reading it multiplies by an exact zero, directly or through elementwise ops, in the sample
-at hand, is read by no output: a tensor's range is taken over the values that are read. In the integer model
+at hand, is read by no output: a tensor's range is taken over the values that are read. The zero must be a factor
+computed before the value (a constant, an input, an op that ran before it): x * x and x * relu(x - 2) read x
+where the factor is 0, since a change of x changes the factor. In the integer model
 such a value saturates on that range and is still multiplied by the integer zero (zero is on every int8 grid):
 exactly 0.
 """
