@@ -754,3 +754,32 @@ def test_rows_a_mask_zeroes_before_a_layer_normalization_leave_the_other_rows_th
     for sample in x[:4, None]:  # samples it was calibrated on: nothing clipped
         # against the float model itself, not the converter's reference: the budget's 0.99 held against both
         assert _cosine(tflite_helpers.run(tflite_model, sample)[0], model(sample)) > 0.99
+
+
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
+def test_zeros_added_to_widen_an_operand_are_not_dropped_with_their_broadcast(tmp_path):
+    # TAPAS adds its segment ids, [1], to zeros of [16] computed from constants: the int8 pass that drops an
+    # addition of zeros dropped the widening too, and the next op's shapes no longer agreed (an internal error)
+    import math
+
+    import tensorflow as tf
+
+    weights = np.linspace(-2.0, 2.0, 16, dtype=np.float32).reshape(4, 4)
+
+    class Widened(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([1, 1], tf.float32, name="x")])
+        def __call__(self, x):
+            widened = tf.reshape(x + tf.zeros([1, 16]), [4, 4])
+            return {"y": tf.nn.gelu(widened * weights, approximate=False)}
+
+    module = Widened()
+    path = str(tmp_path / "widened")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.__call__})
+    tflite_model, report = converters.convert(path, int8=True, calibration="random:8")
+    assert report.float_ops == {}, report.op_types
+    x = np.array([[0.75]], np.float32)
+    expected = np.vectorize(lambda value: 0.5 * value * (1.0 + math.erf(value / math.sqrt(2.0))))(
+        0.75 * weights.astype(np.float64))
+    (actual,) = tflite_helpers.run(tflite_model, x)
+    (scale,) = operators.output_scales(tflite_model)
+    assert actual.shape == (4, 4) and np.max(np.abs(actual - expected)) <= 4 * scale  # a few steps of roundings

@@ -721,7 +721,7 @@ def additions_of_zeros_dropped(graph_def):
     """
     nodes = graph.nodes_by_name(graph_def)
     stateless = graph.STATELESS_OPS
-    dropped = 0
+    additions = []  # (the addition, the operand it adds zeros to)
     for node in list(graph_def.node):
         if node.op not in ("Add", "AddV2", "BiasAdd", "Sub"):
             continue
@@ -732,9 +732,17 @@ def additions_of_zeros_dropped(graph_def):
             value = graph.constant_subgraph_value(operands[added], graph_def, nodes, stateless)
             if value is None or np.any(value) or any(size != 1 for size in value.shape[:-1]):
                 continue
-            graph.redirect(graph_def, node.name, operands[kept])
-            dropped += 1
+            additions.append((node, operands[kept]))
             break
+    # zeros wider than the operand's last axis broadcast it (TAPAS adds its [1] segment ids to zeros of [16]): the
+    # sum's shape is not the operand's, and the addition stays
+    shapes = graph.static_shapes(graph_def, [name for node, kept in additions for name in (node.name, kept)]) \
+        if additions else {}
+    dropped = 0
+    for node, kept in additions:
+        if shapes[node.name].rank is not None and shapes[node.name].as_list() == shapes[kept].as_list():
+            graph.redirect(graph_def, node.name, kept)
+            dropped += 1
     return dropped
 
 
