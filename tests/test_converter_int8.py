@@ -756,6 +756,26 @@ def test_rows_a_mask_zeroes_before_a_layer_normalization_leave_the_other_rows_th
         assert _cosine(tflite_helpers.run(tflite_model, sample)[0], model(sample)) > 0.99
 
 
+def test_rows_a_mask_zeroes_after_a_projection_leave_the_other_rows_their_grid(tmp_path):
+    # XLM and Flaubert zero their padded rows after each layer, and attention gives them small values again:
+    # their next LayerNormalization's factor is 1e3 there, and those rows reach the mask through a Dense (its
+    # FULLY_CONNECTED reads each row alone, through reshapes). Refused at cosine 0.0 before: only elementwise ops
+    # passed on which values are read.
+    padding = np.ones((1, 8, 1), np.float32)
+    padding[:, 6:] = 0.0
+    offsets = np.linspace(-1e-3, 1e-3, 16, dtype=np.float32)
+    inputs = keras.Input((8, 16), batch_size=1, name="tokens")
+    hidden = keras.layers.Lambda(lambda values: values * padding + offsets)(keras.layers.Dense(16)(inputs))
+    hidden = keras.layers.Dense(16)(keras.layers.LayerNormalization(epsilon=1e-12)(hidden))
+    model = keras.Model(inputs, keras.layers.Lambda(lambda values: values * padding)(keras_gelu.GELU()(hidden)))
+    x = np.random.default_rng(4).normal(size=(16, 8, 16)).astype(np.float32)
+    np.savez(tmp_path / "samples.npz", tokens=x)
+    tflite_model, report = converters.convert(_save(model, str(tmp_path / "padded")), int8=True,
+                                              calibration=str(tmp_path / "samples.npz"))
+    assert any("layer_normalization" in name for name in report.ranges_repaired["multiplied_by_zero"])
+    for sample in x[:4, None]:  # samples it was calibrated on: nothing clipped
+        assert _cosine(tflite_helpers.run(tflite_model, sample)[0], model(sample)) > 0.99
+
 @pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
 def test_zeros_added_to_widen_an_operand_are_not_dropped_with_their_broadcast(tmp_path):
     # TAPAS adds its segment ids, [1], to zeros of [16] computed from constants: the int8 pass that drops an
