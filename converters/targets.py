@@ -150,11 +150,13 @@ class Target:
 TARGETS = {target.name: target for target in (
     Target("tflm", "TensorFlow Lite for Microcontrollers", TFLM_OPS, ("builtin",), ("sigmoid", "tanh", "erf"),
            static_shapes=True, verifier="tflm",
-           lacks="GELU, POW, TILE; int32 SELECT_V2 and CUMSUM; float16 weights; dynamic shapes",
+           lacks="GELU, POW, TILE; int32 SELECT_V2 and CUMSUM; int8 SQRT, SIN, COS, LOG and SQUARE; float16 weights; "
+                 "dynamic shapes",
            # tflite-micro's kernels/select.cc: "Does not support type other than int8|int16|float32"; cumsum.cc:
-           # float32 or int8 in
+           # float32 or int8 in; elementwise.cc: SQRT, SIN, COS, LOG and SQUARE float32 alone (EvalNumeric)
            op_output_types={"SELECT_V2": frozenset({"int8", "int16", "float32"}),
-                            "CUMSUM": frozenset({"int8", "float32"})},
+                            "CUMSUM": frozenset({"int8", "float32"}),
+                            **dict.fromkeys(("SQRT", "SIN", "COS", "LOG", "SQUARE"), frozenset({"float32"}))},
            # kernels/dequantize_common.cc: int8, int16 or uint8 in (float16 weights are not)
            op_input_types={"DEQUANTIZE": frozenset({"int8", "int16", "uint8"})}),
     *(Target(f"ethos-u{size}", f"Arm Ethos-U{size} NPU (Vela 5.2)", ops, ("native", "builtin"), ("sigmoid", "tanh"),

@@ -446,3 +446,21 @@ def test_relative_position_buckets_in_int64_convert_where_the_stock_converter_st
                                             2 + np.floor(np.log(np.maximum(magnitude, 1))).astype(np.int64))
     (y,) = tflite_helpers.run(tflite_model, x)
     np.testing.assert_array_equal(y[0], expected.astype(np.float32))
+
+
+def test_a_square_root_of_an_int8_tensor_is_a_lookup_on_tflite_micro(tmp_path):
+    """ConvNeXt V2's global response normalization takes the square root of a sum of squares: TFLite Micro's
+    SQRT computes float32 alone (it refused the int8 model as it ran it). For it, the SQRT is kept float, and that
+    float function of one int8 tensor becomes a lookup in a table of its results; other targets keep an int8
+    SQRT."""
+    def normalized(x):
+        norms = tf.sqrt(tf.reduce_sum(x * x, axis=-1, keepdims=True))
+        return {"y": tf.nn.gelu(x, approximate=False) * norms}
+
+    path = _saved_function(tmp_path, normalized, tf.TensorSpec([1, 4, 8], tf.float32, name="x"), "norms")
+    on_micro = _on_tflite_micro(path, int8=True)
+    assert "SQRT" not in on_micro.ops and on_micro.islands_made_integer == {"SQRT": 1}, on_micro.op_types
+    assert set(on_micro.op_types) - {"QUANTIZE", "DEQUANTIZE"} and not any(
+        "float32" in types for op, types in on_micro.op_types.items() if op not in ("QUANTIZE", "DEQUANTIZE"))
+    tflite_model, _ = converters.convert(path, **_RANDOM_INT8)
+    assert operators.typed_op_histogram(tflite_model)["SQRT"] == {"int8": 1}

@@ -147,9 +147,10 @@ def serialized_for_converter(graph_def):
     return _SerializedGraph(graph.without_weights(graph_def), graph_def.SerializeToString())
 
 
-def to_tflite(graph_def, source, mode, float16_weights, int8=None, report=None):
+def to_tflite(graph_def, source, mode, float16_weights, int8=None, report=None, target=None):
     """Convert with mode.op_sets; `int8`: None for float, else (calibration samples or None for QAT, int8_io,
-    int16); `report`, where given, is told of calibrated ranges repaired.
+    int16); `report`, where given, is told of calibrated ranges repaired; `target`, where given, has its
+    float-only kernels' ops kept float (`float_kernels`).
 
     `graph_def` is a GraphDef, what serialized_for_converter made of one, or the folder of a SavedModel
     rewritten where it keeps its graph.
@@ -157,7 +158,8 @@ def to_tflite(graph_def, source, mode, float16_weights, int8=None, report=None):
     if int8 is not None and _calibrated_apart(int8):
         samples, int8_io, int16 = int8
         calibrated_model, repairs = calibrated(graph_def, source, mode, samples, report, int16)
-        return quantized(calibrated_model, source, int8_io, repairs.float_ops, int16)
+        return quantized(calibrated_model, source, int8_io,
+                         set(repairs.float_ops) | float_kernels(calibrated_model, target, int16), int16)
     converter = _stock_converter(graph_def, source, mode)
     if float16_weights:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -188,6 +190,17 @@ def calibrated(graph_def, source, mode, samples, report=None, int16=False):
     if report is not None and any(repairs):
         report.ranges_repaired = repairs._asdict()
     return calibrated_model, repairs
+
+
+def float_kernels(calibrated_model, target, int16=False):
+    """The names (`quantizer.ops`) of the calibrated model's ops whose kernels on `target` take float alone (TFLite
+    Micro's SQRT, SIN, COS, LOG, SQUARE): kept float, each a float function of one integer tensor becomes a
+    lookup in a table of its results (`float_islands.made_integer`), which the target runs."""
+    if target is None:
+        return set()
+    integer = "int16" if int16 else "int8"
+    return {op.name for op in quantizer.ops(calibrated_model) if op.kind in target.op_output_types
+            and not target.runs(op.kind, integer) and target.runs(op.kind, "float32")}
 
 
 def quantized(calibrated_model, source, int8_io, float_ops=(), int16=False):
@@ -525,7 +538,7 @@ def _handed_to_converter(source, result, reference, keep_source):
 
 def _converted(serialized, source, requested, options, int8_setup, target, report):
     """The .tflite with its signature and the target's op names; fills in the report's op figures."""
-    tflite_model = to_tflite(serialized, source, requested, options.float16_weights, int8_setup, report)
+    tflite_model = to_tflite(serialized, source, requested, options.float16_weights, int8_setup, report, target)
     return _finished(tflite_model, serialized, source, options, target, report)
 
 
@@ -582,7 +595,8 @@ def _lifted(serialized, source, requested, options, int8_setup, target, report, 
     def made(float_ops):
         """(the model with `float_ops` float, the report its finishing filled in: a copy of `report`)."""
         filled = copy.deepcopy(report)
-        model = quantized(calibrated_model, source, int8_io, set(float_ops) | set(repairs.float_ops))
+        model = quantized(calibrated_model, source, int8_io,
+                          set(float_ops) | set(repairs.float_ops) | float_kernels(calibrated_model, target))
         return _finished(model, serialized, source, options, target, filled), filled
 
     def quantize(float_ops):  # a choice the quantizer, a check or the target refuses is no choice
