@@ -9,14 +9,15 @@ int8 model kept a cosine of 0.0 to the float model, and 0.9998 with the ranges t
 
 A value that every op reading it multiplies by an exact zero, directly or through elementwise ops and ops that
 place each value at positions of their output (a reshape, a transpose, a sum or mean over axes, a projection of
-rows), in the sample at hand, is read by no output: a tensor's range is taken over the values that are read.
+rows), in the sample at hand, is read by no output: a tensor's range is taken over the values that are read. The
+zero must be a factor computed before the value (a constant, an input, an op that ran before it): x * x and
+x * relu(x - 2) read x where the factor is 0, since a change of x changes the factor. In the integer model such
+a value saturates on that range and is still multiplied by the integer zero (zero is on every int8 grid):
+exactly 0.
+
 Hugging Face's TF XLM and Flaubert zero their padded rows after each layer, and attention gives those rows small
 values again, which a LayerNormalization and the feed-forward projections carry to the next zeroing: their int8
-models kept a cosine of 0.0 to the float model on random ids with padding among them, 0.9999 with these ranges. The zero must be a factor
-computed before the value (a constant, an input, an op that ran before it): x * x and x * relu(x - 2) read x
-where the factor is 0, since a change of x changes the factor. In the integer model
-such a value saturates on that range and is still multiplied by the integer zero (zero is on every int8 grid):
-exactly 0.
+models kept a cosine of 0.0 to the float model on random ids with padding among them, 0.9999 with these ranges.
 """
 
 import numpy as np
