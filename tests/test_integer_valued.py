@@ -152,37 +152,44 @@ _SINKS = {"less": tf.less, "less or equal": tf.less_equal, "greater": tf.greater
 
 
 @st.composite
-def integer_graphs(draw):
-    """A random graph over the sources of integer values, as a list of steps (op name, operand positions)."""
+def arithmetic_graphs(draw, ops, sinks, sources, now_and_then=None):
+    """A random graph over `sources` source tensors, as a list of steps (op name, operand positions), each an op of
+    `ops` (or, now and then, of `now_and_then`), and its sinks (name of `sinks`, operand positions)."""
     steps = []
     for count in range(draw(st.integers(1, 8))):
-        ops = list(_INTEGER_OPS) + (list(_NON_INTEGER_OPS) if draw(st.integers(0, 4)) == 0 else [])
-        name = draw(st.sampled_from(ops))
-        arity = {**_INTEGER_OPS, **_NON_INTEGER_OPS}[name][0]
-        steps.append((name, [draw(st.integers(0, 4 + count)) for _ in range(arity)]))
-    sinks = [(draw(st.sampled_from(sorted(_SINKS))), [draw(st.integers(0, 4 + len(steps))) for _ in range(2)])
+        names = list(ops) + (list(now_and_then) if now_and_then and draw(st.integers(0, 4)) == 0 else [])
+        name = draw(st.sampled_from(names))
+        arity = {**ops, **(now_and_then or {})}[name][0]
+        steps.append((name, [draw(st.integers(0, sources - 1 + count)) for _ in range(arity)]))
+    sinks = [(draw(st.sampled_from(sorted(sinks))), [draw(st.integers(0, sources - 1 + len(steps))) for _ in range(2)])
              for _ in range(draw(st.integers(1, 3)))]
     return steps, sinks
 
 
-def _computed(steps, sinks, values, values64, flags, length):
-    tensors = [tf.cast(values, tf.float32), tf.cast(values64, tf.float32), tf.cast(flags, tf.float32),
-               tf.range(-2.0, tf.cast(length, tf.float32) - 2.0), tf.constant([3.0, -7.0, 0.0, 12.0, -1.0])]
+def _computed(sources, steps, sinks, ops, sink_ops, bound):
+    """The sinks' tensors of a graph `arithmetic_graphs` drew, each step's result clipped into +-`bound`."""
+    tensors = list(sources)
     for name, positions in steps:
-        result = {**_INTEGER_OPS, **_NON_INTEGER_OPS}[name][1](*[tensors[position] for position in positions])
-        tensors.append(tf.minimum(tf.maximum(result, -_BOUNDED), _BOUNDED))
-    return [_SINKS[name](*[tensors[position] for position in positions]) for name, positions in sinks]
+        tensors.append(tf.minimum(tf.maximum(ops[name][1](*[tensors[position] for position in positions]), -bound),
+                                  bound))
+    return [sink_ops[name](*[tensors[position] for position in positions]) for name, positions in sinks]
+
+
+def _float_sources(values, values64, flags, length):
+    return [tf.cast(values, tf.float32), tf.cast(values64, tf.float32), tf.cast(flags, tf.float32),
+            tf.range(-2.0, tf.cast(length, tf.float32) - 2.0), tf.constant([3.0, -7.0, 0.0, 12.0, -1.0])]
 
 
 @settings(max_examples=40, deadline=None)
-@given(case=integer_graphs(), seed=st.integers(0, 2 ** 16))
+@given(case=arithmetic_graphs(_INTEGER_OPS, _SINKS, 5, _NON_INTEGER_OPS), seed=st.integers(0, 2 ** 16))
 def test_random_integer_valued_graphs_compute_the_same_in_int32(case, seed):
     steps, sinks = case
     rng = np.random.default_rng(seed)
     feeds = [rng.integers(-50, 50, _LENGTH), rng.integers(-50, 50, _LENGTH), rng.integers(0, 2, _LENGTH) == 1,
              _LENGTH]
+    operations = {**_INTEGER_OPS, **_NON_INTEGER_OPS}
     before, after, rewritten, typed_ops = _rewritten_outputs(
-        lambda *inputs: _computed(steps, sinks, *inputs),
+        lambda *inputs: _computed(_float_sources(*inputs), steps, sinks, operations, _SINKS, _BOUNDED),
         [(tf.int32, [None]), (tf.int64, [None]), (tf.bool, [None]), (tf.int32, [])], feeds)
     for value_after, value_before in zip(after, before):
         assert value_after.dtype == value_before.dtype
@@ -193,7 +200,7 @@ def test_random_integer_valued_graphs_compute_the_same_in_int32(case, seed):
 
 
 # int64 index arithmetic (integer_valued.int64_arithmetic_in_int32): the integer ops, on int64 tensors of shape
-# [_LENGTH] or scalars, with a running sum; sinks reading int64 as GATHER's indices, CAST and comparisons do.
+# [_LENGTH], with a running sum; sinks reading int64 as GATHER's indices, CAST and comparisons do.
 _INT64_OPS = {name: _INTEGER_OPS[name] for name in (
     "add", "sub", "mul", "maximum", "minimum", "neg", "abs", "select", "expand and squeeze", "reshape", "transpose",
     "strided slice", "slice", "concat", "pack", "gather", "broadcast")}
@@ -205,35 +212,20 @@ _INT64_SINKS = {"less": tf.less, "equal": tf.equal, "float": lambda x, y: tf.cas
                                                   x - y + 2 * int(_BOUNDED))}
 
 
-@st.composite
-def int64_graphs(draw):
-    """A random graph of int64 index arithmetic, as a list of steps (op name, operand positions), and its sinks."""
-    steps = []
-    for count in range(draw(st.integers(1, 8))):
-        name = draw(st.sampled_from(sorted(_INT64_OPS)))
-        steps.append((name, [draw(st.integers(0, 3 + count)) for _ in range(_INT64_OPS[name][0])]))
-    sinks = [(draw(st.sampled_from(sorted(_INT64_SINKS))), [draw(st.integers(0, 3 + len(steps))) for _ in range(2)])
-             for _ in range(draw(st.integers(1, 3)))]
-    return steps, sinks
-
-
-def _computed_in_int64(steps, sinks, values, flags):
-    bound = tf.constant(int(_BOUNDED), tf.int64)
-    tensors = [tf.cast(values, tf.int64), tf.cast(flags, tf.int64), tf.constant([3, -7, 0, 12, -1], tf.int64),
-               tf.cast(values, tf.int64) * tf.constant(-2, tf.int64)]
-    for name, positions in steps:
-        result = _INT64_OPS[name][1](*[tensors[position] for position in positions])
-        tensors.append(tf.minimum(tf.maximum(result, -bound), bound))
-    return [_INT64_SINKS[name](*[tensors[position] for position in positions]) for name, positions in sinks]
+def _int64_sources(values, flags):
+    return [tf.cast(values, tf.int64), tf.cast(flags, tf.int64), tf.constant([3, -7, 0, 12, -1], tf.int64),
+            tf.cast(values, tf.int64) * tf.constant(-2, tf.int64)]
 
 
 @settings(max_examples=30, deadline=None)
-@given(case=int64_graphs(), seed=st.integers(0, 2 ** 16))
+@given(case=arithmetic_graphs(_INT64_OPS, _INT64_SINKS, 4), seed=st.integers(0, 2 ** 16))
 def test_random_int64_index_arithmetic_computes_the_same_in_int32(case, seed):
     steps, sinks = case
     rng = np.random.default_rng(seed)
+    bound = np.int64(_BOUNDED)
     before, after, rewritten, typed_ops = _rewritten_outputs(
-        lambda *inputs: _computed_in_int64(steps, sinks, *inputs), [(tf.int32, [_LENGTH]), (tf.bool, [_LENGTH])],
+        lambda *inputs: _computed(_int64_sources(*inputs), steps, sinks, _INT64_OPS, _INT64_SINKS, bound),
+        [(tf.int32, [_LENGTH]), (tf.bool, [_LENGTH])],
         [rng.integers(-50, 50, _LENGTH), rng.integers(0, 2, _LENGTH) == 1], integer_valued.int64_arithmetic_in_int32)
     for value_after, value_before in zip(after, before):
         assert value_after.dtype == value_before.dtype
@@ -241,6 +233,7 @@ def test_random_int64_index_arithmetic_computes_the_same_in_int32(case, seed):
     assert rewritten >= len(sinks)  # (a select's own comparison among them)
     # what is left in int64: the table the indices read (a sink's own values, not index arithmetic)
     assert {op for op, dtype in typed_ops if dtype == "int64"} <= {"Range", "Mul", "Const", "GatherV2"}, typed_ops
+
 
 @keras3_only
 def test_a_causal_mask_on_a_dynamic_length_is_integer_in_the_int8_model():
