@@ -123,8 +123,7 @@ class DiscardedValues:
 
     def record(self, interpreter):
         """Take in one sample's run (`interpreter` keeping every tensor, just invoked)."""
-        for index, mask in self.read_in(interpreter).items():
-            values = interpreter.get_tensor(index)
+        for index, values, mask in self._each_read(interpreter):
             if mask is not None and not mask.all():
                 self._discarding.add(index)
                 values = values[mask]
@@ -135,10 +134,16 @@ class DiscardedValues:
     def read_in(self, interpreter):
         """{tensor index: the positions of its values some output read in this run (`interpreter` keeping every
         tensor, just invoked), or None for all} of each tensor some of whose values may be read by none."""
+        return {index: mask for index, _, mask in self._each_read(interpreter)}
+
+    def _each_read(self, interpreter):
+        """(tensor index, its values, the positions of them some output read or None for all) of each candidate
+        in this run, in reverse order of their writers: each tensor's values fetched once."""
         read = {}
         for index, reading in self._candidates.items():
-            read[index] = self._read_in_this_run(interpreter.get_tensor(index), reading, read, interpreter)
-        return read
+            values = interpreter.get_tensor(index)
+            read[index] = self._read_in_this_run(values, reading, read, interpreter)
+            yield index, values, read[index]
 
     def _read_in_this_run(self, values, reading, read, interpreter):
         """The positions of a tensor (whose values in this run are `values`, its readers `reading`) that some

@@ -591,12 +591,12 @@ def _lifted(serialized, source, requested, options, int8_setup, target, report, 
     keeps --min-cosine against the float model on `arrays` (running/lifting.py); report.lifted says which."""
     samples, int8_io, _ = int8_setup
     calibrated_model, repairs = calibrated(serialized, source, requested, samples, report)
+    kept_float = set(repairs.float_ops) | float_kernels(calibrated_model, target)  # whatever is lifted
 
     def made(float_ops):
         """(the model with `float_ops` float, the report its finishing filled in: a copy of `report`)."""
         filled = copy.deepcopy(report)
-        model = quantized(calibrated_model, source, int8_io,
-                          set(float_ops) | set(repairs.float_ops) | float_kernels(calibrated_model, target))
+        model = quantized(calibrated_model, source, int8_io, set(float_ops) | kept_float)
         return _finished(model, serialized, source, options, target, filled), filled
 
     def quantize(float_ops):  # a choice the quantizer, a check or the target refuses is no choice
