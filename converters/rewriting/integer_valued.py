@@ -89,7 +89,7 @@ _SELECTS = ("Select", "SelectV2")
 _MOVING_FIRST = ("Identity", "ExpandDims", "Reshape", "Squeeze", "StridedSlice", "Slice", "Tile", "BroadcastTo",
                  "Transpose", "GatherV2")
 # Narrower than int64: a Cast of one to int64 is a source of int64 values an int32 holds.
-_NARROWER_THAN_INT64 = _INTEGER_TYPES[:-1]
+_NARROWER_THAN_INT64 = tuple(dtype for dtype in _INTEGER_TYPES if dtype != _INT64)
 
 
 def _value_positions(node):
