@@ -3,10 +3,20 @@
 A conversion is (mode, exact_as), exact_as None where the mode takes none.
 """
 
-import tensorflow as tf
+import collections
+import contextlib
+import os
 
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from keras_gelu import converters
 from keras_gelu import replacements
 from keras_gelu import vocabulary
+
+
+# The product's own route, whatever a test's route puts in its place (conftest: the conversions' route).
+CONVERT = converters.convert
 
 
 def _each_exact_as(modes):
@@ -54,12 +64,76 @@ def keeps_exact_gelu(mode, exact_as):
     return exact_as in (None, "erf")
 
 
-def convert_here(path, **options):
-    """(tflite bytes, Report) of the conversion pipeline run in this process, outside the sandbox: for the tests
-    that change the pipeline's own parts (monkeypatch), which the sandbox's process, forked from a zygote that
-    imported them before, would not see."""
+def convert_here(model, **options):
+    """(tflite bytes, Report) of `converters.convert(model, **options)` with the pipeline run in this process, outside
+    the sandbox, for a model file: what the suite's own models are converted by, where the sandbox is not the test's
+    subject (conftest: the conversions' route), and the tests that change the pipeline's own parts (monkeypatch),
+    which the sandbox's process, forked from a zygote that imported them before, would not see. What comes back is
+    what the sandbox's supervisor gives: the report read from the worker's form of it (Report.from_untrusted, the
+    fields the supervisor states set as it sets them), the explanation's files written as `convert` writes them. A
+    live model or a .tflite's bytes takes `convert`'s own route."""
+    from keras_gelu.converters import explanation
     from keras_gelu.converters import paths
     from keras_gelu.converters.options import Options
     from keras_gelu.converters.running import pipeline
 
-    return pipeline.convert(path, Options(**options), kind=paths.model_kind(path))
+    if not isinstance(model, (str, os.PathLike)):
+        return CONVERT(model, **options)
+    path, options = os.fspath(model), Options(**options)
+    if options.explain:
+        explanation.check_folder(options.explain, force=False)
+    kind = paths.model_kind(path)
+    try:
+        with _eager_functions_kept():
+            tflite_model, report = pipeline.convert(path, options, kind=kind, name=path)
+    except converters.ConversionError as error:
+        if getattr(error, "report", None) is not None:
+            error.report = _as_the_supervisor_reads_it(error.report, path, kind, options)
+            _explained(options, error.report)
+        raise
+    report = _as_the_supervisor_reads_it(report, path, kind, options)
+    _explained(options, report)
+    return tflite_model, report
+
+
+def _as_the_supervisor_reads_it(report, name, kind, options):
+    from keras_gelu.converters.report import Report
+
+    report = Report.from_untrusted(report.to_dict())
+    report.input, report.kind, report.trusted = name, kind, bool(options.trust_model)
+    return report
+
+
+def _explained(options, report):
+    from keras_gelu.converters import explanation
+
+    if options.explain and report.explanation:
+        explanation.write(options.explain, report, False)
+
+
+@contextlib.contextmanager
+def _eager_functions_kept():
+    """TensorFlow's eager context as it was, after a conversion in this process: a model file this process saved
+    names its functions as the live ones it was saved from (keras_gelu's kernels among them), and the reference
+    run registers those again without XLA's mark (verify._registered_without_xla), as it may in a worker, whose
+    context holds nothing else. Here the live functions would compute without XLA from then on."""
+    eager = context.context()
+    replaced = collections.Counter()
+    originals = {}
+    remove = eager.remove_function
+
+    def remove_remembering(name):
+        originals.setdefault(name, eager.get_function_def(name))
+        replaced[name] += 1
+        remove(name)
+
+    eager.remove_function = remove_remembering
+    try:
+        yield
+    finally:
+        del eager.remove_function
+        for name, definition in originals.items():
+            while eager.has_function(name):
+                eager.remove_function(name)
+            for _ in range(replaced[name]):
+                eager.add_function_def(definition)

@@ -38,7 +38,7 @@ from keras_gelu.converters import errors
 from keras_gelu.converters.sandbox import landlock
 from keras_gelu.converters.sandbox import seccomp
 
-pytestmark = pytest.mark.legs("keras3", "tf_keras")
+pytestmark = [pytest.mark.legs("keras3", "tf_keras"), pytest.mark.through_the_sandbox]
 
 try:
     landlock.abi_version()

@@ -24,7 +24,7 @@ from keras_gelu import converters
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
 
-pytestmark = pytest.mark.legs("keras3", "tf_keras")
+pytestmark = [pytest.mark.legs("keras3", "tf_keras"), pytest.mark.through_the_sandbox]
 
 MUTANTS = int(os.environ.get("KG_FILE_FUZZ_MUTANTS", "8"))
 SEED = 20261202

@@ -43,7 +43,7 @@ from keras_gelu.converters.tflite import flatbuffer_model
 from keras_gelu.converters.tflite import validation
 
 # One leg: the sandbox is the same for either Keras (the corpus runs in every leg, in test_trust.py).
-pytestmark = pytest.mark.legs("tf_keras")
+pytestmark = [pytest.mark.legs("tf_keras"), pytest.mark.through_the_sandbox]
 
 try:
     LANDLOCK = landlock.abi_version()

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from keras_gelu import converters
 
-pytestmark = pytest.mark.legs("tf_keras")  # the converter's own cost: one leg
+pytestmark = [pytest.mark.legs("tf_keras"), pytest.mark.through_the_sandbox]  # its cost, measured there: one leg
 
 # Peak memory past a tiny model's, per byte of float32 weights. Measured on 2026-12-03 (AMD EPYC, AVX-512):
 # 8.3x at 28 MB and 6.6x at 67 MB in builtin mode (7.3x and 6.6x native), the stock converter's 7.1x and 6.9x

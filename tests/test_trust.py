@@ -42,6 +42,8 @@ from keras_gelu.converters.reading import trust
 from keras_gelu.converters.reading.trust import ops
 from keras_gelu.converters.reading.trust import tf_symbols
 
+pytestmark = pytest.mark.through_the_sandbox
+
 FLEX_RUNS = tf.__version__.startswith(("2.18", "2.17"))
 
 # The runs the corpus goes through: each reaches the model differently (verification, calibration, TFLM).
