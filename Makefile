@@ -111,18 +111,9 @@ demo: $(INSTALLED)
 # the end, and an environment installs in a free slot, the second slot taking the other environments while the
 # first installs the main one (before 2026-12-05 every install ran first, a minute and a half with a core half
 # idle). --keep-going: a leg that fails keeps no other from running; the output of each leg comes when it ends.
-# TensorFlow 2.18's leg, the oldest supported TensorFlow, runs every other day: on the days whose seed is even (the
-# seed tests/conftest.py's todays_seed reads: KG_SEED repeats a day), and with KG_EVERY_CASE=1; `make test-tf218`
-# runs it any day. A flavour leg then the PyTorch leg is the run's longest chain, and on an AVX2-only machine
-# (2026-12-05: 1.77 times this AVX-512 machine's time in the TensorFlow legs, 1.16 times in PyTorch's) the five
-# legs' work, in two slots, came to about 16 minutes with the installs: over the 15 of the budget. Without this leg
-# it comes to about 14.5 there: 9:25 -> 8:50 here (measured 2026-12-07; docs/development.md).
-SEED := $(or $(KG_SEED),$(shell $(PYTHON) -c 'import datetime; print(datetime.date.today().toordinal())'))
-TF218_TODAY := $(if $(filter 1,$(KG_EVERY_CASE))$(filter 0,$(shell expr $(SEED) % 2)),test-tf218)
-LEGS := test-keras3 test-tf-keras test-torch $(TF218_TODAY) test-jax
+LEGS := test-keras3 test-tf-keras test-torch test-tf218 test-jax
 
 test:
-	$(if $(TF218_TODAY),,@echo "test-tf218: not today (every other day: today's seed $(SEED) is odd); make test-tf218")
 	$(MAKE) --jobs=2 --keep-going --output-sync=target $(LEGS)
 
 test-keras3: $(INSTALLED)
