@@ -1,6 +1,7 @@
 """The conversions the tests ask for, read from keras_gelu.vocabulary: a new mode or exact_as is tested everywhere.
 
-A conversion is (mode, exact_as), exact_as None where the mode takes none.
+A conversion is (mode, exact_as), exact_as None where the mode takes none. `convert_here` is the suite's route for
+a model file where the sandbox is not the test's subject (conftest: the conversions' route).
 """
 
 import collections
@@ -13,6 +14,10 @@ from tensorflow.python.eager import context
 from keras_gelu import converters
 from keras_gelu import replacements
 from keras_gelu import vocabulary
+from keras_gelu.converters import explanation
+from keras_gelu.converters import paths
+from keras_gelu.converters.options import Options
+from keras_gelu.converters.report import Report
 
 
 # The product's own route, whatever a test's route puts in its place (conftest: the conversions' route).
@@ -72,9 +77,6 @@ def convert_here(model, **options):
     what the sandbox's supervisor gives: the report read from the worker's form of it (Report.from_untrusted, the
     fields the supervisor states set as it sets them), the explanation's files written as `convert` writes them. A
     live model or a .tflite's bytes takes `convert`'s own route."""
-    from keras_gelu.converters import explanation
-    from keras_gelu.converters import paths
-    from keras_gelu.converters.options import Options
     from keras_gelu.converters.running import pipeline
 
     if not isinstance(model, (str, os.PathLike)):
@@ -97,16 +99,12 @@ def convert_here(model, **options):
 
 
 def _as_the_supervisor_reads_it(report, name, kind, options):
-    from keras_gelu.converters.report import Report
-
     report = Report.from_untrusted(report.to_dict())
     report.input, report.kind, report.trusted = name, kind, bool(options.trust_model)
     return report
 
 
 def _explained(options, report):
-    from keras_gelu.converters import explanation
-
     if options.explain and report.explanation:
         explanation.write(options.explain, report, False)
 
