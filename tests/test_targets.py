@@ -144,6 +144,19 @@ def test_exact_gelu_from_builtins_converts_for_every_target_that_takes_it(every_
     assert max(c["max_abs"] for c in report.drift) <= 1e-4
 
 
+@pytest.mark.parametrize("name", rotated(name for name, target in targets.TARGETS.items()
+                                         if target.output_types is None or "int8" in target.output_types))
+def test_a_float_model_without_calibration_is_told_what_int8_needs_and_that_the_target_implies_it_if_it_does(
+        every_gelu_model, name):
+    """Where the target runs int8 models only, --int8 is implied and the refusal says so; where it also runs float
+    models, --int8 was the user's, and a refusal calling it implied would send them looking for a flag they gave."""
+    with pytest.raises(errors.BadInputs) as refusal:
+        converters.convert(every_gelu_model, target=name, int8=True)
+    message = refusal.value.message
+    assert "a float model needs --calibration file.npz or random:N for --int8" in message, message
+    assert (f"--int8 (implied by --target {name})" in message) == targets.TARGETS[name].int8, message
+
+
 @needs_tflm
 def test_int8_every_layer_model_runs_in_tflite_micro(every_gelu_model):
     _, report = converters.convert(every_gelu_model, target="tflm", int8=True, calibration="random:32")

@@ -695,10 +695,11 @@ def _int8_setup(source, options, report):
         report.int8_ranges = "ranges trained by quantization-aware training (FakeQuant ops)"
         return None, options.int8_io, False
     if not options.calibration:
-        implied = f" (implied by --target {options.target})" if options.target else ""
-        flag = "--int16" if options.int16 else "--int8"
+        target = targets.TARGETS.get(options.target)
+        implied = target is not None and target.int8 and not options.int16  # a target that runs int8 models only
+        flag = "--int16" if options.int16 else "--int8" + (f" (implied by --target {options.target})" if implied else "")
         raise errors.BadInputs(f"{source.path}: a float model needs --calibration file.npz or random:N for "
-                               f"{flag}{implied} (or train it with keras_gelu.qat.quantize_model)")
+                               f"{flag} (or train it with keras_gelu.qat.quantize_model)")
     samples = integer.calibration_samples(options.calibration, source.inputs, options.seed)
     report.int8_ranges = f"post-training, calibrated on {len(samples)} samples ({options.calibration})"
     return samples, options.int8_io, options.int16
