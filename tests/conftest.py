@@ -120,14 +120,15 @@ def todays_share(cases, count):
     return [cases[index] for index in sorted(order[(start + offset) % len(cases)] for offset in range(count))]
 
 
-# Where a test's conversions of a model file run. The product has one route for a file: the sandbox, a confined
-# process per model (a fork of a zygote, then a fresh process to check what it wrote), about 0.3 CPU-s a conversion
-# beyond the conversion itself, mostly the kernel's forking and unmapping. Where the sandbox is a test's subject
+# Where a test's conversions of a model file run. The product has one route for a file: the sandbox, a confined process
+# per model (a fork of a zygote, then a fresh process to check what it wrote), about 0.3 CPU-s a conversion beyond the
+# conversion itself, mostly the kernel's forking and unmapping. Where the sandbox is a test's subject
 # (`pytest.mark.through_the_sandbox`: its own modules, the file fuzzer's, memory's; the command's tests start the
 # command) every conversion goes through it; of every other test, a quarter a day, which quarter changing daily
-# (todays_seed), so that each test's conversions go through the sandbox within four days and each day's run sends
-# every module's through it. The rest run the same pipeline in this process (conversions.convert_here), their
-# reports read back as the supervisor reads a worker's. KG_EVERY_CASE=1 sends every conversion through the sandbox.
+# (todays_seed), so that each test's conversions go through the sandbox within four days and each day's run sends about
+# a quarter of every module's through it. The rest run the same pipeline in this process (conversions.convert_here),
+# their reports read back as the supervisor reads a worker's. KG_EVERY_CASE=1 sends every conversion through the
+# sandbox.
 SANDBOXED_SHARE = 4
 
 
