@@ -388,6 +388,23 @@ def test_help_and_version_render_for_the_installed_command():
 
 
 @pytest.mark.legs("keras3")
+def test_python_m_under_another_keras_backend_is_the_command_as_under_tensorflow():
+    """`python -m keras_gelu.converters` where the shell names JAX: the command, as `keras-gelu-convert` is under
+    any backend (it converts on TensorFlow in a process of its own), where the package's import refused JAX with a
+    traceback. In a process of its own, as a shell runs it; under JAX nothing imports TensorFlow, whose start-up
+    lines would show."""
+
+    def run(argv):
+        result = subprocess.run([sys.executable, "-m", "keras_gelu.converters", *argv], capture_output=True,
+                                text=True, timeout=300, env={**os.environ, "KERAS_BACKEND": "jax",
+                                                             "TF_CPP_MIN_LOG_LEVEL": "0"})
+        assert result.stderr == "", result.stderr
+        return result.returncode, result.stdout, result.stderr
+
+    _check_help_and_version(*_help_and_version(run))
+
+
+@pytest.mark.legs("keras3")
 def test_help_and_version_render_for_python_m(monkeypatch, capsys):
     """The same through `python -m keras_gelu.converters`, run as python -m runs it, in this process (a new one
     would only import TensorFlow again)."""
