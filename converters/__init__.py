@@ -20,9 +20,9 @@ if BACKEND != "tensorflow" and sys.argv[:1] != ["-m"]:
                       f"loads it there. Received: backend={BACKEND}")
 
 if BACKEND == "tensorflow":
-    from . import errors  # noqa: E402
-    from .convert import convert  # noqa: E402
-    from .errors import ConversionError  # noqa: E402
-    from .rewriting import patterns  # noqa: E402
+    from . import errors
+    from .convert import convert
+    from .errors import ConversionError
+    from .rewriting import patterns
 
 __all__ = ["EXACT_AS", "MODES", "ConversionError", "convert", "errors", "patterns"]
