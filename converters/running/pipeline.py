@@ -697,7 +697,7 @@ def _int8_setup(source, options, report):
     if not options.calibration:
         target = targets.TARGETS.get(options.target)
         implied = target is not None and target.int8 and not options.int16  # a target that runs int8 models only
-        flag = "--int16" if options.int16 else "--int8" + (f" (implied by --target {options.target})" if implied else "")
+        flag = "--int16" if options.int16 else "--int8" + (f" (implied by --target {target.name})" if implied else "")
         raise errors.BadInputs(f"{source.path}: a float model needs --calibration file.npz or random:N for "
                                f"{flag} (or train it with keras_gelu.qat.quantize_model)")
     samples = integer.calibration_samples(options.calibration, source.inputs, options.seed)
