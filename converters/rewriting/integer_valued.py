@@ -333,8 +333,10 @@ def int64_arithmetic_in_int32(graph_def):
     rewritten = 0
     for node in list(graph_def.node):
         positions = _int64_sink_positions(node)
+        if positions is None:
+            continue
         operands = graph.data_inputs(node)
-        if positions is None or not all(values.holds_integers(operands[position]) for position in positions):
+        if not all(values.holds_integers(operands[position]) for position in positions):
             continue
         _reading_int32(node, [values.twin(operand) if position in positions else None
                               for position, operand in enumerate(operands)])
