@@ -16,6 +16,7 @@ from keras_gelu import replacements
 from keras_gelu import vocabulary
 from keras_gelu.converters import explanation
 from keras_gelu.converters import paths
+from keras_gelu.converters.convert import _explained  # the explanation's files, as `convert` writes them
 from keras_gelu.converters.options import Options
 from keras_gelu.converters.report import Report
 
@@ -91,10 +92,10 @@ def convert_here(model, **options):
     except converters.ConversionError as error:
         if getattr(error, "report", None) is not None:
             error.report = _as_the_supervisor_reads_it(error.report, path, kind, options)
-            _explained(options, error.report)
+            _explained(options, error.report, False)
         raise
     report = _as_the_supervisor_reads_it(report, path, kind, options)
-    _explained(options, report)
+    _explained(options, report, False)
     return tflite_model, report
 
 
@@ -102,11 +103,6 @@ def _as_the_supervisor_reads_it(report, name, kind, options):
     report = Report.from_untrusted(report.to_dict())
     report.input, report.kind, report.trusted = name, kind, bool(options.trust_model)
     return report
-
-
-def _explained(options, report):
-    if options.explain and report.explanation:
-        explanation.write(options.explain, report, False)
 
 
 @contextlib.contextmanager
