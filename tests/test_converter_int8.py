@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import conversions
 import keras_gelu
+import references
 import tflite_helpers
 from conftest import IS_KERAS3
 from conftest import keras
@@ -780,8 +781,6 @@ def test_rows_a_mask_zeroes_after_a_projection_leave_the_other_rows_their_grid(t
 def test_zeros_added_to_widen_an_operand_are_not_dropped_with_their_broadcast(tmp_path):
     # TAPAS adds its segment ids, [1], to zeros of [16] computed from constants: the int8 pass that drops an
     # addition of zeros dropped the widening too, and the next op's shapes no longer agreed (an internal error)
-    import math
-
     import tensorflow as tf
 
     weights = np.linspace(-2.0, 2.0, 16, dtype=np.float32).reshape(4, 4)
@@ -798,8 +797,7 @@ def test_zeros_added_to_widen_an_operand_are_not_dropped_with_their_broadcast(tm
     tflite_model, report = converters.convert(path, int8=True, calibration="random:8")
     assert report.float_ops == {}, report.op_types
     x = np.array([[0.75]], np.float32)
-    expected = np.vectorize(lambda value: 0.5 * value * (1.0 + math.erf(value / math.sqrt(2.0))))(
-        0.75 * weights.astype(np.float64))
+    expected = references.gelu_exact(0.75 * weights.astype(np.float64))
     (actual,) = tflite_helpers.run(tflite_model, x)
     (scale,) = operators.output_scales(tflite_model)
     assert actual.shape == (4, 4) and np.max(np.abs(actual - expected)) <= 4 * scale  # a few steps of roundings
