@@ -19,6 +19,7 @@ import warnings
 
 import keras
 
+from keras_gelu import array_ops
 from keras_gelu import formulas
 
 _WIDER = {"float16": "float32", "bfloat16": "float64"}
@@ -62,11 +63,12 @@ def _exporting_from_pytorch():
     return torch.compiler.is_exporting()
 
 
-def _fused(pass_function):
+def _fused(pass_function, one_shape=True):
     """`pass_function` (one pass, forward or backward) run as one compiled loop where PyTorch would run it op by op.
 
-    On PyTorch, called eagerly, it runs through torch.compile (shapes dynamic, inputs made contiguous: each dtype
-    compiles once, on first use), as `xla_kernels` runs the same formulas through XLA on TensorFlow. In a model
+    On PyTorch, called eagerly, it runs through torch.compile, as `xla_kernels` runs the same formulas through XLA
+    on TensorFlow: on first use, once per dtype where its tensors are `one_shape` (an activation's x and the
+    gradient flowing into it: `_as_one_dimension`), else once per rank and dtype. In a model
     PyTorch is compiling already, and under jax.jit, the formulas are traced as they are: the compiler around them
     fuses them. Where torch.compile cannot compile (no C++ compiler, say), PyTorch runs them op by op, slower, after
     one warning.
@@ -80,14 +82,20 @@ def _fused(pass_function):
     # same disk on another machine; ATEN_CPU_CAPABILITY=avx2 here), computed GELU of -9.8 as 1.9e31, or corrupted
     # the heap. Its C++ code cache, keyed by the compiler's flags, still spares the compile.
     compiled = [torch.compile(pass_function, dynamic=True, options={"fx_graph_cache": False})]
+    # The formulas look up their array operations in a dict that fills at its first use: filled before the first
+    # trace, so that the compiler's guard on it holds from then on (it compiled every pass twice).
+    array_ops.of(torch.empty(0))
 
     def call(*tensors):
         # Keras infers shapes by running layers on "meta" tensors, which have no values to compute.
         if not compiled or torch.compiler.is_compiling() or tensors[0].device.type == "meta":
             return pass_function(*tensors)
         try:
-            # Detached: each pass is one side of a custom gradient, and Dynamo reads a tensor's .grad otherwise.
-            return compiled[0](*(tensor.detach().contiguous() for tensor in tensors))
+            if not one_shape:
+                # Detached: each pass is one side of a custom gradient, and Dynamo reads a tensor's .grad otherwise.
+                return compiled[0](*(tensor.detach().contiguous() for tensor in tensors))
+            result = compiled[0](*(_as_one_dimension(tensor) for tensor in tensors))
+            return result[:tensors[0].numel()].reshape(tensors[0].shape)
         except Exception as error:  # the compiler's failure; an error of the formulas' own recurs just below
             result = pass_function(*tensors)
             compiled.clear()
@@ -97,6 +105,26 @@ def _fused(pass_function):
             return result
 
     return call
+
+
+def _as_one_dimension(tensor):
+    """`tensor`'s elements as one contiguous dimension of two or more, for a pass that computes element by element.
+
+    torch.compile's dynamic shapes still compile anew for another rank, for a dimension of size 0 or 1 (a batch
+    of one, a gradient summed to a scalar), for another stride (that gradient broadcast back, a stride of 0 where
+    a size of 1 leaves `contiguous` nothing to copy), and for a view of a tensor of another shape (its guards read
+    the base's): each a few seconds of C++ compilation, on first use. So the pass is given a tensor that is no
+    view, on the same memory (no copy where `tensor` is contiguous). Detached, as above.
+    """
+    import torch
+
+    dense = tensor.detach().contiguous()
+    if dense.numel() < _FEWEST_UNSPECIALIZED:
+        return torch.cat([dense.reshape(-1), dense.new_zeros(_FEWEST_UNSPECIALIZED - dense.numel())])
+    return dense.new_empty(0).set_(dense.untyped_storage(), dense.storage_offset(), (dense.numel(),), (1,))
+
+
+_FEWEST_UNSPECIALIZED = 2
 
 
 def _gated_activation(forward, derivative, exported=None):
@@ -153,8 +181,9 @@ def _learnable_gradients_at_full_shape(upstream, x, alpha, beta):
     return upstream * by_x, upstream * by_alpha, upstream * by_beta
 
 
-_learnable_forward = _fused(formulas.learnable_forward)
-_learnable_backward = _fused(_learnable_gradients_at_full_shape)
+# alpha and beta broadcast against x: these passes keep their tensors' shapes.
+_learnable_forward = _fused(formulas.learnable_forward, one_shape=False)
+_learnable_backward = _fused(_learnable_gradients_at_full_shape, one_shape=False)
 
 
 @keras.ops.custom_gradient

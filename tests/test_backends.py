@@ -99,6 +99,42 @@ def test_float32_values_and_gradients_on_a_dense_grid(function, compiled):
                                                                      DENSE_GRID, compiled))
 
 
+def _eager_torch_cases(torch):
+    """(name, x, upstream) for an eager pass of every kind a model gives: ranks one to three, a batch of one, an
+    empty batch, a transposed view, and a gradient broadcast from a sum (stride 0), of sizes one and more."""
+    grid = torch.linspace(-9.5, 9.5, 24)
+    return [("rank 1", grid, None), ("rank 2", grid.reshape(4, 6), None), ("rank 3", grid.reshape(2, 3, 4), None),
+            ("a batch of one", grid[:1].reshape(1, 1), None), ("one element", grid[5:6], None),
+            ("an empty batch", grid[:0].reshape(0, 6), None), ("a transposed view", grid.reshape(4, 6).T, None),
+            ("a sum's gradient", grid.reshape(6, 4), torch.ones(()).expand(6, 4)),
+            ("a sum's gradient of one element", grid[3:4], torch.ones(()).expand(1))]
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's eager kernels are compiled by keras_gelu itself")
+@pytest.mark.parametrize("function", references.FUNCTIONS)
+def test_pytorch_compiles_each_pass_once_whatever_the_shape_and_the_values_stay_gelu_s(function):
+    """Eagerly on PyTorch, each pass compiles once per dtype: torch.compile's dynamic shapes compiled again for
+    another rank, a batch of one, a stride of 0 and a view of another shape, seconds of C++ compilation each (24
+    compilations where 12 were needed in this leg's tests of infinities). Each case's values and gradient are
+    the float64 references', within the form's float32 bounds."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    graphs = []
+    for name, x, upstream in _eager_torch_cases(torch):
+        x = x.detach().requires_grad_(True)
+        y = keras_gelu.gelu(x, function)
+        y.backward(torch.ones_like(y) if upstream is None else upstream)
+        graphs.append(counters["stats"]["unique_graphs"])
+        assert y.shape == x.shape, name
+        expected, x64 = references.BY_FUNCTION[function](x.detach().numpy()), x.detach().numpy().astype(np.float64)
+        np.testing.assert_allclose(y.detach().numpy(), expected, **references.FLOAT32_TOLERANCE[function], err_msg=name)
+        np.testing.assert_allclose(x.grad.numpy(), references.derivative(function, x64), rtol=0,
+                                   atol=references.FLOAT32_DERIVATIVE_ATOL[function], err_msg=name)
+    assert graphs[1:] == graphs[:1] * (len(graphs) - 1), list(zip([case[0] for case in _eager_torch_cases(torch)],
+                                                                   graphs))
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's eager kernels are compiled by keras_gelu itself")
 def test_without_a_working_compiler_pytorch_runs_the_formulas_op_by_op_after_one_warning(monkeypatch):
     """Called eagerly on PyTorch, each pass runs through torch.compile; where that fails (Inductor without a C++
