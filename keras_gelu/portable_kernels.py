@@ -83,7 +83,7 @@ def _fused(pass_function, one_shape=True):
     # the heap. Its C++ code cache, keyed by the compiler's flags, still spares the compile.
     compiled = [torch.compile(pass_function, dynamic=True, options={"fx_graph_cache": False})]
     # The formulas look up their array operations in a dict that fills at its first use: filled before the first
-    # trace, so that the compiler's guard on it holds from then on (it compiled every pass twice).
+    # trace, so that the compiler's guard on it holds from then on (the first pass traced compiled twice).
     array_ops.of(torch.empty(0))
 
     def call(*tensors):
@@ -91,8 +91,9 @@ def _fused(pass_function, one_shape=True):
         if not compiled or torch.compiler.is_compiling() or tensors[0].device.type == "meta":
             return pass_function(*tensors)
         try:
+            # Detached (in `_as_one_dimension` too): each pass is one side of a custom gradient, and Dynamo reads a
+            # tensor's .grad otherwise.
             if not one_shape:
-                # Detached: each pass is one side of a custom gradient, and Dynamo reads a tensor's .grad otherwise.
                 return compiled[0](*(tensor.detach().contiguous() for tensor in tensors))
             result = compiled[0](*(_as_one_dimension(tensor) for tensor in tensors))
             return result[:tensors[0].numel()].reshape(tensors[0].shape)
@@ -114,7 +115,7 @@ def _as_one_dimension(tensor):
     of one, a gradient summed to a scalar), for another stride (that gradient broadcast back, a stride of 0 where
     a size of 1 leaves `contiguous` nothing to copy), and for a view of a tensor of another shape (its guards read
     the base's): each a few seconds of C++ compilation, on first use. So the pass is given a tensor that is no
-    view, on the same memory (no copy where `tensor` is contiguous). Detached, as above.
+    view, on the same memory (no copy where `tensor` is contiguous).
     """
     import torch
 

@@ -216,11 +216,21 @@ tf_keras_only = pytest.mark.skipif(IS_KERAS3, reason="tf-keras API (TF_USE_LEGAC
 def clear_keras_state():
     """keras.backend.clear_session(), in Keras 3 without the full garbage collection it adds by default: over a
     whole leg's heap that took a second or more per call, most of the leg's time. Python's own collector frees the
-    same objects as it goes."""
-    if IS_KERAS3:
-        keras.backend.clear_session(free_memory=False)
-    else:
+    same objects as it goes. On PyTorch, without the reset of PyTorch's compiler (dynamo) it adds too: what dynamo
+    keeps is PyTorch's, each entry guarded by what it was compiled for, and its reset made every test compile
+    keras_gelu's kernels again (about 25 s of the PyTorch leg's 114, from an empty kernel cache)."""
+    if not IS_KERAS3:
         keras.backend.clear_session()
+    elif BACKEND == "torch":
+        import torch._dynamo
+
+        reset, torch._dynamo.reset = torch._dynamo.reset, lambda: None
+        try:
+            keras.backend.clear_session(free_memory=False)
+        finally:
+            torch._dynamo.reset = reset
+    else:
+        keras.backend.clear_session(free_memory=False)
 
 
 @pytest.fixture(autouse=True)
