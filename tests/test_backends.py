@@ -114,9 +114,9 @@ def _eager_torch_cases(torch):
 @pytest.mark.parametrize("function", references.FUNCTIONS)
 def test_pytorch_compiles_each_pass_once_whatever_the_shape_and_the_values_stay_gelu_s(function):
     """Eagerly on PyTorch, each pass compiles once per dtype: torch.compile's dynamic shapes compiled again for
-    another rank, a batch of one, a stride of 0 and a view of another shape, seconds of C++ compilation each (24
-    compilations where 12 were needed in this leg's tests of infinities). Each case's values and gradient are
-    the float64 references', within the form's float32 bounds."""
+    another rank, a batch of one, a stride of 0 and a view of another shape, seconds each (in this leg's tests of
+    infinities alone, 24 compilations beyond each test's first). Each case's values and gradient are the float64
+    references', within the form's float32 bounds."""
     import torch
     from torch._dynamo.utils import counters
 
