@@ -218,7 +218,7 @@ def clear_keras_state():
     whole leg's heap that took a second or more per call, most of the leg's time. Python's own collector frees the
     same objects as it goes. On PyTorch, without the reset of PyTorch's compiler (dynamo) it adds too: what dynamo
     keeps is PyTorch's, each entry guarded by what it was compiled for, and its reset made every test compile
-    keras_gelu's kernels again (about 25 s of the PyTorch leg's 114, from an empty kernel cache)."""
+    keras_gelu's kernels again (25-39 s of the PyTorch leg's 114, from an empty kernel cache)."""
     if not IS_KERAS3:
         keras.backend.clear_session()
     elif BACKEND == "torch":
