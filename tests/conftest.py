@@ -8,6 +8,7 @@ tests have two replicas on this one-CPU machine; JAX gets two host devices,
 for keras.distribution.DataParallel.
 """
 
+import contextlib
 import datetime
 import gc
 import os
@@ -15,6 +16,7 @@ import pty
 import subprocess
 import sys
 import zlib
+from unittest import mock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -221,15 +223,8 @@ def clear_keras_state():
     keras_gelu's kernels again (25-39 s of the PyTorch leg's 114, from an empty kernel cache)."""
     if not IS_KERAS3:
         keras.backend.clear_session()
-    elif BACKEND == "torch":
-        import torch._dynamo
-
-        reset, torch._dynamo.reset = torch._dynamo.reset, lambda: None
-        try:
-            keras.backend.clear_session(free_memory=False)
-        finally:
-            torch._dynamo.reset = reset
-    else:
+        return
+    with mock.patch("torch._dynamo.reset", lambda: None) if BACKEND == "torch" else contextlib.nullcontext():
         keras.backend.clear_session(free_memory=False)
 
 
