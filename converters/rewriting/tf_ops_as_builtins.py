@@ -82,11 +82,14 @@ def _spelled_in_builtins(graph_def, found, spelling):
     if not found:
         return 0
     nodes = graph.nodes_by_name(graph_def)
-    shapes = graph.static_shapes(graph_def, [graph.data_inputs(node)[0] for node in found])
+    # each node's input as found: one of `found` may read another (XLNet's mask[:, :, None][..., None]), whose
+    # rewrite hands it the spliced value, of the same shape, under a name no shape was computed for
+    first_inputs = {node.name: graph.data_inputs(node)[0] for node in found}
+    shapes = graph.static_shapes(graph_def, list(first_inputs.values()))
     rewritten = 0
     for node in found:
         x = graph.data_inputs(node)[0]
-        replacement = spelling(node, nodes, shapes[x])
+        replacement = spelling(node, nodes, shapes[first_inputs[node.name]])
         if replacement is not None:
             dtype = tf.as_dtype(node.attr["T"].type)
             graph.redirect(graph_def, node.name, graph.splice(graph_def, replacement, x, dtype, node.name + _SCOPE,
