@@ -1,5 +1,5 @@
 """TensorFlow ops TFLite has no builtin for: Roll, new axes (after an ellipsis too) and einsums that sum nothing on
-dynamic shapes, int64 Abs and Sign, spelled in builtins; any other named in one line."""
+dynamic shapes, int64 Abs and Sign, integer max pooling, spelled in builtins; any other named in one line."""
 
 import numpy as np
 import pytest
@@ -289,6 +289,91 @@ def test_funnels_tiles_and_repeats_run_on_tflite_micro_as_broadcasts(tmp_path, i
 
     path = _saved_function(tmp_path, widened, tf.TensorSpec([1, 4, 8], tf.float32, name="x"), "widened")
     assert "TILE" not in _on_tflite_micro(path, int8)[1].ops
+
+
+@st.composite
+def integer_max_pools(draw):
+    """An NHWC shape, a window and strides over height and width (windows that overlap, skip and overhang), a
+    padding, and integers anywhere in their dtype's range, its extremes among them."""
+    dtype = draw(st.sampled_from([np.int32, np.int64]))
+    shape = [draw(st.integers(1, 2)), draw(st.integers(1, 6)), draw(st.integers(1, 7)), draw(st.integers(1, 3))]
+    padding = draw(st.sampled_from(["SAME", "VALID"]))
+    window = [draw(st.integers(1, 3 if padding == "SAME" else size)) for size in shape[1:3]]
+    strides = [draw(st.integers(1, 3)) for _ in range(2)]
+    limits = np.iinfo(dtype)
+    values = draw(st.lists(st.one_of(st.integers(int(limits.min), int(limits.max)), st.sampled_from(
+        [int(limits.min), int(limits.max), -1, 0, 1, 2 ** 24 + 1])), min_size=int(np.prod(shape)),
+        max_size=int(np.prod(shape))))
+    return np.array(values, dtype).reshape(shape), window, strides, padding
+
+
+def _max_pooled_by_loops(x, window, strides, padding):
+    """Max pooling as TensorFlow documents it, window by window: SAME pads below the lowest value, the odd row
+    or column after."""
+    (height, width), counts = x.shape[1:3], []
+    pads = []
+    for size, length, stride in zip(window, (height, width), strides):
+        count = -(-length // stride) if padding == "SAME" else (length - size) // stride + 1
+        total = max((count - 1) * stride + size - length, 0) if padding == "SAME" else 0
+        counts.append(count)
+        pads.append((total // 2, total - total // 2))
+    padded = np.pad(x.astype(object), [(0, 0), *pads, (0, 0)], constant_values=-np.inf)
+    pooled = np.empty((x.shape[0], *counts, x.shape[3]), x.dtype)
+    for row in range(counts[0]):
+        for column in range(counts[1]):
+            pooled[:, row, column] = padded[:, row * strides[0]:row * strides[0] + window[0],
+                                            column * strides[1]:column * strides[1] + window[1]].max(axis=(1, 2))
+    return pooled
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=integer_max_pools())
+def test_an_integer_max_pool_becomes_maxima_of_slices_and_computes_every_window_exactly(case):
+    """Funnel Transformer pools its int32 mask with tf.nn.max_pool1d, which TFLite's MAX_POOL_2D (float32 and 8-
+    and 16-bit integers) does not take. The loops above are the reference, exactly, on shapes the graph learns
+    only when it runs; TensorFlow's own int32 pooling agrees."""
+    x, window, strides, padding = case
+    function = tf.function(lambda v: tf.nn.max_pool2d(v, window, strides, padding)).get_concrete_function(
+        tf.TensorSpec([None] * 4, tf.as_dtype(x.dtype)))
+    graph_def = function.graph.as_graph_def()
+    assert tf_ops_as_builtins.integer_max_pools_as_maxima(graph_def) == 1
+    output = function.outputs[0].name
+    graph.prune(graph_def, [function.inputs[0].name, output])
+    assert "MaxPool" not in {node.op for node in graph_def.node}
+    (pooled,) = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
+        graph_def, input_map={function.inputs[0].name: tf.constant(x)}, return_elements=[output]), [])()
+    expected = _max_pooled_by_loops(x, window, strides, padding)
+    np.testing.assert_array_equal(pooled.numpy(), expected)
+    if x.dtype == np.int32:  # TensorFlow's CPU kernel pools int32 (not int64)
+        np.testing.assert_array_equal(tf.nn.max_pool2d(tf.constant(x), window, strides, padding).numpy(), expected)
+
+
+def test_a_float_max_pool_is_left_to_tflites_own():
+    function = tf.function(lambda v: tf.nn.max_pool2d(v, 2, 2, "SAME")).get_concrete_function(
+        tf.TensorSpec([None] * 4, tf.float32))
+    assert tf_ops_as_builtins.integer_max_pools_as_maxima(function.graph.as_graph_def()) == 0
+
+
+@pytest.mark.parametrize("mode", ["builtin", "native"])
+def test_funnels_pooled_mask_converts_where_the_stock_converter_stops(tmp_path, mode):
+    """Funnel's encoder halves its sequence and, with it, its int32 attention mask (max_pool1d of the negated
+    mask, SAME); the stock converter stops at the int32 MaxPool. An odd length takes the padded last window."""
+    def pooled(x, mask):
+        halved_mask = -tf.nn.max_pool1d(-mask[:, :, None], 2, strides=2, padding="SAME")[:, :, 0]
+        halved = tf.nn.avg_pool1d(tf.nn.gelu(x, approximate=False), 2, strides=2, padding="SAME")
+        return {"y": halved * tf.cast(halved_mask, tf.float32)[:, :, None]}
+
+    module = tf.Module()
+    module.f = tf.function(pooled, input_signature=[tf.TensorSpec([None, None, 4], tf.float32, name="x"),
+                                                    tf.TensorSpec([None, None], tf.int32, name="mask")])
+    path = str(tmp_path / "funnel_pooling")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    mask = np.ones((2, 7), np.int32)
+    mask[0, 4:] = 0  # the first sample's last three positions are padding
+    np.savez(tmp_path / "inputs.npz", x=np.random.default_rng(5).normal(size=(2, 7, 4)).astype(np.float32), mask=mask)
+    _, report = converters.convert(path, mode=mode, inputs=str(tmp_path / "inputs.npz"))
+    assert report.verified and "MAX_POOL_2D" not in report.ops and not report.flex_ops, report.ops
+    assert report.ops["MAXIMUM"] >= 1 and report.gelus, report.ops
 
 
 def test_a_roll_along_an_axis_of_unknown_size_is_left_and_named(tmp_path, capsys):

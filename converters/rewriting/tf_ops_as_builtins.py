@@ -26,6 +26,12 @@ values from the same inputs, so parity and int8 ranges are unaffected:
 * Abs and Sign of int64 (DeBERTa's relative-position buckets), which TFLite's
   ABS and SIGN do not take: max(x, -x), and x clipped to [-1, 1], in the
   int64 NEG, MAXIMUM and MINIMUM TFLite has.
+* MaxPool of int32 or int64 (Funnel Transformer's attention mask and token
+  types, pooled with tf.nn.max_pool1d as its sequence halves), which TFLite's
+  MAX_POOL_2D does not take (float32, 8- and 16-bit integers): along height,
+  then width, the input padded by its dtype's lowest value where SAME pads,
+  and the MAXIMUM of the window's strided slices, one a position in it:
+  exact for every integer, where a float pooling would round past 2**24.
 * Transpose of more than four axes (Swin's window partition: six), where the
   axes it keeps next to each other and in order make fewer: each such run one
   axis (a RESHAPE), the runs permuted, the result reshaped to the output's
@@ -334,6 +340,63 @@ def int64_abs_and_sign_as_min_max(graph_def):
     return _spelled_in_builtins(graph_def, found, lambda node, nodes, shape: _INT64_SPELLINGS[node.op])
 
 
+# The dtypes TFLite's MAX_POOL_2D takes.
+_POOLED_DTYPES = frozenset(dtype.as_datatype_enum for dtype in (tf.float32, tf.int8, tf.uint8, tf.int16))
+
+
+def _window_maxima(x, size, stride, padding, axis):
+    """The maxima of x's windows of `size` every `stride` along `axis`, as TensorFlow's pooling places them
+    (SAME: the input padded by the lowest value, the odd element after), where the input's size along it is
+    known only when it runs: the maximum of `size` strided slices, one a position in the window."""
+    length = tf.shape(x)[axis]
+
+    def along_the_axis(value, elsewhere):  # a vector of 4 (a matrix of 4 rows), `value` at the axis
+        return tf.stack([value if each == axis else elsewhere for each in range(4)])
+
+    if padding == b"SAME":
+        count = (length + stride - 1) // stride
+        total = tf.maximum((count - 1) * stride + size - length, 0)
+        x = tf.pad(x, along_the_axis(tf.stack([total // 2, total - total // 2]), tf.zeros([2], tf.int32)),
+                   constant_values=x.dtype.min)
+    else:
+        count = (length - size) // stride + 1
+    every_other_axis = 0b1111 & ~(1 << axis)
+    windows = [tf.strided_slice(x, along_the_axis(tf.constant(offset), 0),
+                                along_the_axis(offset + (count - 1) * stride + 1, 0),
+                                [stride if each == axis else 1 for each in range(4)],
+                                begin_mask=every_other_axis, end_mask=every_other_axis) for offset in range(size)]
+    pooled = windows[0]
+    for window in windows[1:]:
+        pooled = tf.maximum(pooled, window)
+    return pooled
+
+
+def _max_pool_spelling(node, nodes, shape):
+    sizes, strides = list(node.attr["ksize"].list.i), list(node.attr["strides"].list.i)
+    padding = node.attr["padding"].s
+    if len(sizes) != 4 or len(strides) != 4 or sizes[0] != 1 or sizes[3] != 1 or strides[0] != 1 or \
+            strides[3] != 1 or padding not in (b"SAME", b"VALID"):
+        return None
+
+    def pooled(x):
+        for axis in (1, 2):  # a maximum over a window's rows of the maxima over its columns
+            if sizes[axis] != 1 or strides[axis] != 1:
+                x = _window_maxima(x, sizes[axis], strides[axis], padding, axis)
+        return x
+
+    return pooled
+
+
+def integer_max_pools_as_maxima(graph_def):
+    """Rewrite MaxPool of a dtype TFLite's MAX_POOL_2D does not take (int32, int64: Funnel Transformer pools its
+    attention mask and token types with tf.nn.max_pool1d), in NHWC and over height and width, as MAXIMUMs of
+    strided slices: exact for any value, where a float pooling would round int32's beyond 2**24."""
+    found = [node for node in graph_def.node if node.op == "MaxPool"
+             and graph.attribute(node, "T", tf.float32.as_datatype_enum) not in _POOLED_DTYPES
+             and graph.attribute(node, "data_format", b"NHWC") == b"NHWC"]
+    return _spelled_in_builtins(graph_def, found, _max_pool_spelling)
+
+
 _INPUT_OPS = ("Placeholder", "_Arg")
 
 
@@ -377,4 +440,4 @@ def input_ids_gathered_directly(graph_def):
 
 
 TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims, products_as_mul, int64_abs_and_sign_as_min_max,
-               transposes_of_fewer_axes, fourier_as_matmuls.real_transforms_as_matmuls, input_ids_gathered_directly)
+               integer_max_pools_as_maxima, transposes_of_fewer_axes, fourier_as_matmuls.real_transforms_as_matmuls, input_ids_gathered_directly)
