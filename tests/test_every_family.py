@@ -24,16 +24,13 @@ cannot be built) and for every module of keras.applications' builders. Here:
 The widest sweep (every family, native mode too) is `benchmarks/sweep_families.py --stages`.
 """
 
-import os
-import re
-
 import numpy as np
 import pytest
 
+import family_outcomes
 import keras_hub_families
 from conftest import IS_KERAS3
 from conftest import keras
-from conftest import todays_share
 
 if not IS_KERAS3:
     pytest.skip("keras-hub models are Keras 3 models", allow_module_level=True)
@@ -120,18 +117,6 @@ SLOW = {"SAM3PromptableConceptBackbone": 271, "DFineBackbone": 253, "DepthAnythi
         "MetaCLIP2Backbone": 74}
 
 
-def _families_today():
-    families = sorted(set(NOT_YET) | PASSING)
-    # One a day: a family's five stages take 4 to 44 s (70 s on a loaded machine), the largest share of the
-    # Keras 3 leg's budget any one test takes
-    count = os.environ.get("KG_FAMILIES", "1")
-    if count == "all":
-        return families
-    if not count.isdigit():  # names, comma-separated
-        return sorted(count.split(","))
-    return todays_share([family for family in families if family not in SLOW], int(count))
-
-
 def test_every_backbone_keras_hub_exports_has_a_tiny_config_or_a_reason():
     names = keras_hub_families.backbone_class_names()
     assert len(names) >= 79  # keras-hub 0.32's count: a smaller one means the enumeration lost some
@@ -151,11 +136,6 @@ def test_every_keras_applications_builder_has_its_modules_tiny_entry():
     assert modules == entries, f"one entry per module in tests/keras_hub_families.py: {sorted(modules ^ entries)}"
 
 
-def _first_line(error):
-    text = getattr(error, "message", None) or str(error)
-    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
-
-
 def _outcomes(family, folder):
     """{stage: None where it passed, else its one-line refusal}."""
     backbone, inputs = keras_hub_families.build(family)
@@ -167,15 +147,8 @@ def _outcomes(family, folder):
     np.savez(samples, **named)
     float_path = str(folder / "float.keras")
     backbone.save(float_path)
-    outcomes = {}
-
-    def attempt(stage, action):
-        try:
-            action()
-            outcomes[stage] = None
-        except Exception as error:  # noqa: BLE001 - a refusal of any kind is the stage's outcome
-            outcomes[stage] = _first_line(error)
-
+    outcomes = family_outcomes.Outcomes()
+    attempt = outcomes.attempt
     attempt("builtin", lambda: converters.convert(float_path, inputs=samples))
     # min_cosine 0: post-training int8 of a tiny random backbone calibrated on two samples is judged here on whether
     # it converts integer; its cosine against the float model is a figure (DeiT's: 0.94), not this stage's bar
@@ -223,13 +196,8 @@ def _integer_throughout(report):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", _families_today())
+# One a day: a family's five stages take 4 to 44 s (70 s on a loaded machine), the largest share of the Keras 3
+# leg's budget any one test takes
+@pytest.mark.parametrize("family", family_outcomes.families_today(set(NOT_YET) | PASSING, SLOW, "KG_FAMILIES"))
 def test_a_family_found_by_enumeration_converts_and_trains_as_a_user_would(family, tmp_path):
-    outcomes = _outcomes(family, tmp_path)
-    expected = NOT_YET.get(family, {})
-    for stage, refusal in outcomes.items():
-        if stage in expected:
-            assert refusal is not None, f"{family} passes {stage} now: take it out of NOT_YET"
-            assert re.search(expected[stage], refusal), (stage, refusal)
-        else:
-            assert refusal is None, f"{family}, {stage}: {refusal}"
+    family_outcomes.assert_as_recorded(family, _outcomes(family, tmp_path), NOT_YET)

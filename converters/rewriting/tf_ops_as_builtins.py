@@ -440,4 +440,5 @@ def input_ids_gathered_directly(graph_def):
 
 
 TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims, products_as_mul, int64_abs_and_sign_as_min_max,
-               integer_max_pools_as_maxima, transposes_of_fewer_axes, fourier_as_matmuls.real_transforms_as_matmuls, input_ids_gathered_directly)
+               integer_max_pools_as_maxima, transposes_of_fewer_axes, fourier_as_matmuls.real_transforms_as_matmuls,
+               input_ids_gathered_directly)
