@@ -193,6 +193,40 @@ def test_keras_applications_convnext_converts_to_16x8_with_its_gamma_of_ones_on_
     assert cosines["int16"] >= cosines["int8"] and cosines["int16"] > 0.99, cosines
 
 
+@pytest.mark.legs("tf_keras")  # a TensorFlow graph, any flavour: one leg
+def test_tokens_of_zeros_tiled_over_the_batch_convert_to_16x8_and_compute_the_float_model(tmp_path, rng):
+    """GroupViT's group tokens are zeros before training, tiled over the batch and concatenated with the patches.
+    The older quantizer, which makes 16x8, gave the zeros scale 0, and the TILE writing them the same; the
+    constant's scale was repaired and the TILE's not, which the validation refused ("scale 0.0; nothing
+    written"). The TILE's output takes its input's scale (tflite/quantizer.py): integer throughout, and the
+    computation is the float model's within 16x8's rounding."""
+    import tensorflow as tf
+
+    class GroupTokens(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens = tf.Variable(tf.zeros([1, 2, 4]))
+            self.kernel = tf.Variable(rng.normal(size=(4, 4)).astype(np.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 3, 4], tf.float32, name="x")])
+        def serve(self, x):
+            joined = tf.concat([tf.tile(self.tokens, [tf.shape(x)[0], 1, 1]), x], axis=1)
+            return {"y": tf.nn.gelu(tf.matmul(joined, self.kernel), approximate=False)}
+
+    module = GroupTokens()
+    tf.saved_model.save(module, str(tmp_path / "group_tokens"), signatures={"serving_default": module.serve})
+    x = rng.normal(size=(8, 3, 4)).astype(np.float32)
+    np.savez(tmp_path / "calibration.npz", x=x)
+    tflite_model, report = converters.convert(str(tmp_path / "group_tokens"), int16=True,
+                                              calibration=str(tmp_path / "calibration.npz"))
+    assert report.verified and report.float_ops == {}, (report.not_verified_reason, report.op_types)
+    assert "TILE" in report.op_types and set(report.op_types["TILE"]) == {"int16"}, report.op_types
+    tokens_then_patches = np.concatenate([np.zeros((1, 2, 4)), x[:1]], axis=1)
+    expected = references.gelu_exact(tokens_then_patches @ module.kernel.numpy().astype(np.float64))
+    (actual,) = tflite_helpers.run(tflite_model, x[:1])
+    assert references.cosine(actual, expected) > 0.9999, references.cosine(actual, expected)
+
+
 def test_int16_inputs_and_outputs_change_only_the_model_s_edges(every_gelu_model, rng):
     """--int8-io with --int16: int16 inputs and outputs, on the grids the float-I/O model quantizes to and from
     inside itself, so that both compute the same values."""

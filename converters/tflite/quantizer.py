@@ -145,8 +145,22 @@ def _as_written(tflite_model, hidden):
                 tensor.quantization.scale = np.array([_finest_beside(subgraph, index)], np.float32)
             elif np.isnan(scale) and (value := _one_value(tensor)):  # another NaN stays, for the validation
                 _on_its_own_grid(model, tensor, value)
+        _zeros_moved_on_their_grid(subgraph)
     flatbuffer_model.drop_unused_codes(model)
     return flatbuffer_model.as_bytes(model, len(tflite_model))
+
+
+def _zeros_moved_on_their_grid(subgraph):
+    """Each activation the quantizer put on scale 0, its op's input's scale: what an op that moves values (a TILE,
+    a RESHAPE) writes of a constant of zeros, whose scale it copied before `_as_written` gave the constant one
+    (GroupViT's group tokens, zeros before training, tiled over the batch). It holds zeros, on any grid; on its
+    input's, the op moves them as they are."""
+    for operator in subgraph.operators or ():
+        scales = [flatbuffer_model.per_tensor_scale(subgraph.tensors[index]) for index in operator.inputs if index >= 0]
+        given = next((scale for scale in scales if scale is not None and scale > 0), None)
+        for index in operator.outputs:
+            if given is not None and index >= 0 and flatbuffer_model.per_tensor_scale(subgraph.tensors[index]) == 0:
+                subgraph.tensors[index].quantization.scale = np.array([given], np.float32)
 
 
 def _key(subgraph_index, subgraph, operator):
