@@ -228,6 +228,7 @@ def save(model, inputs, folder, serve=None):
     import tensorflow as tf
 
     serve = serve or serving_function(model, inputs)
+    serve.get_concrete_function()  # traced first: a model's first call makes its weights
     holder = tf.Module()
     holder.weights, holder.serve = list(model.weights), serve
     path, samples = str(folder / "saved_model"), str(folder / "inputs.npz")
