@@ -1,5 +1,6 @@
 """TensorFlow ops TFLite has no builtin for: Roll, new axes (after an ellipsis too) and einsums that sum nothing on
-dynamic shapes, int64 Abs and Sign, integer max pooling, spelled in builtins; any other named in one line."""
+dynamic shapes, einsums on operands of no rank, int64 Abs and Sign, integer max pooling, comparisons of narrow
+integers, spelled in builtins; any other named in one line."""
 
 import numpy as np
 import pytest
@@ -374,6 +375,84 @@ def test_funnels_pooled_mask_converts_where_the_stock_converter_stops(tmp_path, 
     _, report = converters.convert(path, mode=mode, inputs=str(tmp_path / "inputs.npz"))
     assert report.verified and "MAX_POOL_2D" not in report.ops and not report.flex_ops, report.ops
     assert report.ops["MAXIMUM"] >= 1 and report.gelus, report.ops
+
+
+@pytest.mark.parametrize("use_window", [True, False], ids=["window", "whole"])
+def test_an_einsum_in_a_branch_on_a_tensor_of_no_rank_converts_where_the_stock_converter_stops(tmp_path,
+                                                                                                 use_window):
+    """Longformer's sliding-window attention: a conditional whose branches differ in rank gives a tensor of no
+    rank, and a second conditional's branch slices its chunks from it and multiplies them in an einsum. TensorFlow
+    knows the slice's rank, the stock converter does not, and stopped at the einsum; given the rank its equation
+    says, it is a BATCH_MATMUL, and computes what TensorFlow does on either branch."""
+    def attended(probabilities, values, use_window):
+        unranked = tf.cond(use_window, lambda: probabilities, lambda: probabilities[:, :, :, 0])
+        return {"y": tf.cond(use_window, lambda: tf.einsum("blhs,bshd->blhd", unranked[:, :, :, :4], values),
+                             lambda: tf.nn.gelu(values, approximate=False))}
+
+    module = tf.Module()
+    module.f = tf.function(attended, input_signature=[
+        tf.TensorSpec([None, None, 2, None], tf.float32, name="probabilities"),
+        tf.TensorSpec([None, 4, 2, 3], tf.float32, name="values"), tf.TensorSpec([], tf.bool, name="use_window")])
+    path = str(tmp_path / "sliding_window")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    rng = np.random.default_rng(6)
+    np.savez(tmp_path / "inputs.npz", probabilities=rng.uniform(size=(2, 5, 2, 6)).astype(np.float32),
+             values=rng.normal(size=(2, 4, 2, 3)).astype(np.float32), use_window=np.array(use_window))
+    _, report = converters.convert(path, inputs=str(tmp_path / "inputs.npz"))
+    assert report.verified and not report.flex_ops and report.ops["BATCH_MATMUL"] >= 1, report.ops
+
+
+@st.composite
+def narrow_integer_comparisons(draw):
+    dtype = draw(st.sampled_from([np.int8, np.uint8, np.int16, np.uint16]))
+    limits = np.iinfo(dtype)
+    values = st.one_of(st.integers(int(limits.min), int(limits.max)), st.sampled_from(
+        [int(limits.min), int(limits.max), 0, 1]))
+    pairs = draw(st.lists(st.tuples(values, values), min_size=1, max_size=12))
+    return dtype, np.array(pairs, dtype).T
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=narrow_integer_comparisons())
+def test_comparisons_of_narrow_integers_become_int32_comparisons_and_compute_numpys(case):
+    """LED compares its int8 mask with 0; TFLite's LESS and GREATER take 8- and 16-bit integers only as quantized
+    values. Numpy's comparisons of the same integers are the reference, every order, extremes included."""
+    dtype, (left, right) = case
+    orders = (tf.math.less, tf.math.less_equal, tf.math.greater, tf.math.greater_equal)
+    spec = tf.TensorSpec([None], tf.as_dtype(dtype))
+    function = tf.function(lambda x, y: [order(x, y) for order in orders]).get_concrete_function(spec, spec)
+    graph_def = function.graph.as_graph_def()
+    assert tf_ops_as_builtins.narrow_integer_orderings_in_int32(graph_def) == 4
+    inputs, outputs = [tensor.name for tensor in function.inputs], [tensor.name for tensor in function.outputs]
+    graph.prune(graph_def, [*inputs, *outputs])
+    compared = {node.attr["T"].type for node in graph_def.node if node.op in ("Less", "LessEqual", "Greater",
+                                                                              "GreaterEqual")}
+    assert compared == {tf.int32.as_datatype_enum}, compared
+    results = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
+        graph_def, input_map=dict(zip(inputs, (tf.constant(left), tf.constant(right)))), return_elements=outputs),
+        [])()
+    expected = (left < right, left <= right, left > right, left >= right)
+    for result, reference in zip(results, expected):
+        np.testing.assert_array_equal(result.numpy(), reference)
+
+
+def test_leds_int8_mask_compared_with_zero_converts_where_the_stock_converter_stops(tmp_path):
+    """LED's encoder casts its attention mask (0 padding, 1 local, 2 global) to int8 and compares it with 0."""
+    def masked(x, mask):
+        small = tf.cast(mask, tf.int8)
+        is_padding, is_global = tf.math.less(small, 1), tf.math.greater(small, 1)
+        return {"y": tf.where(is_padding[:, :, None], 0.0, tf.nn.gelu(x, approximate=False)),
+                "global": tf.cast(is_global, tf.float32)}
+
+    module = tf.Module()
+    module.f = tf.function(masked, input_signature=[tf.TensorSpec([None, None, 4], tf.float32, name="x"),
+                                                    tf.TensorSpec([None, None], tf.int32, name="mask")])
+    path = str(tmp_path / "led_mask")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    np.savez(tmp_path / "inputs.npz", x=np.random.default_rng(7).normal(size=(2, 5, 4)).astype(np.float32),
+             mask=np.array([[2, 1, 1, 0, 0], [1, 1, 1, 1, 2]], np.int32))
+    _, report = converters.convert(path, inputs=str(tmp_path / "inputs.npz"))
+    assert report.verified and not report.flex_ops and report.gelus, report.ops
 
 
 def test_a_roll_along_an_axis_of_unknown_size_is_left_and_named(tmp_path, capsys):

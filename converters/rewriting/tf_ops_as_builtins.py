@@ -23,6 +23,14 @@ values from the same inputs, so parity and int8 ranges are unaffected:
   reshape would merge two dynamic dimensions. Each operand transposed into
   the output's order and widened with EXPAND_DIMS, then MUL, which
   broadcasts.
+* Einsum on an operand of no rank to the converter (Longformer's and LED's
+  sliding-window attention, in a conditional branch, slicing its chunks
+  from an argument that a conditional of branches of differing rank made):
+  the operand reshaped to its own shape read as the rank its equation's
+  subscripts say, which the converter's BATCH_MATMUL lowering needs.
+* Less, Greater and their like of 8- and 16-bit integers (LED's int8 mask
+  compared with 0), which TFLite compares only as quantized values: the
+  same comparison of their int32 casts, exactly.
 * Abs and Sign of int64 (DeBERTa's relative-position buckets), which TFLite's
   ABS and SIGN do not take: max(x, -x), and x clipped to [-1, 1], in the
   int64 NEG, MAXIMUM and MINIMUM TFLite has.
@@ -323,6 +331,71 @@ def products_as_mul(graph_def):
     return rewritten
 
 
+def _of_rank(x, rank):
+    """x reshaped to its own shape, read as `rank` sizes: the same values, on a tensor whose rank is known."""
+    shape = tf.shape(x)
+    return tf.reshape(x, tf.stack([shape[axis] for axis in range(rank)]))
+
+
+def _from_an_argument(operand, nodes):
+    """Whether tensor `operand` is a graph's (or function body's) argument, or is made from one by one op."""
+    producer = graph.producer(operand, nodes)
+    if producer is not None and producer.op not in _INPUT_OPS and graph.data_inputs(producer):
+        producer = graph.producer(graph.data_inputs(producer)[0], nodes)
+    return producer is not None and producer.op in _INPUT_OPS
+
+
+def einsum_operands_given_their_rank(graph_def):
+    """Give each Einsum operand of unknown rank, or that is a function's argument or made from one by one op, the
+    rank its equation's subscripts say (no ellipsis), as a RESHAPE to its own shape read as that many sizes.
+
+    The stock converter lowers an einsum to BATCH_MATMUL only on operands of known rank: a conditional's output
+    whose branches differ in rank has none, and a conditional branch's argument has the rank of its caller's
+    tensor, none where that is such an output, even where TensorFlow's own shape inference gives a slice of it
+    one (Longformer's sliding-window attention slices its chunks' probabilities so). It stopped there
+    ("'tf.Einsum' op is neither a custom op nor a flex op")."""
+    found = [node for node in graph_def.node if node.op == "Einsum"]
+    if not found:
+        return 0
+    nodes = graph.nodes_by_name(graph_def)
+    shapes = graph.static_shapes(graph_def, [operand for node in found for operand in graph.data_inputs(node)])
+    rewritten = 0
+    for node in found:
+        equation, arrow, _ = graph.attribute(node, "equation", b"").decode().replace(" ", "").partition("->")
+        if not arrow or "." in equation:
+            continue
+        dtype = tf.as_dtype(node.attr["T"].type)
+        for slot, (operand, subscripts) in enumerate(zip(graph.data_inputs(node), equation.split(","))):
+            if shapes[operand].rank is not None and not _from_an_argument(operand, nodes):
+                continue
+            node.input[slot] = graph.splice(graph_def, lambda x, rank=len(subscripts): _of_rank(x, rank), operand,
+                                            dtype, f"{node.name}{_SCOPE}operand_{slot}/", nodes)
+            rewritten += 1
+    return rewritten
+
+
+_ORDERINGS = {"Less": tf.math.less, "LessEqual": tf.math.less_equal, "Greater": tf.math.greater,
+              "GreaterEqual": tf.math.greater_equal}
+# The narrow integers TFLite's LESS, GREATER and their like take only as quantized values, and the stock converter
+# refuses as plain integers.
+_NARROW_INTEGERS = frozenset(dtype.as_datatype_enum for dtype in (tf.int8, tf.uint8, tf.int16, tf.uint16))
+
+
+def narrow_integer_orderings_in_int32(graph_def):
+    """Rewrite Less, Greater and their like of 8- and 16-bit integers (LED's attention mask, cast to int8 and
+    compared with 0 for its masked and global positions) as the same comparison of their int32 casts: exact."""
+    found = [node for node in graph_def.node if node.op in _ORDERINGS
+             and graph.attribute(node, "T", None) in _NARROW_INTEGERS]
+    nodes = graph.nodes_by_name(graph_def)
+    for node in found:
+        dtype = tf.as_dtype(node.attr["T"].type)
+        (compared,) = graph.splice_many(
+            graph_def, lambda x, y, order=_ORDERINGS[node.op]: [order(tf.cast(x, tf.int32), tf.cast(y, tf.int32))],
+            [(operand, dtype, None) for operand in graph.data_inputs(node)], node.name + _SCOPE, nodes)
+        graph.redirect(graph_def, node.name, compared)
+    return len(found)
+
+
 _INT64_SPELLINGS = {
     # |x| = max(x, -x): NEG and MAXIMUM, both int64 in TFLite; at -2**63 both wrap to -2**63, as TensorFlow's Abs
     "Abs": lambda x: tf.maximum(x, -x),
@@ -439,6 +512,6 @@ def input_ids_gathered_directly(graph_def):
     return rewritten
 
 
-TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims, products_as_mul, int64_abs_and_sign_as_min_max,
-               integer_max_pools_as_maxima, transposes_of_fewer_axes, fourier_as_matmuls.real_transforms_as_matmuls,
-               input_ids_gathered_directly)
+TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims, products_as_mul, einsum_operands_given_their_rank,
+               int64_abs_and_sign_as_min_max, narrow_integer_orderings_in_int32, integer_max_pools_as_maxima,
+               transposes_of_fewer_axes, fourier_as_matmuls.real_transforms_as_matmuls, input_ids_gathered_directly)
