@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
 import conversions
@@ -283,6 +284,69 @@ def test_rounded_updates_scattered_at_computed_rows_convert_integer_to_the_same_
     # one step: the SELECT_V2 requantizes each operand onto the result's grid, a tie apart at most
     assert report.fidelity[0]["steps"] <= 1.0 + 1e-5, report.fidelity
 
+
+
+@st.composite
+def scatter_updates(draw):
+    """A tensor's shape, how many of its leading axes an index names, and distinct indices (none at times: every
+    position left as it is, as Longformer scatters its local positions when every one is global)."""
+    shape = draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
+    depth = draw(st.integers(1, len(shape)))
+    positions = list(np.ndindex(*shape[:depth]))
+    chosen = draw(st.lists(st.sampled_from(positions), unique=True, max_size=len(positions)))
+    return shape, depth, np.array(chosen, np.int32).reshape(len(chosen), depth)
+
+
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
+@settings(max_examples=40, deadline=None)
+@given(case=scatter_updates())
+def test_a_scatter_update_as_a_selection_computes_tensorflows_scatter_for_any_count_of_updates(case):
+    """TensorFlow's own tensor_scatter_nd_update is the reference, exactly; with no update the selection gathered
+    from an empty tensor, which LiteRT refused ("gather index out of bounds": Longformer's and LED's int8
+    calibration)."""
+    import tensorflow as tf
+
+    from keras_gelu.converters.rewriting import graph
+    from keras_gelu.converters.rewriting import int8 as integer
+
+    shape, depth, indices = case
+    rng = np.random.default_rng(len(indices))
+    tensor = rng.normal(size=shape).astype(np.float32)
+    updates = rng.normal(size=(len(indices), *shape[depth:])).astype(np.float32)
+    specs = (tf.TensorSpec(None, tf.float32), tf.TensorSpec(None, tf.int32), tf.TensorSpec(None, tf.float32))
+    function = tf.function(tf.tensor_scatter_nd_update).get_concrete_function(*specs)
+    graph_def = function.graph.as_graph_def()
+    assert integer.scatter_updates_as_selections(graph_def) == 1
+    inputs, output = [tensor.name for tensor in function.inputs], function.outputs[0].name
+    graph.prune(graph_def, [*inputs, output])
+    (selected,) = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
+        graph_def, input_map=dict(zip(inputs, map(tf.constant, (tensor, indices, updates)))),
+        return_elements=[output]), [])()
+    np.testing.assert_array_equal(selected.numpy(), tf.tensor_scatter_nd_update(tensor, indices, updates).numpy())
+
+
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
+def test_a_scatter_of_no_updates_converts_to_int8_and_runs_on_litert(tmp_path):
+    """Longformer writes its local positions' rows where tf.where finds them, and when every position is global
+    there are none: the selection's GATHER read row 0 of no rows, which LiteRT refused in the calibration run
+    ("gather index out of bounds"; TensorFlow's own gather lets it pass)."""
+    import tensorflow as tf
+
+    def local_rows_zeroed(x, is_global):
+        local = tf.where(tf.equal(is_global, 0))
+        updated = tf.tensor_scatter_nd_update(x, local, tf.zeros(tf.stack([tf.shape(local)[0], 4])))
+        return {"y": tf.nn.gelu(updated, approximate=False)}
+
+    module = tf.Module()
+    module.f = tf.function(local_rows_zeroed, input_signature=[
+        tf.TensorSpec([None, None, 4], tf.float32, name="x"), tf.TensorSpec([None, None], tf.int32, name="is_global")])
+    path = str(tmp_path / "local_rows")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    samples = str(tmp_path / "samples.npz")
+    np.savez(samples, x=np.random.default_rng(8).normal(size=(4, 6, 4)).astype(np.float32),
+             is_global=np.ones((4, 6), np.int32))
+    _, report = converters.convert(path, int8=True, calibration=samples, inputs=samples)
+    assert report.verified and "SCATTER_ND" in report.ops, report.ops
 
 
 def _sines_and_cosines_concatenated(tf, h):  # keras-hub SAM's positional encoding of its prompts' points

@@ -30,7 +30,7 @@ from keras_gelu import converters  # noqa: E402
 pytestmark = pytest.mark.legs("tf_keras")
 
 # As benchmarks/sweep_hugging_face.py recorded them on 2026-12-07 (transformers 4.57, TF 2.21): of 69 classes, 10
-# compute no GELU, 1 cannot be built, 58 compute one; all 58 convert in builtin mode, 56 with --int8 too.
+# compute no GELU, 1 cannot be built, 58 compute one, and every one of those passes both stages.
 WITHOUT_GELU = {
     "TFCTRLModel", "TFMistralModel", "TFMobileBertModel", "TFMobileViTModel", "TFOPTModel", "TFRegNetModel",
     "TFResNetModel", "TFSpeech2TextModel", "TFT5Model", "TFTransfoXLModel",
@@ -41,17 +41,15 @@ PASSING = {
     "TFDPRQuestionEncoder", "TFData2VecVisionModel", "TFDebertaModel", "TFDebertaV2Model", "TFDeiTModel",
     "TFDistilBertModel", "TFEfficientFormerModel", "TFElectraModel", "TFEsmModel", "TFFlaubertModel",
     "TFFunnelBaseModel", "TFFunnelModel", "TFGPT2Model", "TFGPTJModel", "TFGroupViTModel", "TFHubertModel",
-    "TFLayoutLMModel", "TFLayoutLMv3Model", "TFLxmertModel", "TFMBartModel", "TFMPNetModel", "TFMT5Model",
-    "TFMarianModel", "TFOpenAIGPTModel", "TFPegasusModel", "TFRemBertModel", "TFRoFormerModel", "TFRobertaModel",
-    "TFRobertaPreLayerNormModel", "TFSamModel", "TFSamVisionModel", "TFSegformerModel", "TFSwiftFormerModel",
-    "TFSwinModel", "TFTapasModel", "TFViTMAEModel", "TFViTModel", "TFVisionTextDualEncoderModel", "TFWav2Vec2Model",
-    "TFWhisperModel", "TFXGLMModel", "TFXLMModel", "TFXLMRobertaModel", "TFXLNetModel",
+    "TFLEDModel", "TFLayoutLMModel", "TFLayoutLMv3Model", "TFLongformerModel", "TFLxmertModel", "TFMBartModel",
+    "TFMPNetModel", "TFMT5Model", "TFMarianModel", "TFOpenAIGPTModel", "TFPegasusModel", "TFRemBertModel",
+    "TFRoFormerModel", "TFRobertaModel", "TFRobertaPreLayerNormModel", "TFSamModel", "TFSamVisionModel",
+    "TFSegformerModel", "TFSwiftFormerModel", "TFSwinModel", "TFTapasModel", "TFViTMAEModel", "TFViTModel",
+    "TFVisionTextDualEncoderModel", "TFWav2Vec2Model", "TFWhisperModel", "TFXGLMModel", "TFXLMModel",
+    "TFXLMRobertaModel", "TFXLNetModel",
 }
-# {family: {stage: the one-line refusal it meets now}}. Longformer's and LED's int8 calibration run (on LiteRT,
-# the float model with every tensor kept) reads out of a GATHER's bounds in a conditional branch of their
-# sliding-window attention, where their float models convert and compute what TensorFlow does.
-NOT_YET = {family: {"int8": r"the TFLite converter failed: gather index out of bounds"}
-           for family in ("TFLEDModel", "TFLongformerModel")}
+# {family: {stage: the one-line refusal it meets now}}: none since the sweep above.
+NOT_YET = {}
 
 STAGES = ("builtin", "int8")
 

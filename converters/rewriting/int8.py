@@ -401,6 +401,9 @@ def _scattered_by_selection(tensor, indices, updates):
     # duplicate indices, whose update TensorFlow leaves undefined, add up here: kept within the updates
     positions = tf.minimum(tf.scatter_nd(flat_indices, tf.range(1, count + 1), leading), count)
     rows = tf.reshape(updates, tf.concat([[count], tf.shape(tensor)[depth:]], 0))
+    # and a row of zeros after them, which no position selects: where no update comes (Longformer's scatter of its
+    # local positions when every one is global), the gather still has a row 0 to read
+    rows = tf.pad(rows, tf.concat([[[0, 1]], tf.zeros(tf.stack([tf.rank(rows) - 1, 2]), tf.int32)], 0))
     gathered = tf.gather(rows, tf.maximum(positions - 1, 0))
     landed = tf.reshape(positions > 0, tf.concat([leading, tf.ones([tf.rank(tensor) - depth], tf.int32)], 0))
     return [tf.where(landed, gathered, tensor)]
