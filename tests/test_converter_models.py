@@ -435,3 +435,27 @@ def test_a_model_that_writes_a_variable_converts_unfrozen_and_a_frozen_conversio
     with pytest.raises(errors.ConverterFailed, match=r"writes a variable while it runs \(AssignAddVariableOp, .*"
                                                      r"convert without those options"):
         converters.convert(path, int8=True, calibration="random:4")
+
+
+@pytest.mark.legs("tf_keras")  # a TensorFlow graph, any flavour: one leg
+def test_ids_padded_to_a_window_draw_random_values_below_their_table(tmp_path):
+    """Longformer pads its token ids (with its pad token) to a multiple of its attention window before its
+    embedding looks them up; with no --inputs, the ids' valid values were unknown past the pad, and the command
+    asked for real samples. Followed through the pad, they are the table's rows: a newcomer's conversion with no
+    flag runs, on random ids below them."""
+    from keras_gelu.converters.reading import loading
+
+    table = np.random.default_rng(9).normal(size=(37, 4)).astype(np.float32)
+
+    def embedded(ids):
+        padded = tf.pad(ids, [[0, 0], [0, 3]], constant_values=1)
+        return {"y": tf.nn.gelu(tf.gather(tf.constant(table), padded), approximate=False)}
+
+    module = tf.Module()
+    module.f = tf.function(embedded, input_signature=[tf.TensorSpec([None, None], tf.int32, name="ids")])
+    path = str(tmp_path / "padded_ids")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    (ids,) = loading.load(path).inputs
+    assert ids.values.upper == 37 and not ids.values.mask, ids.values
+    _, report = converters.convert(path)
+    assert report.verified, report.not_verified_reason

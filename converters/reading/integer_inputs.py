@@ -13,8 +13,8 @@ is used:
   batch has them.
 
 We follow the input through ops that pass its values on (casts, reshapes,
-slices, selects such as Keras's wrap of negative indices, a mask's min with a
-causal mask); shape queries say nothing. An input with neither kind of use
+slices, pads, selects such as Keras's wrap of negative indices, a mask's min
+with a causal mask); shape queries say nothing. An input with neither kind of use
 gets None, and the caller asks for real samples.
 """
 
@@ -72,6 +72,8 @@ def _index_bound(node, position, nodes, variable_shapes):
 def _passes_values_on(node, position):
     if node.op in ("Select", "SelectV2"):
         return position > 0  # the condition is not passed on
+    if node.op in ("Pad", "PadV2", "MirrorPad"):  # Longformer pads its ids to a multiple of its window
+        return position == 0  # the paddings and the pad value are not the input's
     return node.op in _VALUE_PRESERVING
 
 
