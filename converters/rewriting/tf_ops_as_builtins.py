@@ -331,42 +331,47 @@ def products_as_mul(graph_def):
     return rewritten
 
 
+_INPUT_OPS = ("Placeholder", "_Arg")
+
+
 def _of_rank(x, rank):
     """x reshaped to its own shape, read as `rank` sizes: the same values, on a tensor whose rank is known."""
     shape = tf.shape(x)
     return tf.reshape(x, tf.stack([shape[axis] for axis in range(rank)]))
 
 
-def _from_an_argument(operand, nodes):
-    """Whether tensor `operand` is a graph's (or function body's) argument, or is made from one by one op."""
+# Where the converter may read a tensor as of no rank, though TensorFlow's shape inference knows one: a function
+# body's argument (a conditional branch's takes the rank of its caller's tensor) and a conditional's output (none
+# where its branches' differ).
+_RANK_MAY_BE_LOST = _INPUT_OPS + ("If", "StatelessIf", "Case", "StatelessCase")
+
+
+def _rank_may_be_lost(operand, nodes):
+    """Whether tensor `operand` is such a tensor, or is made from one by one op."""
     producer = graph.producer(operand, nodes)
-    if producer is not None and producer.op not in _INPUT_OPS and graph.data_inputs(producer):
+    if producer is not None and producer.op not in _RANK_MAY_BE_LOST and graph.data_inputs(producer):
         producer = graph.producer(graph.data_inputs(producer)[0], nodes)
-    return producer is not None and producer.op in _INPUT_OPS
+    return producer is not None and producer.op in _RANK_MAY_BE_LOST
 
 
 def einsum_operands_given_their_rank(graph_def):
-    """Give each Einsum operand of unknown rank, or that is a function's argument or made from one by one op, the
-    rank its equation's subscripts say (no ellipsis), as a RESHAPE to its own shape read as that many sizes.
+    """Give each Einsum operand that is a function's argument or a conditional's output, or made from one by one
+    op, the rank its equation's subscripts say (no ellipsis), as a RESHAPE to its own shape read as that many sizes.
 
     The stock converter lowers an einsum to BATCH_MATMUL only on operands of known rank: a conditional's output
     whose branches differ in rank has none, and a conditional branch's argument has the rank of its caller's
     tensor, none where that is such an output, even where TensorFlow's own shape inference gives a slice of it
     one (Longformer's sliding-window attention slices its chunks' probabilities so). It stopped there
     ("'tf.Einsum' op is neither a custom op nor a flex op")."""
-    found = [node for node in graph_def.node if node.op == "Einsum"]
-    if not found:
-        return 0
     nodes = graph.nodes_by_name(graph_def)
-    shapes = graph.static_shapes(graph_def, [operand for node in found for operand in graph.data_inputs(node)])
     rewritten = 0
-    for node in found:
+    for node in [node for node in graph_def.node if node.op == "Einsum"]:
         equation, arrow, _ = graph.attribute(node, "equation", b"").decode().replace(" ", "").partition("->")
         if not arrow or "." in equation:
             continue
         dtype = tf.as_dtype(node.attr["T"].type)
         for slot, (operand, subscripts) in enumerate(zip(graph.data_inputs(node), equation.split(","))):
-            if shapes[operand].rank is not None and not _from_an_argument(operand, nodes):
+            if not _rank_may_be_lost(operand, nodes):
                 continue
             node.input[slot] = graph.splice(graph_def, lambda x, rank=len(subscripts): _of_rank(x, rank), operand,
                                             dtype, f"{node.name}{_SCOPE}operand_{slot}/", nodes)
@@ -468,9 +473,6 @@ def integer_max_pools_as_maxima(graph_def):
              and graph.attribute(node, "T", tf.float32.as_datatype_enum) not in _POOLED_DTYPES
              and graph.attribute(node, "data_format", b"NHWC") == b"NHWC"]
     return _spelled_in_builtins(graph_def, found, _max_pool_spelling)
-
-
-_INPUT_OPS = ("Placeholder", "_Arg")
 
 
 def _input_ids(name, nodes):
