@@ -47,6 +47,14 @@ def test_the_slices_compute_numpys_roll(case):
     np.testing.assert_array_equal(rolled.numpy(), np.roll(x, shifts, axes))
 
 
+def _pruned_and_run(function, graph_def, *values):
+    """The outputs of `function`'s graph as rewritten (`graph_def`), pruned to what they read, run on `values`."""
+    inputs, outputs = [tensor.name for tensor in function.inputs], [tensor.name for tensor in function.outputs]
+    graph.prune(graph_def, [*inputs, *outputs])
+    return [tensor.numpy() for tensor in tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
+        graph_def, input_map=dict(zip(inputs, map(tf.constant, values))), return_elements=outputs), [])()]
+
+
 @st.composite
 def slices_with_new_axes(draw):
     """A shape, and an index with at least one new axis (None) among slices and integers, and at most one
@@ -92,12 +100,9 @@ def test_new_axes_become_expand_dims_after_the_slice_and_compute_numpys_indexing
         spec).outputs[0].shape.is_fully_defined() else 0
     graph_def = function.graph.as_graph_def()
     assert tf_ops_as_builtins.new_axes_as_expand_dims(graph_def) == len(indices) - static
-    output = function.outputs[0].name
-    graph.prune(graph_def, [function.inputs[0].name, output])
+    (sliced,) = _pruned_and_run(function, graph_def, x)
     assert sum(node.op == "StridedSlice" and node.attr["new_axis_mask"].i > 0 for node in graph_def.node) == static
-    (sliced,) = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
-        graph_def, input_map={function.inputs[0].name: tf.constant(x)}, return_elements=[output]), [])()
-    np.testing.assert_array_equal(sliced.numpy(), sliced_in_turn(x))
+    np.testing.assert_array_equal(sliced, sliced_in_turn(x))
 
 
 @pytest.mark.parametrize("mode", ["builtin", "native"])
@@ -338,13 +343,10 @@ def test_an_integer_max_pool_becomes_maxima_of_slices_and_computes_every_window_
         tf.TensorSpec([None] * 4, tf.as_dtype(x.dtype)))
     graph_def = function.graph.as_graph_def()
     assert tf_ops_as_builtins.integer_max_pools_as_maxima(graph_def) == 1
-    output = function.outputs[0].name
-    graph.prune(graph_def, [function.inputs[0].name, output])
+    (pooled,) = _pruned_and_run(function, graph_def, x)
     assert "MaxPool" not in {node.op for node in graph_def.node}
-    (pooled,) = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
-        graph_def, input_map={function.inputs[0].name: tf.constant(x)}, return_elements=[output]), [])()
     expected = _max_pooled_by_loops(x, window, strides, padding)
-    np.testing.assert_array_equal(pooled.numpy(), expected)
+    np.testing.assert_array_equal(pooled, expected)
     if x.dtype == np.int32:  # TensorFlow's CPU kernel pools int32 (not int64)
         np.testing.assert_array_equal(tf.nn.max_pool2d(tf.constant(x), window, strides, padding).numpy(), expected)
 
@@ -423,17 +425,13 @@ def test_comparisons_of_narrow_integers_become_int32_comparisons_and_compute_num
     function = tf.function(lambda x, y: [order(x, y) for order in orders]).get_concrete_function(spec, spec)
     graph_def = function.graph.as_graph_def()
     assert tf_ops_as_builtins.narrow_integer_orderings_in_int32(graph_def) == 4
-    inputs, outputs = [tensor.name for tensor in function.inputs], [tensor.name for tensor in function.outputs]
-    graph.prune(graph_def, [*inputs, *outputs])
+    results = _pruned_and_run(function, graph_def, left, right)
     compared = {node.attr["T"].type for node in graph_def.node if node.op in ("Less", "LessEqual", "Greater",
                                                                               "GreaterEqual")}
     assert compared == {tf.int32.as_datatype_enum}, compared
-    results = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
-        graph_def, input_map=dict(zip(inputs, (tf.constant(left), tf.constant(right)))), return_elements=outputs),
-        [])()
     expected = (left < right, left <= right, left > right, left >= right)
     for result, reference in zip(results, expected):
-        np.testing.assert_array_equal(result.numpy(), reference)
+        np.testing.assert_array_equal(result, reference)
 
 
 def test_leds_int8_mask_compared_with_zero_converts_where_the_stock_converter_stops(tmp_path):
