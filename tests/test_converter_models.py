@@ -459,3 +459,30 @@ def test_ids_padded_to_a_window_draw_random_values_below_their_table(tmp_path):
     assert ids.values.upper == 37 and not ids.values.mask, ids.values
     _, report = converters.convert(path)
     assert report.verified, report.not_verified_reason
+
+
+@pytest.mark.legs("tf_keras")  # a TensorFlow graph, any flavour: one leg
+def test_an_integer_input_nothing_reads_takes_zeros_and_one_read_by_arithmetic_asks_for_samples(tmp_path):
+    """DeBERTa has no token-type table by default, and its token_type_ids reach nothing but its signature: any
+    value will do, and a newcomer's conversion with no flag runs. An integer input that arithmetic reads, whose
+    valid values nothing tells, still asks for real samples in one line."""
+    from keras_gelu.converters.reading import loading
+
+    def unread(x, token_type_ids):
+        return {"y": tf.nn.gelu(x, approximate=False) * tf.cast(tf.shape(token_type_ids)[1], tf.float32)}
+
+    def read(x, offsets):
+        return {"y": tf.nn.gelu(x + tf.cast(offsets, tf.float32)[:, :, None], approximate=False)}
+
+    paths = {}
+    for name, function, input_name in (("unread", unread, "token_type_ids"), ("read", read, "offsets")):
+        module = tf.Module()
+        module.f = tf.function(function, input_signature=[tf.TensorSpec([None, 5, 4], tf.float32, name="x"),
+                                                          tf.TensorSpec([None, 5], tf.int32, name=input_name)])
+        paths[name] = str(tmp_path / name)
+        tf.saved_model.save(module, paths[name], signatures={"serving_default": module.f})
+    values = {info.name: info.values for info in loading.load(paths["unread"]).inputs}
+    assert values["token_type_ids"].upper == 1 and not values["token_type_ids"].mask, values
+    assert converters.convert(paths["unread"])[1].verified
+    with pytest.raises(errors.BadInputs, match="cannot make random values for integer input 'offsets'"):
+        converters.convert(paths["read"])

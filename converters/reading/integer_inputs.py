@@ -14,8 +14,9 @@ is used:
 
 We follow the input through ops that pass its values on (casts, reshapes,
 slices, pads, selects such as Keras's wrap of negative indices, a mask's min
-with a causal mask); shape queries say nothing. An input with neither kind of use
-gets None, and the caller asks for real samples.
+with a causal mask); shape queries say nothing. An input whose values nothing
+reads takes zeros; one read otherwise, with neither kind of use, gets None,
+and the caller asks for real samples.
 """
 
 import dataclasses
@@ -30,6 +31,7 @@ _VALUE_PRESERVING = graph.PASS_THROUGH_OPS + (
     "ConcatV2", "Pack", "Minimum", "Maximum", "Select", "SelectV2")
 _GATHERS = ("Gather", "GatherV2", "ResourceGather")
 _COMPARISONS = ("Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual")
+_SHAPE_QUERIES = ("Shape", "ShapeN", "Size", "Rank")
 _DT_BOOL = 10
 
 
@@ -84,7 +86,7 @@ def integer_values(graph_def, tensor, name, variable_shapes=None):
     variable_shapes = variable_shapes or {}
     nodes = graph.nodes_by_name(graph_def)
     consumer_map = graph.consumers(graph_def)
-    bounds, masked = [], False
+    bounds, masked, read_otherwise = [], False, False
     pending, seen = [graph.canonical(tensor)], set()
     while pending:
         reached = pending.pop()
@@ -99,6 +101,11 @@ def integer_values(graph_def, tensor, name, variable_shapes=None):
                 masked = True
             elif _passes_values_on(node, position):
                 pending.append(f"{node.name}:0")
+            elif node.op not in _SHAPE_QUERIES:
+                read_otherwise = True
     if bounds:
         return IntegerValues(min(bounds), mask=False)
-    return IntegerValues(2, mask=True) if masked or name.lower().endswith("mask") else None
+    if masked or name.lower().endswith("mask"):
+        return IntegerValues(2, mask=True)
+    # values nothing reads (DeBERTa's token types where it has no token-type table): any will do, zeros
+    return None if read_otherwise else IntegerValues(1, mask=False)
