@@ -486,3 +486,25 @@ def test_an_integer_input_nothing_reads_takes_zeros_and_one_read_by_arithmetic_a
     assert converters.convert(paths["unread"])[1].verified
     with pytest.raises(errors.BadInputs, match="cannot make random values for integer input 'offsets'"):
         converters.convert(paths["read"])
+
+
+@pytest.mark.legs("tf_keras")  # a TensorFlow graph, any flavour: one leg
+def test_a_model_that_fails_on_random_inputs_says_to_pass_real_samples(tmp_path):
+    """LayoutLM's boxes index its position tables by their corners and by their sides (a corner less the other):
+    random corners below the table break the sides' lookups, and the original model fails when run. The line says
+    the inputs were random and what to pass; with boxes in order, the model converts."""
+    table = np.random.default_rng(10).normal(size=(20, 4)).astype(np.float32)
+
+    def boxed(boxes):
+        corners, sides = tf.gather(table, boxes[:, 0]), tf.gather(table, boxes[:, 1] - boxes[:, 0])
+        return {"y": tf.nn.gelu(corners + sides, approximate=False)}
+
+    module = tf.Module()
+    module.f = tf.function(boxed, input_signature=[tf.TensorSpec([None, 2], tf.int32, name="boxes")])
+    path = str(tmp_path / "boxes")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    with pytest.raises(errors.CorruptModel, match=r"the original model fails when run \(.*\); on seeded random "
+                                                  r"inputs: pass real samples with --inputs file\.npz$"):
+        converters.convert(path)
+    np.savez(tmp_path / "boxes.npz", boxes=np.array([[1, 5], [0, 19], [7, 7]], np.int32))
+    assert converters.convert(path, inputs=str(tmp_path / "boxes.npz"))[1].verified

@@ -37,8 +37,12 @@ class Comparison:
     non_finite_differ: bool = False
 
 
+class RandomInputs(dict):
+    """Seeded random inputs, {name: array}: what the original model fails on is then worth real samples."""
+
+
 def make_inputs(inputs, seed=0, dynamic_size=DEFAULT_DYNAMIC_SIZE, npz_path=None, option="--inputs"):
-    """Inputs for every signature input: seeded random, or read from an .npz file.
+    """Inputs for every signature input: seeded random (`RandomInputs`), or read from an .npz file.
 
     Random integers are drawn from the values the graph shows the input takes
     (TensorInfo.values: an embedding table's rows, a mask's 0/1); where it
@@ -47,7 +51,7 @@ def make_inputs(inputs, seed=0, dynamic_size=DEFAULT_DYNAMIC_SIZE, npz_path=None
     if npz_path is not None:
         return load_npz(npz_path, inputs, option)
     rng = np.random.default_rng(seed)
-    arrays = {}
+    arrays = RandomInputs()
     for info in inputs:
         shape = [dynamic_size if size is None else size for size in (info.shape or (dynamic_size,))]
         if info.dtype.is_floating:
@@ -121,8 +125,12 @@ def run_source(source, arrays):
             outputs = source.function(**{name: tf.constant(value) for name, value in arrays.items()})
     except tf.errors.OpError as error:  # the model's own ops failing on the parity inputs: the model's fault
         message = " ".join(error.message.split("[[")[0].split())
+        # random values within what the graph shows may still break what it does not (LayoutLM's boxes, corners
+        # in order, whose differences index a table)
+        hint = "; on seeded random inputs: pass real samples with --inputs file.npz" \
+            if isinstance(arrays, RandomInputs) else ""
         raise errors.CorruptModel(f"{source.path}: the original model fails when run ({type(error).__name__}: "
-                                  f"{message[:250]})") from error
+                                  f"{message[:250]}){hint}") from error
     return {info.name: np.asarray(outputs[info.name]) for info in source.outputs}
 
 
