@@ -30,7 +30,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
 
 import family_outcomes  # noqa: E402
-import gelu_evidence  # noqa: E402
 import hugging_face_families as families  # noqa: E402
 
 STAGES = ("builtin", "int8")
@@ -51,16 +50,13 @@ def sweep_one(class_name, folder):
     row = {"class": class_name, "built": "yes", "gelu": ""}
     started = time.perf_counter()
     try:
-        tf.keras.utils.set_random_seed(families.SEED)
-        model, inputs = families.build(class_name)
-        serving = families.serving_function(model, inputs)
-        forms = gelu_evidence.forms_in_graph(serving.get_concrete_function().graph.as_graph_def())
-        row["gelu"] = ", ".join(sorted(forms)) or "no"
+        family = families.traced(class_name)
+        row["gelu"] = ", ".join(sorted(family.forms)) or "no"
     except Exception as error:  # noqa: BLE001 - one family's failure is a row, not the end of the sweep
         row["built"] = family_outcomes.first_line(error)[:150]
-        forms = ()
-    if forms:
-        path, samples = families.save(model, inputs, folder, serving)
+        family = None
+    if family is not None and family.forms:
+        path, samples = families.save(family, folder)
         outcomes = family_outcomes.Outcomes()
         cosines = {}
         conversions = {"builtin": {}, "int8": {"int8": True, "calibration": samples, "min_cosine": 0.0},

@@ -14,16 +14,22 @@ family. `OVERRIDES` holds what one family needs beyond that (a window that fits 
 from others), each with its reason; `CANNOT_BUILD` the families whose tiny model cannot be called, with why.
 
 `build` gives the model and random inputs made from its own `input_signature` (token ids below the
-vocabulary, masks of ones, images and audio of the tiny sizes); `save` writes the SavedModel a user's export
-would: one serving function of the model's tensor outputs, at those inputs' shapes with an open batch.
+vocabulary, masks of ones, images and audio of the tiny sizes); `traced` builds it seeded and traces the
+serving function a user's export would trace (the model's tensor outputs, at those inputs' shapes with an
+open batch), with the GELU forms that trace computes (`gelu_evidence`); `save` writes its SavedModel.
 
-    model, inputs = build("TFBertModel")
-    gelu_evidence.forms_in_graph(serving_function(model, inputs).get_concrete_function().graph.as_graph_def())
+    family = traced("TFBertModel")
+    family.forms  # {"erf"}
+    path, samples = save(family, folder)
 
 Nothing here downloads anything; transformers and TensorFlow are imported on first use.
 """
 
+import collections
+
 import numpy as np
+
+import gelu_evidence
 
 SEED = 1234
 BATCH = 2
@@ -206,7 +212,7 @@ def build(class_name):
     return model, inputs
 
 
-def serving_function(model, inputs):
+def _serving_function(model, inputs):
     """The model's call as a user exports it: a tf.function of a dict of its inputs, batch open, returning
     its tensor outputs by name."""
     import tensorflow as tf
@@ -221,17 +227,31 @@ def serving_function(model, inputs):
     return tf.function(serve, input_signature=[specs])
 
 
-def save(model, inputs, folder, serve=None):
-    """The SavedModel of `serve` (`serving_function`'s, where not given) at folder/saved_model, and the inputs at
+# A family built and its serving function traced (the trace makes the model's weights), with the GELU forms it
+# computes.
+Traced = collections.namedtuple("Traced", "model inputs serving forms")
+
+
+def traced(class_name):
+    """The family's `Traced`, built (`build`) with the weights SEED draws."""
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(SEED)
+    model, inputs = build(class_name)
+    serving = _serving_function(model, inputs)
+    forms = gelu_evidence.forms_in_graph(serving.get_concrete_function().graph.as_graph_def())
+    return Traced(model, inputs, serving, forms)
+
+
+def save(family, folder):
+    """The SavedModel of a `Traced` family's serving function at folder/saved_model, and its inputs at
     folder/inputs.npz; their paths. The serving function and the variables it reads alone: a tf-keras model in
     the saved object graph has every layer's call traced again for its own SavedModel metadata."""
     import tensorflow as tf
 
-    serve = serve or serving_function(model, inputs)
-    serve.get_concrete_function()  # traced first: a model's first call makes its weights
     holder = tf.Module()
-    holder.weights, holder.serve = list(model.weights), serve
+    holder.weights, holder.serve = list(family.model.weights), family.serving
     path, samples = str(folder / "saved_model"), str(folder / "inputs.npz")
-    tf.saved_model.save(holder, path, signatures={"serving_default": serve})
-    np.savez(samples, **inputs)
+    tf.saved_model.save(holder, path, signatures={"serving_default": family.serving})
+    np.savez(samples, **family.inputs)
     return path, samples

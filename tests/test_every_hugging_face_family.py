@@ -18,7 +18,6 @@ The sweep over all of them, with each family's cosines and time, is `benchmarks/
 import pytest
 
 import family_outcomes
-import gelu_evidence
 import hugging_face_families
 
 pytest.importorskip("transformers")
@@ -71,14 +70,9 @@ def test_every_tf_model_transformers_lists_is_recorded():
 @pytest.mark.slow
 @pytest.mark.parametrize("family", family_outcomes.families_today(set(NOT_YET) | PASSING, SLOW, "KG_HF_FAMILIES"))
 def test_a_hugging_face_family_found_by_enumeration_converts_as_a_user_would(family, tmp_path):
-    import tensorflow as tf
-
-    tf.keras.utils.set_random_seed(hugging_face_families.SEED)
-    model, inputs = hugging_face_families.build(family)
-    serving = hugging_face_families.serving_function(model, inputs)
-    forms = gelu_evidence.forms_in_graph(serving.get_concrete_function().graph.as_graph_def())
-    assert forms, f"{family} no longer computes a GELU"
-    path, samples = hugging_face_families.save(model, inputs, tmp_path, serving)
+    built = hugging_face_families.traced(family)
+    assert built.forms, f"{family} no longer computes a GELU"
+    path, samples = hugging_face_families.save(built, tmp_path)
     outcomes = family_outcomes.Outcomes()
 
     def converted_with_its_gelus(**options):
