@@ -1,7 +1,8 @@
 """The conversions the tests ask for, read from keras_gelu.vocabulary: a new mode or exact_as is tested everywhere.
 
 A conversion is (mode, exact_as), exact_as None where the mode takes none. `convert_here` is the suite's route for
-a model file where the sandbox is not the test's subject (conftest: the conversions' route).
+a model file where the sandbox is not the test's subject (conftest: the conversions' route); `saved_function` writes
+a TensorFlow function as the SavedModel a test converts.
 """
 
 import collections
@@ -19,6 +20,16 @@ from keras_gelu.converters import paths
 from keras_gelu.converters.convert import _explained  # the explanation's files, as `convert` writes them
 from keras_gelu.converters.options import Options
 from keras_gelu.converters.report import Report
+
+
+def saved_function(folder, name, function, *signature):
+    """The path of the SavedModel of `function` on the TensorSpecs `signature`, as its serving_default, at
+    folder/name."""
+    module = tf.Module()
+    module.f = tf.function(function, input_signature=list(signature))
+    path = str(folder / name)
+    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    return path
 
 
 # The product's own route, whatever a test's route puts in its place (conftest: the conversions' route).

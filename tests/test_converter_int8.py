@@ -337,11 +337,9 @@ def test_a_scatter_of_no_updates_converts_to_int8_and_runs_on_litert(tmp_path):
         updated = tf.tensor_scatter_nd_update(x, local, tf.zeros(tf.stack([tf.shape(local)[0], 4])))
         return {"y": tf.nn.gelu(updated, approximate=False)}
 
-    module = tf.Module()
-    module.f = tf.function(local_rows_zeroed, input_signature=[
-        tf.TensorSpec([None, None, 4], tf.float32, name="x"), tf.TensorSpec([None, None], tf.int32, name="is_global")])
-    path = str(tmp_path / "local_rows")
-    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    path = conversions.saved_function(tmp_path, "local_rows", local_rows_zeroed,
+                                      tf.TensorSpec([None, None, 4], tf.float32, name="x"),
+                                      tf.TensorSpec([None, None], tf.int32, name="is_global"))
     samples = str(tmp_path / "samples.npz")
     np.savez(samples, x=np.random.default_rng(8).normal(size=(4, 6, 4)).astype(np.float32),
              is_global=np.ones((4, 6), np.int32))

@@ -451,10 +451,8 @@ def test_ids_padded_to_a_window_draw_random_values_below_their_table(tmp_path):
         padded = tf.pad(ids, [[0, 0], [0, 3]], constant_values=1)
         return {"y": tf.nn.gelu(tf.gather(tf.constant(table), padded), approximate=False)}
 
-    module = tf.Module()
-    module.f = tf.function(embedded, input_signature=[tf.TensorSpec([None, None], tf.int32, name="ids")])
-    path = str(tmp_path / "padded_ids")
-    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    path = conversions.saved_function(tmp_path, "padded_ids", embedded,
+                                      tf.TensorSpec([None, None], tf.int32, name="ids"))
     (ids,) = loading.load(path).inputs
     assert ids.values.upper == 37 and not ids.values.mask, ids.values
     _, report = converters.convert(path)
@@ -474,13 +472,10 @@ def test_an_integer_input_nothing_reads_takes_zeros_and_one_read_by_arithmetic_a
     def read(x, offsets):
         return {"y": tf.nn.gelu(x + tf.cast(offsets, tf.float32)[:, :, None], approximate=False)}
 
-    paths = {}
-    for name, function, input_name in (("unread", unread, "token_type_ids"), ("read", read, "offsets")):
-        module = tf.Module()
-        module.f = tf.function(function, input_signature=[tf.TensorSpec([None, 5, 4], tf.float32, name="x"),
-                                                          tf.TensorSpec([None, 5], tf.int32, name=input_name)])
-        paths[name] = str(tmp_path / name)
-        tf.saved_model.save(module, paths[name], signatures={"serving_default": module.f})
+    paths = {name: conversions.saved_function(tmp_path, name, function,
+                                              tf.TensorSpec([None, 5, 4], tf.float32, name="x"),
+                                              tf.TensorSpec([None, 5], tf.int32, name=input_name))
+             for name, function, input_name in (("unread", unread, "token_type_ids"), ("read", read, "offsets"))}
     values = {info.name: info.values for info in loading.load(paths["unread"]).inputs}
     assert values["token_type_ids"].upper == 1 and not values["token_type_ids"].mask, values
     assert converters.convert(paths["unread"])[1].verified
@@ -499,10 +494,7 @@ def test_a_model_that_fails_on_random_inputs_says_to_pass_real_samples(tmp_path)
         corners, sides = tf.gather(table, boxes[:, 0]), tf.gather(table, boxes[:, 1] - boxes[:, 0])
         return {"y": tf.nn.gelu(corners + sides, approximate=False)}
 
-    module = tf.Module()
-    module.f = tf.function(boxed, input_signature=[tf.TensorSpec([None, 2], tf.int32, name="boxes")])
-    path = str(tmp_path / "boxes")
-    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    path = conversions.saved_function(tmp_path, "boxes", boxed, tf.TensorSpec([None, 2], tf.int32, name="boxes"))
     with pytest.raises(errors.CorruptModel, match=r"the original model fails when run \(.*\); on seeded random "
                                                   r"inputs: pass real samples with --inputs file\.npz$"):
         converters.convert(path)

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+import conversions
 import tflite_helpers
 from keras_gelu import converters
 from keras_gelu.converters import cli
@@ -124,15 +125,6 @@ def test_an_attention_mask_widened_with_new_axes_converts_where_the_stock_conver
 _RANDOM_INT8 = {"int8": True, "calibration": "random:8"}
 
 
-def _saved_function(tmp_path, name, function, *signature):
-    """The SavedModel of `function` on the TensorSpecs `signature`, as its serving_default, at tmp_path/name."""
-    module = tf.Module()
-    module.f = tf.function(function, input_signature=list(signature))
-    path = str(tmp_path / name)
-    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
-    return path
-
-
 def _on_tflite_micro(path, int8):
     """(the .tflite, its report) of `path` converted for TFLite Micro (int8 from random samples, or float), having
     run there."""
@@ -142,7 +134,7 @@ def _on_tflite_micro(path, int8):
 
 
 def _saved(tmp_path, body, name):
-    return _saved_function(tmp_path, name, lambda x: {"y": body(x)}, tf.TensorSpec([None, 6, 4], tf.float32))
+    return conversions.saved_function(tmp_path, name, lambda x: {"y": body(x)}, tf.TensorSpec([None, 6, 4], tf.float32))
 
 
 @pytest.mark.parametrize("mode, extra", [("builtin", {}), ("native", {}), ("builtin", {"target": "tflm"})])
@@ -198,7 +190,8 @@ def test_swins_window_partition_of_six_axes_runs_on_tflite_micro(tmp_path):
         blocks = tf.reshape(x, [1, 2, 4, 2, 4, 6])
         return tf.nn.gelu(tf.reshape(tf.transpose(blocks, [0, 1, 3, 2, 4, 5]), [4, 16, 6]), approximate=False)
 
-    path = _saved_function(tmp_path, "windows", lambda x: {"y": windows(x)}, tf.TensorSpec([1, 8, 8, 6], tf.float32))
+    path = conversions.saved_function(tmp_path, "windows", lambda x: {"y": windows(x)},
+                                      tf.TensorSpec([1, 8, 8, 6], tf.float32))
     _, report = _on_tflite_micro(path, int8=True)
     assert report.float_ops == {}, report.op_types
 
@@ -245,7 +238,8 @@ def test_positions_counted_along_the_padding_mask_run_on_tflite_micro(tmp_path, 
         mask = tf.cast(tf.math.not_equal(ids, 1), positions)
         return {"y": tf.nn.gelu(tf.gather(table, tf.math.cumsum(mask, axis=1) * mask + 1), approximate=False)}
 
-    path = _saved_function(tmp_path, "positions", positions_embedded, tf.TensorSpec([1, 16], tf.int32, name="ids"))
+    path = conversions.saved_function(tmp_path, "positions", positions_embedded,
+                                      tf.TensorSpec([1, 16], tf.int32, name="ids"))
     on_micro, report = _on_tflite_micro(path, int8)
     assert "CUMSUM" not in report.ops
     assert not any("int64" in types for types in operators.typed_op_histogram(on_micro).values())
@@ -290,7 +284,7 @@ def test_funnels_tiles_and_repeats_run_on_tflite_micro_as_broadcasts(tmp_path, i
         upsampled = tf.repeat(x, repeats=2, axis=1)
         return {"mask": mask, "y": tf.nn.gelu(upsampled, approximate=False)}
 
-    path = _saved_function(tmp_path, "widened", widened, tf.TensorSpec([1, 4, 8], tf.float32, name="x"))
+    path = conversions.saved_function(tmp_path, "widened", widened, tf.TensorSpec([1, 4, 8], tf.float32, name="x"))
     assert "TILE" not in _on_tflite_micro(path, int8)[1].ops
 
 
@@ -363,8 +357,9 @@ def test_funnels_pooled_mask_converts_where_the_stock_converter_stops(tmp_path, 
         halved = tf.nn.avg_pool1d(tf.nn.gelu(x, approximate=False), 2, strides=2, padding="SAME")
         return {"y": halved * tf.cast(halved_mask, tf.float32)[:, :, None]}
 
-    path = _saved_function(tmp_path, "funnel_pooling", pooled, tf.TensorSpec([None, None, 4], tf.float32, name="x"),
-                           tf.TensorSpec([None, None], tf.int32, name="mask"))
+    path = conversions.saved_function(tmp_path, "funnel_pooling", pooled,
+                                      tf.TensorSpec([None, None, 4], tf.float32, name="x"),
+                                      tf.TensorSpec([None, None], tf.int32, name="mask"))
     mask = np.ones((2, 7), np.int32)
     mask[0, 4:] = 0  # the first sample's last three positions are padding
     np.savez(tmp_path / "inputs.npz", x=np.random.default_rng(5).normal(size=(2, 7, 4)).astype(np.float32), mask=mask)
@@ -385,10 +380,10 @@ def test_an_einsum_in_a_branch_on_a_tensor_of_no_rank_converts_where_the_stock_c
         return {"y": tf.cond(use_window, lambda: tf.einsum("blhs,bshd->blhd", unranked[:, :, :, :4], values),
                              lambda: tf.nn.gelu(values, approximate=False))}
 
-    path = _saved_function(tmp_path, "sliding_window", attended,
-                           tf.TensorSpec([None, None, 2, None], tf.float32, name="probabilities"),
-                           tf.TensorSpec([None, 4, 2, 3], tf.float32, name="values"),
-                           tf.TensorSpec([], tf.bool, name="use_window"))
+    path = conversions.saved_function(tmp_path, "sliding_window", attended,
+                                      tf.TensorSpec([None, None, 2, None], tf.float32, name="probabilities"),
+                                      tf.TensorSpec([None, 4, 2, 3], tf.float32, name="values"),
+                                      tf.TensorSpec([], tf.bool, name="use_window"))
     rng = np.random.default_rng(6)
     np.savez(tmp_path / "inputs.npz", probabilities=rng.uniform(size=(2, 5, 2, 6)).astype(np.float32),
              values=rng.normal(size=(2, 4, 2, 3)).astype(np.float32), use_window=np.array(use_window))
@@ -434,8 +429,9 @@ def test_leds_int8_mask_compared_with_zero_converts_where_the_stock_converter_st
         return {"y": tf.where(is_padding[:, :, None], 0.0, tf.nn.gelu(x, approximate=False)),
                 "global": tf.cast(is_global, tf.float32)}
 
-    path = _saved_function(tmp_path, "led_mask", masked, tf.TensorSpec([None, None, 4], tf.float32, name="x"),
-                           tf.TensorSpec([None, None], tf.int32, name="mask"))
+    path = conversions.saved_function(tmp_path, "led_mask", masked,
+                                      tf.TensorSpec([None, None, 4], tf.float32, name="x"),
+                                      tf.TensorSpec([None, None], tf.int32, name="mask"))
     np.savez(tmp_path / "inputs.npz", x=np.random.default_rng(7).normal(size=(2, 5, 4)).astype(np.float32),
              mask=np.array([[2, 1, 1, 0, 0], [1, 1, 1, 1, 2]], np.int32))
     _, report = converters.convert(path, inputs=str(tmp_path / "inputs.npz"))
@@ -620,7 +616,7 @@ def test_a_square_root_of_an_int8_tensor_is_a_lookup_on_tflite_micro(tmp_path):
         norms = tf.sqrt(tf.reduce_sum(x * x, axis=-1, keepdims=True))
         return {"y": tf.nn.gelu(x, approximate=False) * norms}
 
-    path = _saved_function(tmp_path, "norms", normalized, tf.TensorSpec([1, 4, 8], tf.float32, name="x"))
+    path = conversions.saved_function(tmp_path, "norms", normalized, tf.TensorSpec([1, 4, 8], tf.float32, name="x"))
     _, on_micro = _on_tflite_micro(path, int8=True)  # an int8 model's report holds its ops' output types
     assert "SQRT" not in on_micro.ops and on_micro.islands_made_integer == {"SQRT": 1}, on_micro.op_types
     assert set(on_micro.op_types) - {"QUANTIZE", "DEQUANTIZE"} and not any(
