@@ -347,6 +347,185 @@ def test_a_scatter_of_no_updates_converts_to_int8_and_runs_on_litert(tmp_path):
     assert report.verified and "SCATTER_ND" in report.ops, report.ops
 
 
+# Attention masks as models spell them, each a function of (scores, keep) where keep is 1 at the positions a
+# query may attend to: the sum a softmax reads, and the same in float64 numpy.
+ADDED_MASKS = {
+    "BERT: plus (1 - keep) * -1e4": (
+        lambda tf, s, keep: s + (1.0 - keep) * -1e4, lambda s, keep: s + (1 - keep) * -1e4),
+    "BART: plus a mask selected from -1e8": (
+        lambda tf, s, keep: s + tf.where(keep > 0.5, 0.0, tf.ones_like(keep) * -1e8),
+        lambda s, keep: s + np.where(keep > 0.5, 0.0, -1e8)),
+    "Whisper: plus a mask a tf.cond on the length chooses": (
+        lambda tf, s, keep: s + tf.cond(tf.shape(keep)[-1] > 1, lambda: (1.0 - keep) * -1e8,
+                                        lambda: (1.0 - keep) * -1e4),
+        lambda s, keep: s + (1 - keep) * (-1e8 if keep.shape[-1] > 1 else -1e4)),
+    "tf-keras's Softmax: plus (1 - boolean) * -1e9": (
+        lambda tf, s, keep: s + (1.0 - tf.cast(keep > 0.5, s.dtype)) * -1e9, lambda s, keep: s + (1 - keep) * -1e9),
+    "float32's lowest selected": (
+        lambda tf, s, keep: s + tf.where(keep > 0.5, 0.0, np.finfo(np.float32).min),
+        lambda s, keep: s + np.where(keep > 0.5, 0.0, float(np.finfo(np.float32).min))),
+    "GPT-2: times keep, less 1e4 * (1 - keep)": (
+        lambda tf, s, keep: s * keep - 1e4 * (1.0 - keep), lambda s, keep: s * keep - 1e4 * (1 - keep)),
+    "CLIP: plus a band of -1e4 with a diagonal of 0, then a padding mask": (
+        lambda tf, s, keep: (s + tf.linalg.set_diag(tf.linalg.band_part(tf.fill(tf.shape(s)[-2:], -1e4), 0, -1),
+                                                    tf.zeros(tf.shape(s)[-1:]))) + (1.0 - keep[:, :1, :]) * -1e4,
+        lambda s, keep: s + np.triu(np.full(s.shape[-2:], -1e4), 1) + (1 - keep[:, :1, :]) * -1e4),
+}
+
+
+@st.composite
+def masked_attention(draw):
+    """(spelling, queries and keys, keep, whether a position bias and Hugging Face's stable_softmax shift are
+    added): every row keeps its first position at least, as causal and padding masks do. Queries and keys are
+    small integers times a power of two, so that float32 computes their scores exactly."""
+    spelling = draw(st.sampled_from(sorted(ADDED_MASKS)))
+    steps = draw(st.integers(1, 6))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    scale = draw(st.sampled_from([0.125, 1.0, 4.0]))
+    queries, keys = (rng.integers(-3, 4, size=(2, steps, 4)).astype(np.float32) * scale for _ in range(2))
+    keep = (rng.uniform(size=(2, steps, steps)) < 0.6).astype(np.float32)
+    keep[:, :, 0] = 1.0
+    return spelling, queries, keys, keep, draw(st.booleans()), draw(st.booleans())
+
+
+def _softmax64(x):
+    x = x - x.max(axis=-1, keepdims=True)
+    return np.exp(x) / np.exp(x).sum(axis=-1, keepdims=True)
+
+
+def _scores_graph(tf, spelling, biased, shifted):
+    """(the concrete function of the softmax of the masked scores of (queries, keys, keep, bias), its GraphDef)."""
+    masked_sum = ADDED_MASKS[spelling][0]
+
+    def attention(queries, keys, keep, bias):
+        total = masked_sum(tf, tf.matmul(queries, keys, transpose_b=True), keep)
+        total = total + bias if biased else total
+        return tf.nn.softmax(total + 1e-9 if shifted else total)
+
+    spec = tf.TensorSpec(None, tf.float32)
+    function = tf.function(attention).get_concrete_function(spec, spec, spec, spec)
+    return function, function.graph.as_graph_def()
+
+
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
+@settings(max_examples=60, deadline=None)
+@given(case=masked_attention())
+def test_an_added_attention_mask_as_a_selection_gives_the_softmax_float64_computes(case):
+    """The rewrite keeps the softmax's values in float: a masked score's weight is 0 either way (its exp underflows
+    in float32 and float64 alike), the others are the float32 rounding of the float64 softmax of exact scores and
+    biases: within 1e-6 (a float32 softmax over 6 positions, a few ulps of the largest weight, 1). And the softmax
+    reads the selection through reshapes at most, the stable softmax's shift dropped: what
+    quantizer.softmax_floors floors."""
+    import tensorflow as tf
+
+    from keras_gelu.converters.rewriting import graph
+    from keras_gelu.converters.rewriting import int8 as integer
+
+    spelling, queries, keys, keep, biased, shifted = case
+    function, graph_def = _scores_graph(tf, spelling, biased, shifted)
+    assert integer.added_masks_as_selections(graph_def) == 1
+    inputs, output = [tensor.name for tensor in function.inputs], function.outputs[0].name
+    graph.prune(graph_def, [*inputs, output])
+    nodes = graph.nodes_by_name(graph_def)
+    (softmax,) = [node for node in graph_def.node if node.op == "Softmax"]
+    assert graph.producer(softmax.input[0], nodes).op == "SelectV2"
+    bias = np.arange(keep.shape[-1], dtype=np.float32) * 0.25 - 0.5  # a position bias: a term, not a mask
+    (weights,) = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(
+        graph_def, input_map=dict(zip(inputs, map(tf.constant, (queries, keys, keep, bias)))),
+        return_elements=[output]), [])()
+    scores = queries.astype(np.float64) @ keys.astype(np.float64).transpose(0, 2, 1)
+    expected = _softmax64(ADDED_MASKS[spelling][1](scores, keep) + (bias if biased else 0.0))
+    np.testing.assert_allclose(weights.numpy(), expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.legs("tf_keras")
+def test_sums_that_are_not_a_masked_softmax_input_are_left_as_they_are():
+    """A lowering of 1e3 is a bias, not a mask (exp(-500) is not 0 next to every score); a sum read by another op
+    too would give it the fill; masks alone have no scores to keep."""
+    import tensorflow as tf
+
+    from keras_gelu.converters.rewriting import int8 as integer
+
+    spec = tf.TensorSpec(None, tf.float32)
+    for attention in (
+            lambda q, keep: tf.nn.softmax(tf.matmul(q, q, transpose_b=True) + (1.0 - keep) * -1e3),
+            lambda q, keep: (lambda total: (tf.nn.softmax(total), total))(
+                tf.matmul(q, q, transpose_b=True) + (1.0 - keep) * -1e4),
+            lambda q, keep: tf.nn.softmax((1.0 - keep) * -1e4 + (1.0 - keep) * -1e8)):
+        graph_def = tf.function(attention).get_concrete_function(spec, spec).graph.as_graph_def()
+        assert integer.added_masks_as_selections(graph_def) == 0
+
+
+@pytest.mark.legs("tf_keras")  # tf-keras's Softmax adds its mask; Keras 3's selects it
+@pytest.mark.parametrize("int16", [False, True], ids=["int8", "16x8"])
+@pytest.mark.parametrize("model", ["causal MultiHeadAttention", "padding mask of -1e4", "padding mask of -1e9",
+                                   "padding mask of float32's lowest"])
+def test_an_attention_with_an_added_mask_keeps_its_scores(tmp_path, model, int16):
+    """On the sum's range, down to the fill, every score rounded to one value: int8 kept cosine 0.90 (tf-keras's
+    MultiHeadAttention with use_causal_mask) and 0.37 (a BERT's padding mask of -1e4, calibrated on padded
+    samples, as the budget's refusal advises), 16x8 0.49 on the first, against the float model. With the mask
+    selected and its fill floored, 0.999 holds on every output. A mask's fill is divided out by products with
+    constants of 1e-4 or more: TensorFlow's quantizer wrote 1e-9 as 0, and no position was masked."""
+    fills = {"-1e4": -1e4, "-1e9": -1e9, "float32's lowest": float(np.finfo(np.float32).min)}
+    path, samples = _attention_with_an_added_mask(tmp_path, model, fill=fills.get(model.split(" of ")[-1]))
+    _, report = converters.convert(path, int8=True, int16=int16, calibration=samples)
+    assert min(comparison["cosine"] for comparison in report.drift) >= 0.999, report.drift
+    assert any("as_selection" in name for name in report.ranges_repaired["narrowed"]), report.ranges_repaired
+
+
+def _attention_with_an_added_mask(tmp_path, model, fill=-1e4, mask=None):
+    """(the SavedModel of an attention whose softmax reads its scores plus a mask, its samples' .npz): `model`
+    names it; any but a causal MultiHeadAttention adds a padding mask of `fill`, and `mask(tf, keep)` where
+    given."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(4)
+    steps, width = 12, 32
+    x = rng.normal(0.0, 2.0, size=(16, steps, width)).astype(np.float32)
+    if model == "causal MultiHeadAttention":
+        keras.utils.set_random_seed(4)
+        tokens = keras.Input((steps, width), name="x")
+        attended = keras.layers.MultiHeadAttention(4, 8)(tokens, tokens, use_causal_mask=True)
+        path = _save(keras.Model(tokens, keras.layers.Dense(width)(attended)), str(tmp_path / "model"))
+        np.savez(tmp_path / "samples.npz", x=x)
+        return path, str(tmp_path / "samples.npz")
+    projections = [tf.constant(rng.normal(size=(width, width)).astype(np.float32) / 6) for _ in range(3)]
+
+    def padded_attention(x, keep):  # two heads
+        queries, keys, values = (tf.transpose(tf.reshape(tf.matmul(x, projection), [-1, steps, 2, width // 2]),
+                                              [0, 2, 1, 3]) for projection in projections)
+        scores = tf.matmul(queries, keys, transpose_b=True) / np.sqrt(width // 2).astype(np.float32)
+        keep = tf.cast(keep, tf.float32)[:, None, None, :]
+        masked = scores + (1.0 - keep) * fill
+        weights = tf.nn.softmax(masked if mask is None else masked + mask(tf, keep))
+        return {"y": tf.matmul(weights, values), "weights": weights}
+
+    path = conversions.saved_function(tmp_path, "model", padded_attention,
+                                      tf.TensorSpec([None, steps, width], tf.float32, name="x"),
+                                      tf.TensorSpec([None, steps], tf.int32, name="keep"))
+    keep = (np.arange(steps) < rng.integers(7, steps + 1, size=(16, 1))).astype(np.int32)  # 7: rows keep some
+    np.savez(tmp_path / "samples.npz", x=x, keep=keep)
+    return path, str(tmp_path / "samples.npz")
+
+
+@pytest.mark.legs("tf_keras")
+def test_a_mask_the_rewrite_does_not_find_keeps_its_selection_unfloored_and_still_masks(tmp_path):
+    """A second mask made by an op the rewrite does not know (here a reversal, twice) stays among the terms the
+    selection keeps, so that its values lie thousands of a floored range's spans below its floor. A floor there
+    made LiteRT's int8 ADD computing onto that grid give a masked -1e4 as +0.71 (Hugging Face's CLIP, before its
+    causal mask's MatrixSetDiag was known: masked positions weighed as much as any). Such a selection keeps the
+    range it was calibrated to, and what either mask hides weighs less than a step of the softmax's output."""
+    causal = np.triu(np.full((12, 12), -1e4, np.float32), 1)
+    path, samples = _attention_with_an_added_mask(
+        tmp_path, "padding mask of -1e4", mask=lambda tf, keep: tf.reverse(tf.reverse(tf.constant(causal), [0]), [0]))
+    tflite_model, report = converters.convert(path, int8=True, calibration=samples, min_cosine=0.0)
+    assert "SELECT_V2" in report.ops and not report.ranges_repaired.get("narrowed"), report.ranges_repaired
+    data = dict(np.load(samples))
+    weights = verify.run_signature(tflite_model, "serving_default", data)["weights"]
+    hidden = np.broadcast_to((data["keep"][:, None, None, :] == 0) | (causal < 0), weights.shape)
+    assert np.max(weights[hidden]) < 1 / 256, np.max(weights[hidden])
+
+
 def _sines_and_cosines_concatenated(tf, h):  # keras-hub SAM's positional encoding of its prompts' points
     return tf.concat([_fake_quant(tf.sin(h), -0.85, 0.85), _fake_quant(tf.cos(h), 0.0, 1.0)], -1), (-0.85, 1.0)
 

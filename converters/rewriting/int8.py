@@ -433,6 +433,205 @@ def scatter_updates_as_selections(graph_def):
     return rewritten
 
 
+# An attention mask's fill: the magnitude of what it adds to a score it masks, at least this (BERT's -1e4, BART's
+# -1e8, tf-keras's Softmax -1e9, float32's lowest; GPT-2 and Funnel subtract theirs). Half of it below its row's
+# largest score, exp is 0 in float32.
+_MASK_FILL = 1e4
+# The ops an attention mask is made by from its inputs and constants, each with its operands that carry values
+# (those not listed are shapes, axes, multiples, or a selection's condition).
+_MASK_MAKING = {"Identity": (0,), "StopGradient": (0,), "Neg": (0,), "Reshape": (0,), "ExpandDims": (0,),
+                "Squeeze": (0,), "Transpose": (0,), "Tile": (0,), "BroadcastTo": (0,), "StridedSlice": (0,),
+                "Slice": (0,), "MatrixBandPart": (0,), "MatrixSetDiag": (0, 1), "MatrixSetDiagV2": (0, 1),
+                "MatrixSetDiagV3": (0, 1), "Fill": (1,), "OnesLike": (), "ZerosLike": (),
+                "Select": (1, 2), "SelectV2": (1, 2),
+                "Add": (0, 1), "AddV2": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Minimum": (0, 1), "Maximum": (0, 1),
+                "Pack": slice(None), "ConcatV2": slice(0, -1)}
+# What may lie between a masked sum and its softmax: ops that move values (and additions of a constant).
+_SOFTMAX_WAY = ("Identity", "Reshape", "ExpandDims", "Squeeze", "Transpose")
+_SUMS = ("Add", "AddV2", "Sub")
+
+
+def _mask_fill(name, nodes, library):
+    """The largest magnitude of a float constant tensor `name` is made from, at most float32's largest, where it
+    is made from inputs and constants by _MASK_MAKING ops alone, conditionals' branches too (an attention mask: a
+    padding mask's (1 - mask) * -1e4, a causal mask's band, Whisper's chosen by a tf.cond on the length) and that
+    magnitude is at least _MASK_FILL; else None. `library`: {name: FunctionDef}."""
+    largest = _largest_constant(name, nodes, library, {})
+    return None if largest is None or largest < _MASK_FILL else min(largest, -_LOWEST_FLOAT32)
+
+
+def _largest_constant(name, nodes, library, arguments):
+    """_mask_fill's largest magnitude, of any size, or None; `arguments`: {a function body's argument: the walk
+    of the tensor its caller passes}."""
+    pending, seen, largest = [name], set(), 0.0
+    while pending:
+        tensor = pending.pop()
+        node = nodes.get(graph.split_tensor_name(tensor)[0])
+        if node is None:
+            return None
+        if node.name in seen:
+            continue
+        seen.add(node.name)
+        if node.op == "Const":
+            value = tf.make_ndarray(node.attr["value"].tensor)
+            if value.dtype.kind == "f" and value.size:
+                largest = max(largest, float(np.max(np.abs(value))))
+        elif node.op == "Placeholder":  # an input, or an argument of the branch being walked
+            caller = arguments.get(node.name)
+            found = 0.0 if caller is None else caller()
+            if found is None:
+                return None
+            largest = max(largest, found)
+        elif node.op == "Cast":  # from an integer or boolean: a mask's condition, its values none of them a fill
+            if tf.as_dtype(node.attr["SrcT"].type).is_floating:
+                pending.append(node.input[0])
+        elif node.op in ("If", "StatelessIf", "Case", "StatelessCase"):
+            operands = graph.data_inputs(node)[1:]
+            for branch in graph.branches(node):
+                if branch not in library:
+                    return None
+                body, outputs, _ = graph.function_as_graph(library[branch], library)
+                passed = {argument.name: functools.partial(_largest_constant, operand, nodes, library, arguments)
+                          for argument, operand in zip(library[branch].signature.input_arg, operands)}
+                found = _largest_constant(outputs[graph.split_tensor_name(tensor)[1]], graph.nodes_by_name(body),
+                                          library, passed)
+                if found is None:
+                    return None
+                largest = max(largest, found)
+        elif node.op in _MASK_MAKING:
+            positions = _MASK_MAKING[node.op]
+            operands = graph.data_inputs(node)
+            pending.extend(operands[positions] if isinstance(positions, slice)
+                           else [operands[position] for position in positions])
+        else:
+            return None
+    return largest
+
+
+def _scalar_operand(node, nodes):
+    """The operand of `node` that is a constant of one value, or None."""
+    for operand in graph.data_inputs(node):
+        value = graph.constant_value(operand, nodes)
+        if value is not None and value.size == 1:
+            return operand
+    return None
+
+
+def _softmax_sum(softmax, readers, nodes):
+    """(the sum `softmax` alone reads, through _SOFTMAX_WAY ops and additions of a constant, and those additions:
+    Hugging Face's stable_softmax adds 1e-9), or None where it reads no such sum."""
+    tensor, shifts = graph.data_inputs(softmax)[0], []
+    while len(readers.get(graph.canonical(tensor), ())) == 1:
+        node = nodes.get(graph.split_tensor_name(tensor)[0])
+        if node is None:
+            return None
+        if node.op in _SOFTMAX_WAY:
+            tensor = graph.data_inputs(node)[0]
+        elif node.op in _SUMS:
+            shift = _scalar_operand(node, nodes)
+            if shift is None:
+                return node, shifts
+            if node.op == "Sub" and shift != graph.data_inputs(node)[1]:
+                return None  # a constant less the rest: the softmax of the rest negated
+            shifts.append(node)
+            tensor = next(operand for operand in graph.data_inputs(node) if operand != shift)
+        else:
+            return None
+    return None
+
+
+def _terms(total, readers, nodes, library):
+    """[(tensor, 1 or -1)]: the tensors the sum `total` adds or subtracts, through the sums among them that it
+    alone reads and that are not a mask (CLIP adds its causal mask, then its padding mask)."""
+    terms, pending = [], [(total, 1)]
+    while pending:
+        tensor, sign = pending.pop()
+        node = nodes.get(graph.split_tensor_name(tensor)[0])
+        if node is not None and node.op in _SUMS and (tensor == total or (
+                len(readers.get(graph.canonical(tensor), ())) == 1 and _mask_fill(tensor, nodes, library) is None)):
+            first, second = graph.data_inputs(node)
+            pending += [(first, sign), (second, -sign if node.op == "Sub" else sign)]
+        else:
+            terms.append((tensor, sign))
+    return terms
+
+
+# The smallest constant a product by one is written with (_over): TensorFlow's quantizer gives a constant a range
+# at least 1e-6 wide, on whose grid a factor of 1e-9 (a fill of -1e9: T5Gemma's) was 0.
+_SMALLEST_FACTOR = 1e-4
+
+
+def _over(tensor, divisor):
+    """tensor / divisor as products by constants of _SMALLEST_FACTOR or more, as many as that takes."""
+    while divisor > 1 / _SMALLEST_FACTOR:
+        tensor, divisor = tensor * tf.constant(_SMALLEST_FACTOR, tensor.dtype), divisor * _SMALLEST_FACTOR
+    return tensor * tf.constant(1 / divisor, tensor.dtype)
+
+
+def _masked_by_selection(*terms, signs, fills):
+    """The sum of `terms`, each times its sign, with the largest fill's negative selected where a term whose fill
+    is given (a mask) is at most minus half its fill.
+
+    Each mask is divided by its fill, then compared to -0.5: LiteRT's int8
+    comparison of the mask, on steps of 4e5 for a fill of 1e8, with the
+    constant on a grid of its own, found no masked position. A mask's other
+    values are added multiplied by 1: selected, the quantizer's grids of a
+    selection would put the mask on its other values' grid (a range of
+    [0, 0]), and added as they are, the sum's range would reach the fill."""
+    dtype = terms[0].dtype
+    signed = [term if sign > 0 else term * tf.constant(-1, dtype) for term, sign in zip(terms, signs)]
+    masks = [(term, fill) for term, fill in zip(signed, fills) if fill is not None]
+    masked = functools.reduce(tf.logical_or, [_over(mask, fill) <= tf.constant(-0.5, dtype) for mask, fill in masks])
+    unmasked = tf.where(masked, tf.constant(0, dtype), tf.constant(1, dtype))
+    kept = functools.reduce(tf.add, [term for term, fill in zip(signed, fills) if fill is None] + [
+        mask * unmasked for mask, _ in masks])  # not AddN: the terms broadcast
+    return [tf.where(masked, tf.constant(-max(fills, key=lambda fill: fill or 0), dtype), kept)]
+
+
+def added_masks_as_selections(graph_def):
+    """Rewrite a sum a Softmax alone reads where some of its terms are attention masks (_mask_fill: made of a
+    constant of magnitude 1e4 or more) and some are not (the scores): minus the largest fill selected where a
+    mask is at most minus half its fill, the sum elsewhere; additions of a constant on the way to the softmax are
+    dropped (it computes the same of every row shifted alike). Returns how many sums were rewritten.
+
+    The sum's range reached down to the fill, and on its grid every score
+    rounded to one value: a tf-keras MultiHeadAttention with a causal mask
+    kept cosine 0.90 at int8 and 0.49 at 16x8, a BERT-style padding mask
+    calibrated on padded samples 0.37, Hugging Face's BART 0.94 and Whisper
+    0.96 (the suite's models, and the sweep's). Selected, the fill is a constant
+    that quantizer.softmax_floors floors, and the scores keep their own
+    range. In float the softmax computes the same where masks only lower the
+    scores (as every mask here does): a masked score, half a fill or further
+    below its row's largest, gave 0, and gives 0; a mask that is not so low
+    anywhere is added as it was. (A row masked throughout, which no causal or
+    padding mask makes, computes equal weights where it computed the softmax
+    of its scores shifted by the fill.)
+    """
+    nodes = graph.nodes_by_name(graph_def)
+    readers = graph.consumers(graph_def)
+    library = {function.signature.name: function for function in graph_def.library.function}
+    rewritten = 0
+    for softmax in [node for node in graph_def.node if node.op == "Softmax"]:
+        found = _softmax_sum(softmax, readers, nodes)
+        if found is None:
+            continue
+        total, shifts = found
+        terms, signs = zip(*_terms(total.name, readers, nodes, library))
+        fills = [_mask_fill(term, nodes, library) for term in terms]
+        if all(fill is None for fill in fills) or all(fill is not None for fill in fills):
+            continue
+        dtype = tf.as_dtype(total.attr["T"].type)
+        (selected,) = graph.splice_many(graph_def, functools.partial(_masked_by_selection, signs=signs, fills=fills),
+                                        [(term, dtype, None) for term in terms], total.name + "/as_selection/",
+                                        nodes)
+        graph.redirect(graph_def, total.name, selected)
+        for shift in shifts:
+            graph.redirect(graph_def, shift.name, next(
+                operand for operand in graph.data_inputs(shift) if operand != _scalar_operand(shift, nodes)))
+        rewritten += 1
+    return rewritten
+
+
 def biases_before_reshapes(graph_def):
     """Rewrite BiasAdd(Reshape(MatMul(x, w)), b) as Reshape(BiasAdd(MatMul(x, w), b)).
 
@@ -1183,7 +1382,7 @@ def constant_lookups_folded(graph_def):
 GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, squares_as_multiplications,
                 squared_differences_in_four_axes,
                 zeros_like_as_multiplications, one_hots_as_selections, scatter_updates_as_selections,
-                biases_before_reshapes,
+                added_masks_as_selections, biases_before_reshapes,
                 constant_lookups_folded, integer_valued.integer_arithmetic_in_int32,
                 integer_valued.quantized_integers_as_lookups)
 # And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.

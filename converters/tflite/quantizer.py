@@ -375,9 +375,11 @@ def softmax_floors(calibrated_model, recorded, int16):
     (`calibration.Recorded`) that a selection of a constant (a mask's fill) computes, directly or through ops that
     move values, and for each tensor on that way, where the softmax and those ops alone read them: what lies
     below computes the softmax's output as the floor does (SOFTMAX_REACH). The selection writes on the floor's
-    grid, and its constant saturates there. (An added mask is left alone: LiteRT's optimized int8 ADD carried an
+    grid, and its constant saturates there. An added mask is not floored: LiteRT's optimized int8 ADD carried an
     operand on a scale hundreds of times its output's wrongly, a masked -1e4 to +7.4, and an int16 model of an
-    added mask so narrowed aborted the process as LiteRT prepared it.)
+    added mask so narrowed aborted the process as LiteRT prepared it. `int8.added_masks_as_selections` writes the
+    masks it finds as selections; a selection whose computed operand still reaches _MASK_DEPTH floored spans
+    below the floor (a mask it did not find, added to the scores) keeps its range.
 
     The floor is the smallest largest value of a row over the samples, less as much again as those largest values
     spread apart (a row below any seen), less the softmax's reach."""
@@ -394,7 +396,26 @@ def softmax_floors(calibrated_model, recorded, int16):
                 op_name(model, producers[way[-1]]) in _MOVING_VALUES:
             way.append(producers[way[-1]].inputs[0])
         selection = producers.get(way[-1])
-        if readers[way[-1]] == 1 and selection is not None and op_name(model, selection) in _SELECTIONS and any(
-                flatbuffer_model.is_constant(model, subgraph.tensors[operand]) for operand in selection.inputs[1:]):
-            floors.update(dict.fromkeys(way, floor))
+        if readers[way[-1]] != 1 or selection is None or op_name(model, selection) not in _SELECTIONS:
+            continue
+        operands = [subgraph.tensors[operand] for operand in selection.inputs[1:]]
+        if not any(flatbuffer_model.is_constant(model, operand) for operand in operands):
+            continue
+        if any(_below_the_floor(recorded.ranges.get(operand), floor) for operand, tensor
+               in zip(selection.inputs[1:], operands) if not flatbuffer_model.is_constant(model, tensor)):
+            continue
+        floors.update(dict.fromkeys(way, floor))
     return floors
+
+
+# How many spans of a floored range a selection's computed operand may reach below the floor: a score a floor
+# clips lies a few spans down at most; a mask's fill (1e4 or more, against scores of tens) hundreds.
+_MASK_DEPTH = 64
+
+
+def _below_the_floor(recorded_range, floor):
+    """Whether a range reaches more than _MASK_DEPTH spans of [floor, its largest value] below the floor."""
+    if recorded_range is None:
+        return False
+    low, high = recorded_range
+    return floor - low > _MASK_DEPTH * max(high - floor, np.finfo(np.float32).tiny)
