@@ -170,11 +170,8 @@ def _converted_graph(tmp_path, function, shape):
     """(.tflite, Report) of the SavedModel serving `function` of one float input of `shape`."""
     import tensorflow as tf
 
-    module = tf.Module()
-    module.serve = tf.function(function, input_signature=[tf.TensorSpec(shape, tf.float32, name="x")])
-    path = str(tmp_path / "graph")
-    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
-    return converters.convert(path, int8=True)
+    return converters.convert(conversions.saved_function(tmp_path, "graph", function,
+                                                         tf.TensorSpec(shape, tf.float32, name="x")), int8=True)
 
 
 def test_slices_of_a_fake_quantized_tensor_stacked_and_concatenated_with_values_of_other_ranges_convert(tmp_path):
@@ -906,10 +903,7 @@ def test_calibrated_ranges_the_quantizer_cannot_take_are_repaired_and_the_values
         far = tf.math.log(distance) * 2.0 + 1.0  # -inf where the distance is 0, discarded below
         return {"y": tf.where(distance < 2.0, distance, tf.floor(far)) + mask}
 
-    module = tf.Module()
-    module.serve = tf.function(buckets, input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
-    path = str(tmp_path / "graph")
-    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    path = conversions.saved_function(tmp_path, "graph", buckets, tf.TensorSpec([None, 16], tf.float32, name="x"))
     # distances from 0 to 255, on which an int8 grid (scale 1) is exact: what is rounded is the repairs' doing
     x = np.random.default_rng(5).integers(0, 256, size=(16, 16)).astype(np.float32)
     x[:, :3] = [0.0, 1.0, 255.0]  # distances of 0 in every sample: -inf in every calibration run
@@ -942,12 +936,9 @@ def test_a_tensor_whose_reader_computes_in_place_is_quantized_on_its_own_range(t
         return {name: tf.nn.softmax(value) for name, value in (
             ("masked", half - 1e4 * mask), ("shifted", quarter + 1e4 * mask), ("scaled", double * 1e4))}
 
-    module = tf.Module()
     # a batch of one, as the calibrator takes samples: a tensor of unknown shape is not computed in place
-    specs = [tf.TensorSpec([1, 8], tf.float32, name="x"), tf.TensorSpec([1, 8], tf.float32, name="mask")]
-    module.serve = tf.function(chains, input_signature=specs)
-    path = str(tmp_path / "graph")
-    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    path = conversions.saved_function(tmp_path, "graph", chains, tf.TensorSpec([1, 8], tf.float32, name="x"),
+                                      tf.TensorSpec([1, 8], tf.float32, name="mask"))
     rng = np.random.default_rng(6)
     x = rng.uniform(-1.0, 1.0, size=(16, 8)).astype(np.float32)
     mask = (rng.uniform(size=(16, 8)) < 0.5).astype(np.float32)

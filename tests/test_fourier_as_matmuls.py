@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import conversions
 import tflite_helpers
 from keras_gelu import converters
 from keras_gelu.converters.rewriting import fourier_as_matmuls
@@ -62,15 +63,12 @@ def _fnet_mixing(tmp_path, shape):
     """FNet's mixing, real(fft2(complex(x, 0))) over sequence and hidden, between two GELU layers; saved, and
     inputs to check it on."""
     weights = tf.constant(np.random.default_rng(1).standard_normal([8, 8]) / 3, tf.float32)
-    module = tf.Module()
 
     def mixing(x):
         h = tf.nn.gelu(tf.matmul(x, weights), approximate=True)
         return {"y": tf.nn.gelu(tf.math.real(tf.signal.fft2d(tf.complex(h, tf.zeros_like(h)))) / 8.0, True)}
 
-    module.f = tf.function(mixing, input_signature=[tf.TensorSpec(shape, tf.float32)])
-    path = str(tmp_path / "fnet")
-    tf.saved_model.save(module, path, signatures={"serving_default": module.f})
+    path = conversions.saved_function(tmp_path, "fnet", mixing, tf.TensorSpec(shape, tf.float32))
     x = np.random.default_rng(2).standard_normal([1, 6, 8]).astype(np.float32)
     np.savez(tmp_path / "x.npz", x=x)
     h = x.astype(np.float64) @ weights.numpy()

@@ -140,14 +140,13 @@ def test_a_batch_normalized_by_its_own_statistics_with_a_scale_and_offset_conver
     scale, offset = rng.uniform(0.5, 2.0, 6).astype(np.float32), rng.normal(size=6).astype(np.float32)
     shape = [1, 4, 5, 6] if data_format == "NHWC" else [1, 6, 4, 5]
 
-    @tf.function(input_signature=[tf.TensorSpec(shape, tf.float32, name="x")])
-    def serve(x):
+    def batch_normalized(x):
         normalized, _, _ = tf.compat.v1.nn.fused_batch_norm(x, scale, offset, epsilon=1e-3, is_training=True,
                                                              data_format=data_format)
         return {"y": tf.nn.gelu(normalized, approximate=False)}
 
-    path = str(tmp_path / "batch_norm")
-    tf.saved_model.save(tf.Module(), path, signatures={"serving_default": serve})
+    path = conversions.saved_function(tmp_path, "batch_norm", batch_normalized,
+                                      tf.TensorSpec(shape, tf.float32, name="x"))
     x = rng.normal(2.0, 3.0, size=shape).astype(np.float32)
     np.savez(tmp_path / "x.npz", x=x)
     tflite_model, report = converters.convert(path, int16=True, calibration=str(tmp_path / "x.npz"),
@@ -259,23 +258,20 @@ def test_token_ids_read_by_integer_ops_convert_to_16x8_and_those_ops_stay_what_t
     table = tf.constant(rng.normal(size=(vocabulary, width)).astype(np.float32))
     kernel = tf.constant(rng.normal(0.0, 0.25, size=(width, width)).astype(np.float32))
 
-    @tf.function(input_signature=[tf.TensorSpec([1, length], tf.int32, name="ids")])
-    def serve(ids):
+    def embedded(ids):
         kept = tf.not_equal(ids, 0)
         positions = tf.cumsum(tf.cast(kept, tf.int32), axis=1) * tf.cast(kept, tf.int32)
         x = tf.gather(table, ids) + tf.gather(table, positions)
         x = tf.nn.gelu(tf.matmul(x, kernel), approximate=False) * tf.cast(kept, tf.float32)[..., None]
         return {"y": x}
 
-    module = tf.Module()
-    module.serve = serve
-    tf.saved_model.save(module, str(tmp_path / "model"), signatures={"serving_default": serve})
+    path = conversions.saved_function(tmp_path, "model", embedded, tf.TensorSpec([1, length], tf.int32, name="ids"))
     ids = rng.integers(0, vocabulary, size=(16, length)).astype(np.int32)
     ids[:, length - 3:] = 0
     np.savez(tmp_path / "calibration.npz", ids=ids)
     options = dict(calibration=str(tmp_path / "calibration.npz"))
-    _, int16 = converters.convert(str(tmp_path / "model"), int16=True, **options)
-    _, int8 = converters.convert(str(tmp_path / "model"), int8=True, **options)
+    _, int16 = converters.convert(path, int16=True, **options)
+    _, int8 = converters.convert(path, int8=True, **options)
     integer = {report.step_type: tflite_helpers.integer_outputs(report) for report in (int16, int8)}
     assert integer["int16"] == integer["int8"] and "NOT_EQUAL" in integer["int16"], integer
     assert int16.budget["cosine"] >= int8.budget["cosine"] - 1e-6, (int16.budget, int8.budget)
