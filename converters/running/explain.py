@@ -29,6 +29,11 @@ _VALUE_MOVING = ("QUANTIZE", "DEQUANTIZE")
 # A channel whose values reach this many times the median channel's holds a per-tensor grid for itself: the
 # others keep log2(ratio) bits fewer of int8's eight (16: half of them).
 OUTLIER_RATIO = 16.0
+# A tensor whose float values' RMS is this far below its inputs' (100 dB) holds what float32's rounding left of
+# a cancellation, no signal: the mean of rows a LayerNormalization already centred (a LayerNormalization after
+# another: CLIP's vision tower), about 1e-7 of them, which an int8 model computes as 0. Its error against the
+# float model measures float's rounding, and it is blamed for no loss.
+RESIDUE = 1e-5
 # How many of the worst tensor's errors the page's histogram draws, and in how many bins.
 HISTOGRAM_BINS = 40
 _MAX_HISTOGRAM_VALUES = 1 << 16
@@ -57,6 +62,7 @@ class _Statistics:
 
     def __init__(self):
         self.reference_energy = self.value_energy = self.product = self.error_energy = 0.0
+        self.count = 0
         self.max_abs, self.errors = 0.0, []
         self.channel_peaks = None  # each channel's (last axis) largest magnitude in the float model
 
@@ -73,6 +79,7 @@ class _Statistics:
         value, reference = value[kept], reference[kept]
         error = value - reference
         self.reference_energy += float(reference @ reference)
+        self.count += reference.size
         self.value_energy += float(value @ value)
         self.product += float(value @ reference)
         self.error_energy += float(error @ error)
@@ -83,6 +90,10 @@ class _Statistics:
     def cosine(self):
         norms = math.sqrt(self.reference_energy * self.value_energy)
         return self.product / norms if norms > 0 else (1.0 if self.error_energy == 0 else 0.0)
+
+    def rms(self):
+        """The float model's values' root mean square."""
+        return math.sqrt(self.reference_energy / self.count) if self.count else 0.0
 
     def snr_db(self):
         if self.error_energy == 0:
@@ -226,10 +237,17 @@ def _rows(computed, details, statistics, findings):
     # What each tensor is computed from, as good as: the worst of its inputs, each its own ratio where it was
     # compared, else what it was computed from; a model input or a constant is exact. In the order the ops
     # run, so that every input's level is known before it is read.
-    upstream, level = {}, {}
+    # A residue (RESIDUE) passes its inputs' level and magnitude on, and the ops computing from it alone are
+    # residues too (its product by a factor, a constant less that).
+    upstream, level, magnitude, residues = {}, {}, {}, set()
     for index, _, _, inputs in computed:
         upstream[index] = min((snr.get(source, level.get(source, EXACT_DB)) for source in inputs), default=EXACT_DB)
-        level[index] = snr.get(index, upstream[index])
+        above = max((magnitude.get(source, 0.0) for source in inputs), default=0.0)
+        own = statistics[index].rms() if index in statistics else above
+        if own < RESIDUE * above:
+            residues.add(index)
+        level[index] = upstream[index] if index in residues else snr.get(index, upstream[index])
+        magnitude[index] = above if index in residues else own
     described = _descriptions(computed, details)
 
     gelus = {origin(finding.root.split(":")[0]): finding for finding in findings}
@@ -248,7 +266,8 @@ def _rows(computed, details, statistics, findings):
             "scale": float(scale) if scale else None,
             "max_abs": statistic.max_abs, "steps": statistic.max_abs / scale if scale else None,
             "cosine": statistic.cosine(), "snr_db": snr[index],
-            "lost_db": max(0.0, min(upstream[index], rounding_db(8 * dtype.itemsize)) - snr[index]),
+            "lost_db": 0.0 if index in residues else max(
+                0.0, min(upstream[index], rounding_db(8 * dtype.itemsize)) - snr[index]),
             "gelu": None if finding is None else f"{finding.pattern} -> {finding.became}",
             "outlier": statistic.outlier()})
     worst = max(rows, key=lambda row: (row["lost_db"], -row["snr_db"]), default=None)
