@@ -244,7 +244,7 @@ def _rows(computed, details, statistics, findings):
         upstream[index] = min((snr.get(source, level.get(source, EXACT_DB)) for source in inputs), default=EXACT_DB)
         above = max((magnitude.get(source, 0.0) for source in inputs), default=0.0)
         own = statistics[index].rms() if index in statistics else above
-        if own < RESIDUE * above:
+        if 0 < own < RESIDUE * above:  # exact zeros are no residue: int8 values there are its own error
             residues.add(index)
         level[index] = upstream[index] if index in residues else snr.get(index, upstream[index])
         magnitude[index] = above if index in residues else own
