@@ -63,7 +63,8 @@ def quantized_16x8(calibrated_model, int16_io, float_ops=()):
     sets follow the 16x8 one with the mode's); ops on integers alone, and those `float_ops` names, are shown to it
     as an op it leaves alone (`_ops_hidden`), and have them back after (`_as_written`), the latter in float."""
     io_type = tf.int16 if int16_io else tf.float32
-    hidden_model, hidden = _ops_hidden(calibrated_model, set(float_ops))
+    hidden_model, hidden = _ops_hidden(_buffers_one_tensor_each(calibrated_model),
+                                       set(float_ops) | _running_untaken_branches(calibrated_model))
     with native_logs.discarded():
         quantized_model = stock_calibrator.Calibrator(hidden_model).calibrate_and_quantize(
             lambda: iter(()), io_type, io_type, allow_float=True, activations_type=tf.int16, bias_type=tf.int64)
@@ -89,19 +90,70 @@ _DEQUANTIZE = schema.BuiltinOperator.DEQUANTIZE
 Hidden = collections.namedtuple("Hidden", "codes kept_float")
 
 
+def _buffers_one_tensor_each(tflite_model):
+    """The model with each buffer that several constants share copied for each after the first (the converter
+    keeps one buffer for equal bytes: an int32 0 and a float32 0.0, a branch's ones and another's). The older
+    quantizer writes a constant's quantized values into its buffer, whoever else reads it: ViT-MAE's int32 0,
+    the begin and the axis of its shapes' slices and products, was left two bytes long, and so were the ones
+    of LED's untaken branches, kept float; LiteRT refused both models ("Tensor 40 is invalidly specified in
+    schema"). The quantized model's equal buffers are shared again after (`deduplication`)."""
+    model = flatbuffer_model.as_object(tflite_model)
+    taken, copied = set(), False
+    for subgraph in model.subgraphs:
+        for tensor in subgraph.tensors:
+            if not flatbuffer_model.is_constant(model, tensor):
+                continue
+            if tensor.buffer in taken:
+                copy = schema.BufferT()
+                copy.data = np.array(model.buffers[tensor.buffer].data, np.uint8)
+                model.buffers.append(copy)
+                tensor.buffer, copied = len(model.buffers) - 1, True
+            taken.add(tensor.buffer)
+    return flatbuffer_model.as_bytes(model, len(tflite_model)) if copied else tflite_model
+
+
+def _running_untaken_branches(calibrated_model):
+    """The names (`ops`) of the main graph's ops that run a subgraph holding a float activation with no recorded
+    range: a branch no calibration sample took (LED's global attention, where no sample had a global position).
+    The older quantizer refuses it ("Max and min for dynamic tensors should be recorded during calibration"); the
+    int8 quantizer keeps such an op float with what it runs, and so does 16x8."""
+    model = flatbuffer_model.read(calibrated_model)
+    unranged = {index for index, subgraph in enumerate(model.subgraphs) if index and any(
+        tensor.type in _FLOAT_TYPES and not flatbuffer_model.is_constant(model, tensor)
+        and not _one_range(tensor.quantization) for tensor in subgraph.tensors)}
+    main = model.subgraphs[0]
+    return {flatbuffer_model.tensor_name(main.tensors[operator.outputs[0]]) for operator in main.operators or ()
+            if len(operator.outputs) and _subgraphs_reached(model, operator) & unranged}
+
+
+def _subgraphs_reached(model, operator):
+    """The indices of the subgraphs `operator` runs, through any depth of calls."""
+    reached, pending = set(), [operator]
+    while pending:
+        for index in _subgraphs_called(pending.pop()) - reached:
+            if 0 < index < len(model.subgraphs):
+                reached.add(index)
+                pending.extend(model.subgraphs[index].operators or ())
+    return reached
+
+
 def _ops_hidden(tflite_model, float_ops=frozenset()):
-    """(the model with each op on integers alone, and each op of the main graph named in `float_ops`, made a
-    _LEFT_ALONE op, a `Hidden`), or the model as it is and an empty `Hidden`."""
+    """(the model with each op on integers alone, and each op of the main graph named in `float_ops` with every
+    op of the subgraphs it runs, made a _LEFT_ALONE op, a `Hidden`), or the model as it is and an empty
+    `Hidden`."""
     model = flatbuffer_model.as_object(tflite_model)
     hidden, kept_float = {}, set()
     left_alone = None
+    main = model.subgraphs[0]
+    floated_subgraphs = {index for operator in main.operators or () if len(operator.outputs) and
+                         _key(0, main, operator)[1] in float_ops for index in _subgraphs_reached(model, operator)}
     for subgraph_index, subgraph in enumerate(model.subgraphs):
         for operator in subgraph.operators or ():
             if operator.outputs is None or len(operator.outputs) == 0:
                 continue
             tensors = [subgraph.tensors[index] for index in [*operator.inputs, *operator.outputs] if index >= 0]
             key = _key(subgraph_index, subgraph, operator)
-            floated = subgraph_index == 0 and key[1] in float_ops
+            floated = (subgraph_index == 0 and key[1] in float_ops) or subgraph_index in floated_subgraphs
             if any(tensor.type in _FLOAT_TYPES for tensor in tensors) and not floated:
                 continue
             code = model.operatorCodes[operator.opcodeIndex]
