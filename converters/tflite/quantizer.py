@@ -185,10 +185,8 @@ def _as_written(tflite_model, hidden):
             key = _key(subgraph_index, subgraph, operator)
             if key in hidden.codes:  # not a lookup the model had itself
                 operator.opcodeIndex = flatbuffer_model.code_index(model, hidden.codes[key])
-        subgraph.operators = [made for operator in subgraph.operators or ()
-                              for made in _float_where_written(model, subgraph, operator,
-                                                               _key(subgraph_index, subgraph, operator)
-                                                               in hidden.kept_float)]
+        # the constants' grids first: an op left float takes a float copy of a constant on its grid (a constant
+        # of zeros on scale 0 had none, and LED's 16x8 SELECT_V2 read an int16 0 beside a float 1)
         for index, tensor in enumerate(subgraph.tensors):
             scale = flatbuffer_model.per_tensor_scale(tensor)
             if scale is None or model.buffers[tensor.buffer].data is None:
@@ -197,6 +195,10 @@ def _as_written(tflite_model, hidden):
                 tensor.quantization.scale = np.array([_finest_beside(subgraph, index)], np.float32)
             elif np.isnan(scale) and (value := _one_value(tensor)):  # another NaN stays, for the validation
                 _on_its_own_grid(model, tensor, value)
+        subgraph.operators = [made for operator in subgraph.operators or ()
+                              for made in _float_where_written(model, subgraph, operator,
+                                                               _key(subgraph_index, subgraph, operator)
+                                                               in hidden.kept_float)]
         _zeros_moved_on_their_grid(subgraph)
     flatbuffer_model.drop_unused_codes(model)
     return flatbuffer_model.as_bytes(model, len(tflite_model))
