@@ -31,7 +31,6 @@ _VALUE_PRESERVING = graph.PASS_THROUGH_OPS + (
     "ConcatV2", "Pack", "Minimum", "Maximum", "Select", "SelectV2")
 _GATHERS = ("Gather", "GatherV2", "ResourceGather")
 _COMPARISONS = ("Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual")
-_SHAPE_QUERIES = ("Shape", "ShapeN", "Size", "Rank")
 _DT_BOOL = 10
 
 
@@ -101,7 +100,7 @@ def integer_values(graph_def, tensor, name, variable_shapes=None):
                 masked = True
             elif _passes_values_on(node, position):
                 pending.append(f"{node.name}:0")
-            elif node.op not in _SHAPE_QUERIES:
+            elif node.op not in graph.SHAPE_READERS:
                 read_otherwise = True
     if bounds:
         return IntegerValues(min(bounds), mask=False)

@@ -23,6 +23,8 @@ CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
 # the library functions they run: branches, loop conditions and bodies.
 CONTROL_FLOW_FUNCTION_ATTRS = ("then_branch", "else_branch", "cond", "body", "branches")
 PASS_THROUGH_OPS = ("Identity", "IdentityN", "StopGradient", "Snapshot")
+# Ops that read a tensor's shape alone, none of its values.
+SHAPE_READERS = ("Shape", "ShapeN", "Size", "Rank")
 # TFLite computes floats in float32: half types (Keras mixed precision) and
 # float64 (keras_gelu computes bfloat16 GELUs in float64) are retyped.
 RETYPED_TO_FLOAT32 = tuple(tf.as_dtype(name).as_datatype_enum for name in vocabulary.RETYPED_TO_FLOAT32)

@@ -485,7 +485,7 @@ def _largest_constant(name, nodes, library, arguments):
         elif node.op == "Cast":  # from an integer or boolean: a mask's condition, its values none of them a fill
             if tf.as_dtype(node.attr["SrcT"].type).is_floating:
                 pending.append(node.input[0])
-        elif node.op in ("If", "StatelessIf", "Case", "StatelessCase"):
+        elif graph.branches(node):  # an If or a Case
             operands = graph.data_inputs(node)[1:]
             for branch in graph.branches(node):
                 if branch not in library:
@@ -518,8 +518,9 @@ def _scalar_operand(node, nodes):
 
 
 def _softmax_sum(softmax, readers, nodes):
-    """(the sum `softmax` alone reads, through _SOFTMAX_WAY ops and additions of a constant, and those additions:
-    Hugging Face's stable_softmax adds 1e-9), or None where it reads no such sum."""
+    """(the sum `softmax` alone reads, through _SOFTMAX_WAY ops and additions of a constant, and those additions
+    each with the operand it adds the constant to: Hugging Face's stable_softmax adds 1e-9), or None where it
+    reads no such sum."""
     tensor, shifts = graph.data_inputs(softmax)[0], []
     while len(readers.get(graph.canonical(tensor), ())) == 1:
         node = nodes.get(graph.split_tensor_name(tensor)[0])
@@ -533,26 +534,27 @@ def _softmax_sum(softmax, readers, nodes):
                 return node, shifts
             if node.op == "Sub" and shift != graph.data_inputs(node)[1]:
                 return None  # a constant less the rest: the softmax of the rest negated
-            shifts.append(node)
             tensor = next(operand for operand in graph.data_inputs(node) if operand != shift)
+            shifts.append((node, tensor))
         else:
             return None
     return None
 
 
 def _terms(total, readers, nodes, library):
-    """[(tensor, 1 or -1)]: the tensors the sum `total` adds or subtracts, through the sums among them that it
-    alone reads and that are not a mask (CLIP adds its causal mask, then its padding mask)."""
+    """[(tensor, 1 or -1, its _mask_fill)]: the tensors the sum `total` adds or subtracts, through the sums among
+    them that it alone reads and that are not a mask (CLIP adds its causal mask, then its padding mask)."""
     terms, pending = [], [(total, 1)]
     while pending:
         tensor, sign = pending.pop()
         node = nodes.get(graph.split_tensor_name(tensor)[0])
-        if node is not None and node.op in _SUMS and (tensor == total or (
-                len(readers.get(graph.canonical(tensor), ())) == 1 and _mask_fill(tensor, nodes, library) is None)):
+        is_sum = node is not None and node.op in _SUMS
+        fill = None if tensor == total else _mask_fill(tensor, nodes, library)
+        if is_sum and (tensor == total or (len(readers.get(graph.canonical(tensor), ())) == 1 and fill is None)):
             first, second = graph.data_inputs(node)
             pending += [(first, sign), (second, -sign if node.op == "Sub" else sign)]
         else:
-            terms.append((tensor, sign))
+            terms.append((tensor, sign, fill))
     return terms
 
 
@@ -616,18 +618,16 @@ def added_masks_as_selections(graph_def):
         if found is None:
             continue
         total, shifts = found
-        terms, signs = zip(*_terms(total.name, readers, nodes, library))
-        fills = [_mask_fill(term, nodes, library) for term in terms]
+        terms, signs, fills = zip(*_terms(total.name, readers, nodes, library))
         if all(fill is None for fill in fills) or all(fill is not None for fill in fills):
             continue
         dtype = tf.as_dtype(total.attr["T"].type)
         (selected,) = graph.splice_many(graph_def, functools.partial(_masked_by_selection, signs=signs, fills=fills),
                                         [(term, dtype, None) for term in terms], total.name + "/as_selection/",
                                         nodes)
+        for shift, shifted in shifts:  # before the sum's readers move: a shift may read the sum itself
+            graph.redirect(graph_def, shift.name, shifted)
         graph.redirect(graph_def, total.name, selected)
-        for shift in shifts:
-            graph.redirect(graph_def, shift.name, next(
-                operand for operand in graph.data_inputs(shift) if operand != _scalar_operand(shift, nodes)))
         rewritten += 1
     return rewritten
 
@@ -1114,12 +1114,11 @@ _ONE_GRID = ("ConcatV2", "Pack", "Select", "SelectV2", "Maximum", "Minimum")
 # the position of the values they move among their operands.
 _VALUE_SPLITTING = {"Split": 1, "SplitV": 0, "Unpack": 0}
 # Ops that read a tensor's shape only
-_SHAPE_READERS = ("Shape", "ShapeN", "Size", "Rank")
 
 
 def _value_readers(readers, tensor):
     """The ops that read `tensor`'s values (its shape's readers aside), from graph.consumers' `readers`."""
-    return [reader for reader, _ in readers.get(graph.canonical(tensor), ()) if reader.op not in _SHAPE_READERS]
+    return [reader for reader, _ in readers.get(graph.canonical(tensor), ()) if reader.op not in graph.SHAPE_READERS]
 
 
 def one_grid_operands_on_their_grid(graph_def):

@@ -340,18 +340,19 @@ def _of_rank(x, rank):
     return tf.reshape(x, tf.stack([shape[axis] for axis in range(rank)]))
 
 
-# Where the converter may read a tensor as of no rank, though TensorFlow's shape inference knows one: a function
-# body's argument (a conditional branch's takes the rank of its caller's tensor) and a conditional's output (none
-# where its branches' differ).
-_RANK_MAY_BE_LOST = _INPUT_OPS + ("If", "StatelessIf", "Case", "StatelessCase")
+def _loses_rank(node):
+    """Whether the converter may read what `node` writes as of no rank, though TensorFlow's shape inference knows
+    one: a function body's argument (a conditional branch's takes the rank of its caller's tensor) and a
+    conditional's output (none where its branches' differ)."""
+    return node is not None and (node.op in _INPUT_OPS or bool(graph.branches(node)))
 
 
 def _rank_may_be_lost(operand, nodes):
     """Whether tensor `operand` is such a tensor, or is made from one by one op."""
     producer = graph.producer(operand, nodes)
-    if producer is not None and producer.op not in _RANK_MAY_BE_LOST and graph.data_inputs(producer):
+    if producer is not None and not _loses_rank(producer) and graph.data_inputs(producer):
         producer = graph.producer(graph.data_inputs(producer)[0], nodes)
-    return producer is not None and producer.op in _RANK_MAY_BE_LOST
+    return _loses_rank(producer)
 
 
 def einsum_operands_given_their_rank(graph_def):

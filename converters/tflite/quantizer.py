@@ -63,8 +63,7 @@ def quantized_16x8(calibrated_model, int16_io, float_ops=()):
     sets follow the 16x8 one with the mode's); ops on integers alone, and those `float_ops` names, are shown to it
     as an op it leaves alone (`_ops_hidden`), and have them back after (`_as_written`), the latter in float."""
     io_type = tf.int16 if int16_io else tf.float32
-    hidden_model, hidden = _ops_hidden(_buffers_one_tensor_each(calibrated_model),
-                                       set(float_ops) | _running_untaken_branches(calibrated_model))
+    hidden_model, hidden = _ops_hidden(calibrated_model, set(float_ops) | _running_untaken_branches(calibrated_model))
     with native_logs.discarded():
         quantized_model = stock_calibrator.Calibrator(hidden_model).calibrate_and_quantize(
             lambda: iter(()), io_type, io_type, allow_float=True, activations_type=tf.int16, bias_type=tf.int64)
@@ -90,14 +89,13 @@ _DEQUANTIZE = schema.BuiltinOperator.DEQUANTIZE
 Hidden = collections.namedtuple("Hidden", "codes kept_float")
 
 
-def _buffers_one_tensor_each(tflite_model):
-    """The model with each buffer that several constants share copied for each after the first (the converter
-    keeps one buffer for equal bytes: an int32 0 and a float32 0.0, a branch's ones and another's). The older
-    quantizer writes a constant's quantized values into its buffer, whoever else reads it: ViT-MAE's int32 0,
-    the begin and the axis of its shapes' slices and products, was left two bytes long, and so were the ones
-    of LED's untaken branches, kept float; LiteRT refused both models ("Tensor 40 is invalidly specified in
-    schema"). The quantized model's equal buffers are shared again after (`deduplication`)."""
-    model = flatbuffer_model.as_object(tflite_model)
+def _one_buffer_per_constant(model):
+    """Copy each buffer that several constants of `model` (a ModelT) share for each after the first (the converter
+    keeps one buffer for equal bytes: an int32 0 and a float32 0.0, a branch's ones and another's); whether any
+    was. The older quantizer writes a constant's quantized values into its buffer, whoever else reads it:
+    ViT-MAE's int32 0, the begin and the axis of its shapes' slices and products, was left two bytes long, and
+    so were the ones of LED's untaken branches, kept float; LiteRT refused both models ("Tensor 40 is invalidly
+    specified in schema"). The quantized model's equal buffers are shared again after (`deduplication`)."""
     taken, copied = set(), False
     for subgraph in model.subgraphs:
         for tensor in subgraph.tensors:
@@ -109,7 +107,7 @@ def _buffers_one_tensor_each(tflite_model):
                 model.buffers.append(copy)
                 tensor.buffer, copied = len(model.buffers) - 1, True
             taken.add(tensor.buffer)
-    return flatbuffer_model.as_bytes(model, len(tflite_model)) if copied else tflite_model
+    return copied
 
 
 def _running_untaken_branches(calibrated_model):
@@ -138,10 +136,12 @@ def _subgraphs_reached(model, operator):
 
 
 def _ops_hidden(tflite_model, float_ops=frozenset()):
-    """(the model with each op on integers alone, and each op of the main graph named in `float_ops` with every
-    op of the subgraphs it runs, made a _LEFT_ALONE op, a `Hidden`), or the model as it is and an empty
-    `Hidden`."""
+    """(the model as the older quantizer is shown it, a `Hidden`): each constant with a buffer of its own
+    (`_one_buffer_per_constant`), and each op on integers alone, and each op of the main graph named in
+    `float_ops` with every op of the subgraphs it runs, made a _LEFT_ALONE op; or the model as it is and an empty
+    `Hidden` where none of that changes it."""
     model = flatbuffer_model.as_object(tflite_model)
+    copied = _one_buffer_per_constant(model)
     hidden, kept_float = {}, set()
     left_alone = None
     main = model.subgraphs[0]
@@ -163,7 +163,7 @@ def _ops_hidden(tflite_model, float_ops=frozenset()):
             if left_alone is None:
                 left_alone = flatbuffer_model.code_index(model, (_LEFT_ALONE, _LEFT_ALONE, 1))
             operator.opcodeIndex = left_alone
-    if not hidden:
+    if not hidden and not copied:
         return tflite_model, Hidden(hidden, kept_float)
     # the calibrator resolves every operator code, and an op nothing uses any more it has no kernel for
     flatbuffer_model.drop_unused_codes(model)
