@@ -10,6 +10,7 @@ its rules on made-up models, where what each lift gains is known.
 
 import json
 import re
+import types
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 import gelu_models
 import references
+from conftest import keras
 from conftest import last_error_line
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
@@ -125,18 +127,48 @@ def test_flags_mixed_precision_cannot_work_with_are_refused_in_one_line(flags, s
     assert says in last_error_line(capsys.readouterr().err)
 
 
-def test_a_quantization_aware_model_is_refused_with_the_way_to_float_layers(models, tmp_path, capsys):
-    """A QAT model's int8 model computes what it was trained to (its budget is its FakeQuant graph's): a layer
-    wanted in float is kept float in training, where the others learn around it."""
+def _quantization_aware(model, path, held_out):
     from keras_gelu import qat
 
+    qat.quantize_model(model, calibration_data=held_out).save(path)
+    return str(path)
+
+
+def test_a_quantization_aware_model_is_its_int8_model_with_nothing_lifted(models, tmp_path):
+    """A QAT model's int8 model computes its FakeQuant graph, which its budget judges it against: --mixed-precision
+    starts from the learned ranges, finds the budget held, and the .tflite is the one --int8 writes, byte for byte,
+    though the model has the outlier that costs its post-training int8 model the signal."""
     _, _, held_out = models
-    path = tmp_path / "qat.keras"
-    qat.quantize_model(gelu_models.outlier_model(True), calibration_data=held_out).save(path)
-    code = cli.main([str(path), "-o", str(tmp_path / "m.tflite"), "--int8", "--mixed-precision"])
-    line = last_error_line(capsys.readouterr().err)
-    assert code == errors.BadInputs.exit_code and "keep_float" in line, line
-    assert not (tmp_path / "m.tflite").exists()
+    path = _quantization_aware(gelu_models.outlier_model(True), tmp_path / "qat.keras", held_out)
+    plain, mixed, report = tmp_path / "plain.tflite", tmp_path / "mixed.tflite", tmp_path / "mixed.json"
+    assert cli.main([path, "-o", str(plain), "--int8", "-q"]) == 0
+    assert cli.main([path, "-o", str(mixed), "--int8", "--mixed-precision", "-q", "--report-json", str(report)]) == 0
+    assert mixed.read_bytes() == plain.read_bytes()
+    lifted = json.loads(report.read_text())["lifted"]
+    assert lifted["lifts"] == [] and lifted["float_ops"] == [] and lifted["trials"] == 0
+    assert lifted["cosine"] == lifted["cosine_before"] >= 0.99 and not lifted["stopped"]
+
+
+def test_a_quantization_aware_model_below_its_budget_is_refused_with_the_way_to_float_layers():
+    """Below its budget (no QAT model of the suite is: their int8 models compute their FakeQuant graphs within a
+    few steps), no op is lifted: the layers to keep float are chosen in training, where the others learn around them.
+    The budget's judgement, given a quantization-aware conversion's figures."""
+    from keras_gelu.converters import report as reporting
+    from keras_gelu.converters.options import Options
+    from keras_gelu.converters.running import pipeline
+
+    report = reporting.Report("qat.keras", ".keras", "serving_default", "builtin", "sigmoid", int8=True,
+                              quantization_aware=True, drift=[{"output": "y", "cosine": 0.95}])
+    options = Options(int8=True, mixed_precision=True)
+    with pytest.raises(errors.ParityFailure) as refusal:
+        pipeline._judge_budget(None, types.SimpleNamespace(path="qat.keras"), options, report, None, None)
+    message = refusal.value.message
+    assert "reaches cosine 0.9500 (--mixed-precision: 0 op(s) in float, as it lifts none" in message, message
+    assert "keep_float" in message and "--mixed-precision (the ops" not in message and "--int16" not in message
+    assert report.lifted == {"cosine_before": 0.95, "cosine": 0.95, "lifts": [], "trials": 0, "float_ops": [],
+                             "stopped": lifting.QUANTIZATION_AWARE}
+
+
 
 
 # The search on made-up models: a chain of ops, op i reading op i-1's result. The "damage" an op does is undone

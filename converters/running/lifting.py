@@ -22,6 +22,11 @@ from . import explain
 MIN_GAIN = 0.01
 # The most lifts tried, each a quantization and a run of the samples: the search ends on any model.
 MAX_TRIALS = 24
+# Why a quantization-aware model has no op lifted: its int8 model computes its FakeQuant graph (within the few
+# steps its parity check allows), which is what its budget judges it against, and an op lifted to float would
+# compute what that graph does not. Where it misses the budget, the layers to keep float are chosen in
+# training (keras_gelu.qat.quantize_model's keep_float), where the other layers learn around them.
+QUANTIZATION_AWARE = "quantization-aware"
 # A tensor that lost less than this against its inputs is not where the signal went (rounding to int8 costs
 # every tensor something; an exact one loses nothing).
 MIN_LOST_DB = 0.5
@@ -35,7 +40,8 @@ class Lifting:
     # [{"tensor", "layer", "op", "lost_db", "float_ops": [names], "layers": theirs, "cosine"}], in the order kept
     lifts: list
     trials: int
-    stopped: str = ""  # why the search ended short of the budget: "", "no lift left helps", "trials", "time"
+    # why the search ended short of the budget: "", "no lift left helps", "trials", "time", QUANTIZATION_AWARE
+    stopped: str = ""
 
     @property
     def float_ops(self):

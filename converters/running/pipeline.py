@@ -342,10 +342,10 @@ def convert(model, options, kind=None, name=None):
             else:
                 keep_source = options.verify and source_outputs is None
                 serialized, reference = _handed_to_converter(source, result, reference, keep_source)
-                if not options.mixed_precision:
+                if not _lifts(options, report):
                     tflite_model = _converted(serialized, source, requested, options, int8_setup, target, report)
         explainer = _Explainer(original_graph, source, options, result.findings, batch_fixed)
-        if options.mixed_precision:
+        if _lifts(options, report):
             with _timed(stages, "convert"):
                 if source_outputs is None:
                     source_outputs = parity.run_source(source, arrays)
@@ -568,7 +568,7 @@ def _finished(tflite_model, serialized, source, options, target, report):
     if options.int8:
         report.op_types = operators.typed_op_histogram(tflite_model)
         report.float_ops = operators.float_islands(tflite_model)
-        if report.float_ops and not options.mixed_precision:  # what --mixed-precision lifts, it reports itself
+        if report.float_ops and not _lifts(options, report):  # what --mixed-precision lifts, it reports itself
             open_dimensions = [info.name for info in source.inputs
                                if info.shape is None or None in tuple(info.shape)[1:]]
             hint = (f"; --input-shape for {', '.join(open_dimensions)} folds what is computed from a shape "
@@ -584,6 +584,12 @@ def _finished(tflite_model, serialized, source, options, target, report):
     if target is not None:  # before any runtime sees the model: a refusal here names what does not fit
         report.target["ops"] = target_checks.check(tflite_model, target, options.allow_cpu_fallback)
     return tflite_model
+
+
+def _lifts(options, report):
+    """Whether --mixed-precision searches for ops to lift: not in a quantization-aware model, whose int8 model
+    computes its FakeQuant graph, which is what the budget holds it to (lifting.QUANTIZATION_AWARE)."""
+    return options.mixed_precision and not report.quantization_aware
 
 
 def _lifted(serialized, source, requested, options, int8_setup, target, report, arrays, source_outputs, explainer):
@@ -686,12 +692,6 @@ def _int8_setup(source, options, report):
         if options.calibration:
             raise errors.BadInputs(f"{source.path}: the model is quantization-aware, its int8 ranges are trained; "
                                    "drop --calibration")
-        if options.mixed_precision:
-            raise errors.BadInputs(f"{source.path}: --mixed-precision lifts the ops of a post-training int8 "
-                                   "conversion, and this model is quantization-aware: its int8 model computes what "
-                                   "it was trained to; keep layers float in training instead "
-                                   "(keras_gelu.qat.quantize_model's keep_float), or convert its float model with "
-                                   "--calibration")
         report.int8_ranges = "ranges trained by quantization-aware training (FakeQuant ops)"
         return None, options.int8_io, False
     if not options.calibration:
@@ -731,6 +731,9 @@ def _judge_budget(tflite_model, source, options, report, arrays, explainer):
     worst = min(report.drift, key=lambda c: c["cosine"])
     report.budget = {"min_cosine": options.min_cosine, "cosine": worst["cosine"], "output": worst["output"],
                      "passed": bool(worst["cosine"] >= options.min_cosine)}
+    if options.mixed_precision and not _lifts(options, report):  # the search would start here, and lift nothing
+        report.lifted = lifting.Lifting(worst["cosine"], worst["cosine"], [], 0,
+                                        "" if report.budget["passed"] else lifting.QUANTIZATION_AWARE).as_dict()
     if report.budget["passed"]:
         return
     if report.explanation is None and explainer is not None and explainer.available:
@@ -742,7 +745,9 @@ def _judge_budget(tflite_model, source, options, report, arrays, explainer):
         "--mixed-precision (the ops that lose it in float), "
     help_ = f"{finer}{lift}keras_gelu.qat (quantization-aware training), calibration on real samples"
     look = "" if options.explain else ", --explain DIR to see every tensor"
-    stopped = {"trials": f"after {lifting.MAX_TRIALS} lifts tried", "time": "at its share of --time-limit"}
+    stopped = {"trials": f"after {lifting.MAX_TRIALS} lifts tried", "time": "at its share of --time-limit",
+               lifting.QUANTIZATION_AWARE: "as it lifts none of a quantization-aware model's: keep its layers float "
+                                           "in training, keras_gelu.qat.quantize_model's keep_float"}
     lifted = "" if report.lifted is None else (
         f" (--mixed-precision: {len(report.lifted['float_ops'])} op(s) in float, "
         + stopped.get(report.lifted["stopped"], "and no further lift helped") + ")")
