@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 import gelu_models
 import references
-from conftest import keras
 from conftest import last_error_line
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
@@ -127,19 +126,15 @@ def test_flags_mixed_precision_cannot_work_with_are_refused_in_one_line(flags, s
     assert says in last_error_line(capsys.readouterr().err)
 
 
-def _quantization_aware(model, path, held_out):
-    from keras_gelu import qat
-
-    qat.quantize_model(model, calibration_data=held_out).save(path)
-    return str(path)
-
-
 def test_a_quantization_aware_model_is_its_int8_model_with_nothing_lifted(models, tmp_path):
     """A QAT model's int8 model computes its FakeQuant graph, which its budget judges it against: --mixed-precision
     starts from the learned ranges, finds the budget held, and the .tflite is the one --int8 writes, byte for byte,
     though the model has the outlier that costs its post-training int8 model the signal."""
+    from keras_gelu import qat
+
     _, _, held_out = models
-    path = _quantization_aware(gelu_models.outlier_model(True), tmp_path / "qat.keras", held_out)
+    path = str(tmp_path / "qat.keras")
+    qat.quantize_model(gelu_models.outlier_model(True), calibration_data=held_out).save(path)
     plain, mixed, report = tmp_path / "plain.tflite", tmp_path / "mixed.tflite", tmp_path / "mixed.json"
     assert cli.main([path, "-o", str(plain), "--int8", "-q"]) == 0
     assert cli.main([path, "-o", str(mixed), "--int8", "--mixed-precision", "-q", "--report-json", str(report)]) == 0
