@@ -229,3 +229,72 @@ def test_the_converter_computes_a_box_integral_on_xnnpacks_grid_and_says_so(box_
     _, report = converters.convert(model, int8=True, calibration=samples_path, inputs=samples_path)
     assert report.kernel_grids == {"FULLY_CONNECTED": 1}
     assert report.verified
+
+
+# TFLite Micro prepares every op as it builds its interpreter
+_TFLM_ALLOCATES = ("import sys\nfrom tflite_micro.python.tflite_micro import runtime\n"
+                   "runtime.Interpreter.from_bytes(sys.stdin.buffer.read())\n")
+
+
+def _tflm_allocates(tflite_model):
+    return subprocess.run([sys.executable, "-c", _TFLM_ALLOCATES], input=tflite_model, capture_output=True,
+                          timeout=120).returncode
+
+
+# Each 0 on every sample, so calibrated on a grid of about 1e-43, far finer than its int16 kernel takes: a tensor
+# plus its product by -1 (ADD), and a tensor of two equal channels less their mean, plus that tensor (SUB).
+_CANCELLED = {"ADD": lambda twice: twice + twice * -1.0,
+              "SUB": lambda twice: twice + (twice - keras.ops.mean(twice, axis=-1, keepdims=True))}
+
+
+@pytest.fixture(scope="module", params=sorted(_CANCELLED))
+def sixteen_bit(request):
+    """(the op, the float model, samples, the stock converter's 16x8 .tflite of it): `_CANCELLED`'s."""
+    class Cancelled(keras.layers.Layer):
+        def call(self, x):
+            return _CANCELLED[request.param](keras.ops.concatenate([x, x], axis=-1))
+
+    inputs = keras.Input((4, 4, 1))
+    model = keras.Model(inputs, Cancelled()(inputs))
+    samples = np.random.default_rng(37).normal(size=(8, 4, 4, 1)).astype(np.float32)
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: ([sample[None]] for sample in samples)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
+    return request.param, model, samples, converter.convert()
+
+
+def test_a_16x8_sum_or_difference_finer_than_its_kernel_takes_runs_on_the_finest_grid_it_takes(sixteen_bit):
+    """TFLite Micro's int16 ADD and SUB abort below their bound, and LiteRT's ADD (its SUB just below the bound
+    too, though not on the stock converter's grid of 1e-43): each is computed on the finest grid its kernel takes, with a shift of
+    15 where int8's is 20, and both runtimes prepare the model; the result within an output step of the float
+    model."""
+    pytest.importorskip("tflite_micro")
+    op, model, samples, stock = sixteen_bit
+    assert _tflm_allocates(stock) == -6 and (op != "ADD" or _allocates(stock) == -6)
+    widened, made = kernel_grids.made_acceptable(stock)
+    assert made == {op: 1}
+    assert _allocates(widened) == 0 and _tflm_allocates(widened) == 0
+    assert tflite_helpers.ops(widened)["QUANTIZE"] == tflite_helpers.ops(stock)["QUANTIZE"] + 1
+    # x rounded onto its input grid, then the ADD's result onto the output's: within a step of the output
+    difference = np.abs(tflite_helpers.run(widened, samples)[0] - model(samples).numpy())
+    (output_scale,) = _output_scales(widened, "ADD")[-1:]
+    assert np.max(difference) <= output_scale, np.max(difference) / output_scale
+    assert kernel_grids.made_acceptable(widened) == (widened, {})
+
+
+def test_the_smallest_16x8_scale_is_the_kernels_own_bound(sixteen_bit):
+    """The smallest scale prepares on both runtimes, the float32 below it aborts both."""
+    pytest.importorskip("tflite_micro")
+    op, _, _, stock = sixteen_bit
+    widened, _ = kernel_grids.made_acceptable(stock)
+    model = flatbuffer_model.as_object(widened)
+    subgraph = model.subgraphs[0]
+    (first, *_) = [operator for operator in subgraph.operators if operators.op_name(model, operator) == op]
+    input_scales = [float(subgraph.tensors[index].quantization.scale[0]) for index in first.inputs]
+    smallest = kernel_grids.smallest_scale(op, input_scales, int16=True)
+    assert smallest > max(input_scales) * 2.0 ** -14 * (1 - 1e-6)  # the multiplier's bound at a shift of 15
+    at, below = (_with_output_scale(widened, op, 0, scale)
+                 for scale in (smallest, float(np.nextafter(np.float32(smallest), np.float32(0)))))
+    assert _allocates(at) == 0 and _tflm_allocates(at) == 0
+    assert _allocates(below) == -6 and _tflm_allocates(below) == -6
