@@ -300,6 +300,30 @@ def test_a_branch_no_calibration_sample_took_stays_float_at_16x8_as_at_int8(tmp_
     assert "IF" in report.float_ops and report.budget["cosine"] >= 0.999, (report.float_ops, report.budget)
 
 
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
+def test_a_sum_past_its_inputs_range_keeps_its_value_at_16x8(tmp_path, rng):
+    """The older quantizer gives an int16 SUM its input's grid (LiteRT's kernel rescales 8-bit sums only): a mask
+    of ones summed to a length, as Hugging Face's Wav2Vec2 counts its frames, saturated at 1, and the length less
+    10 at 0. Written as the mean times the count, it keeps its value; against the float64 product."""
+    import tensorflow as tf
+
+    def lengths(mask, x):
+        return {"y": x * (tf.reduce_sum(mask, axis=-1, keepdims=True) - 10.0)}
+
+    path = conversions.saved_function(tmp_path, "lengths", lengths, tf.TensorSpec([None, 16], tf.float32, name="mask"),
+                                      tf.TensorSpec([None, 16], tf.float32, name="x"))
+    mask = (np.arange(16) < rng.integers(12, 17, size=(16, 1))).astype(np.float32)  # lengths of 12 to 16
+    x = rng.normal(size=(16, 16)).astype(np.float32)
+    np.savez(tmp_path / "samples.npz", mask=mask, x=x)
+    tflite_model, report = converters.convert(path, int16=True, calibration=str(tmp_path / "samples.npz"))
+    assert "SUM" not in report.ops and report.float_ops == {}, report.op_types
+    expected = x.astype(np.float64) * (mask.sum(axis=-1, keepdims=True) - 10.0)
+    from keras_gelu.converters.running import verify
+
+    output = verify.interpreter_class()[0](model_content=tflite_model).get_signature_runner()(mask=mask, x=x)["y"]
+    assert references.cosine(output, expected) >= 0.9999, references.cosine(output, expected)
+
+
 @pytest.mark.legs("tf_keras")  # transformers' TF models are tf-keras models
 @pytest.mark.through_the_sandbox  # one aborted LiteRT: in a worker, a regression is a refusal, not the leg's end
 # LED (40 s) with every case (`make test-every-case`), as the Hugging Face families' slowest are

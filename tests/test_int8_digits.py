@@ -123,4 +123,5 @@ def test_post_training_int8_side_by_side(results, function):
 
 def test_learnable_alpha_moves_during_qat_on_digits(results):
     assert results["learnable"]["alpha_moved"] > 1e-4
-    assert [results[function]["alpha_moved"] for function in FUNCTIONS if function in FIXED_FORMS] == [None]
+    fixed = [results[function]["alpha_moved"] for function in FUNCTIONS if function in FIXED_FORMS]
+    assert fixed and set(fixed) == {None}, fixed  # today's share of them: one, or all three with every case

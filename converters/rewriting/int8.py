@@ -253,8 +253,42 @@ def batch_statistics_as_moments(graph_def):
     return rewritten
 
 
-# What a 16x8 conversion runs after GRAPH_PASSES: the spellings LiteRT has no int16 kernel for.
-INT16_PASSES = (batch_statistics_as_moments, squared_differences_as_products)
+def sums_as_means(graph_def):
+    """Rewrite a float Sum over constant axes as the Mean over them times the count of the values it sums, for
+    16x8: the older quantizer gives an int16 SUM its input's grid (LiteRT's kernel rescales 8-bit sums only), on
+    which a sum past its input's range saturates. Hugging Face's Wav2Vec2 sums its attention mask of ones to each
+    sample's length, which at 1 made every frame count after it wrong and the output zeros (cosine 0.0 to the
+    float model, where int8 keeps 0.998). A MEAN stays within its input's range, and the MUL rescales. The count
+    is a constant where the summed axes' sizes are known, else computed from the shape (integers, which 16x8
+    leaves alone). Returns how many were rewritten."""
+    nodes = graph.nodes_by_name(graph_def)
+    found = []
+    for node in graph_def.node:
+        if node.op == "Sum" and node.attr["T"].type == tf.float32.as_datatype_enum:
+            axes = graph.constant_value(graph.data_inputs(node)[1], nodes)
+            if axes is not None:
+                found.append((node, [int(axis) for axis in np.ravel(axes)]))
+    shapes = graph.static_shapes(graph_def, [graph.data_inputs(node)[0] for node, _ in found]) if found else {}
+    for node, axes in found:
+        operand = graph.data_inputs(node)[0]
+        shape, keep_dims = shapes[operand], bool(graph.attribute(node, "keep_dims", False))
+        sizes = [None if shape.rank is None else shape[axis] for axis in axes]
+        count = None if None in sizes else float(np.prod(sizes))
+
+        def as_mean(x, axes=axes, keep_dims=keep_dims, count=count):
+            counted = count if count is not None else tf.cast(
+                tf.reduce_prod(tf.gather(tf.shape(x), tf.math.floormod(axes, tf.rank(x)))), tf.float32)
+            return [tf.reduce_mean(x, axes, keepdims=keep_dims) * counted]
+
+        (result,) = graph.splice_many(graph_def, as_mean, [(operand, tf.float32, None)], f"{node.name}/as_mean",
+                                      nodes)
+        graph.redirect(graph_def, node.name, result)
+    return len(found)
+
+
+# What a 16x8 conversion runs after GRAPH_PASSES: the spellings LiteRT has no int16 kernel for, or none that
+# computes them.
+INT16_PASSES = (batch_statistics_as_moments, squared_differences_as_products, sums_as_means)
 
 
 def _in_four_axes(first, second):
