@@ -575,6 +575,79 @@ def _softmax_sum(softmax, readers, nodes):
     return None
 
 
+def _selected_fill(name, nodes):
+    """(the SelectV2 computing tensor `name`, the position, 1 or 2, of its branch that is a mask's fill: a float
+    constant whose every value is of magnitude _MASK_FILL or more), or None."""
+    node = nodes.get(graph.split_tensor_name(name)[0])
+    if node is None or node.op != "SelectV2":
+        return None
+    for position in (1, 2):
+        value = graph.constant_value(graph.data_inputs(node)[position], nodes)
+        if value is not None and value.size and value.dtype.kind == "f" and np.all(np.abs(value) >= _MASK_FILL):
+            return node, position
+    return None
+
+
+# The ops a product or quotient by a constant is spelled with: {op: whether the constant may be either operand}
+_SCALINGS = {"Mul": True, "RealDiv": False, "Div": False}
+
+
+def _scaled(condition, scores, factor, fill, position, scaling):
+    """The selection by `condition` of `scores` scaled by `factor` as `scaling` (an op of _SCALINGS) scales, and of
+    `fill` (already scaled, a constant: what _selected_fill finds) at `position`."""
+    scaled = tf.multiply(scores, factor) if scaling == "Mul" else tf.divide(scores, factor)
+    fill = tf.constant(fill, scores.dtype)
+    return [tf.where(condition, fill, scaled) if position == 1 else tf.where(condition, scaled, fill)]
+
+
+def scalings_into_selections(graph_def):
+    """Rewrite a product or quotient by a constant of one value of a selection of a mask's fill (_selected_fill)
+    as the selection of the product or quotient of each branch, the fill's a constant again; returns how many
+    were.
+
+    Hugging Face's GPT-J selects -1e9 where its causal mask masks, then
+    divides by the square root of its head size, and the quotient's range,
+    the fill's, held its scores on steps of 7,630 at 16x8 (a million at
+    int8): every score one value, and LiteRT's int16 SOFTMAX on that grid
+    weighed masked positions too (cosine 0.986 to the float model). Selected
+    last, the fill is a constant that quantizer.softmax_floors floors, or a
+    term that added_masks_as_selections splits off."""
+    nodes = graph.nodes_by_name(graph_def)
+    readers = graph.consumers(graph_def)
+    rewritten = 0
+    for node in list(graph_def.node):
+        if node.op not in _SCALINGS or node.attr["T"].type != tf.float32.as_datatype_enum:
+            continue
+        operands = graph.data_inputs(node)[:2]
+        for selection, factor in (operands, operands[::-1]) if _SCALINGS[node.op] else (operands,):
+            value = graph.constant_value(factor, nodes)
+            found = _selected_fill(selection, nodes)
+            if value is None or value.size != 1 or found is None \
+                    or len(readers.get(graph.canonical(selection), ())) != 1:
+                continue
+            select, position = found
+            condition, *branches = graph.data_inputs(select)
+            fill = graph.constant_value(branches[position - 1], nodes).astype(np.float32)
+            fill = fill * value.reshape(()) if node.op == "Mul" else fill / value.reshape(())
+            (scaled,) = graph.splice_many(
+                graph_def, functools.partial(_scaled, fill=fill, position=position, scaling=node.op),
+                [(condition, tf.bool, None), (branches[2 - position], tf.float32, None), (factor, tf.float32, None)],
+                node.name + "/into_selection/", nodes)
+            graph.redirect(graph_def, node.name, scaled)
+            rewritten += 1
+            break
+    return rewritten
+
+
+def _split_selection(condition, first, second, position):
+    """(the scores a selection of a fill chooses, 0 where it chooses the fill; the fill where it chooses it, 0
+    elsewhere): two terms whose sum it is."""
+    zero = tf.constant(0, first.dtype)
+    if position == 1:
+        return [tf.where(condition, zero, second), tf.where(condition, first, zero)]
+    return [tf.where(condition, first, zero), tf.where(condition, zero, second)]
+
+
 def _terms(total, readers, nodes, library):
     """[(tensor, 1 or -1, its _mask_fill)]: the tensors the sum `total` adds or subtracts, through the sums among
     them that it alone reads and that are not a mask (CLIP adds its causal mask, then its padding mask)."""
@@ -652,10 +725,22 @@ def added_masks_as_selections(graph_def):
         if found is None:
             continue
         total, shifts = found
-        terms, signs, fills = zip(*_terms(total.name, readers, nodes, library))
+        dtype = tf.as_dtype(total.attr["T"].type)
+        terms = []
+        for term, sign, fill in _terms(total.name, readers, nodes, library):
+            selected = None if fill is not None or len(readers.get(graph.canonical(term), ())) != 1 \
+                else _selected_fill(term, nodes)
+            if selected is None:
+                terms.append((term, sign, fill))
+                continue
+            select, position = selected  # scores with a fill selected: the scores' term and the fill's, a mask
+            halves = graph.splice_many(graph_def, functools.partial(_split_selection, position=position),
+                                       list(zip(graph.data_inputs(select), (tf.bool, dtype, dtype),
+                                                (None,) * 3)), select.name + "/split/", nodes)
+            terms += [(halves[0], sign, None), (halves[1], sign, _mask_fill(halves[1], nodes, library))]
+        terms, signs, fills = zip(*terms)
         if all(fill is None for fill in fills) or all(fill is not None for fill in fills):
             continue
-        dtype = tf.as_dtype(total.attr["T"].type)
         (selected,) = graph.splice_many(graph_def, functools.partial(_masked_by_selection, signs=signs, fills=fills),
                                         [(term, dtype, None) for term in terms], total.name + "/as_selection/",
                                         nodes)
@@ -1415,7 +1500,7 @@ def constant_lookups_folded(graph_def):
 GRAPH_PASSES = (drop_non_finite_guards, negations_as_multiplications, squares_as_multiplications,
                 squared_differences_in_four_axes,
                 zeros_like_as_multiplications, one_hots_as_selections, scatter_updates_as_selections,
-                added_masks_as_selections, biases_before_reshapes,
+                scalings_into_selections, added_masks_as_selections, biases_before_reshapes,
                 constant_lookups_folded, integer_valued.integer_arithmetic_in_int32,
                 integer_valued.quantized_integers_as_lookups)
 # And these after: they change which tensor an op reads, which the GELU patterns must see as the model spells it.
