@@ -13,11 +13,11 @@ single channel, as a normalization of one channel computes) a scale of about
 allocates it.
 
 At 16x8 the same multiplier bounds int16's ADD, with a shift of 15 where int8's is 20: an output scale must be
-more than 2^-14 of the larger input's (int8: 2^-19), on grids 256 times finer. Hugging
-Face's OpenAI GPT, its added attention mask written as a selection (rewriting/int8.py), adds the mask's other
-values (zeros, calibrated on scale 1e-9) to a 0/1 factor's product on scale 3e-5: a multiplier of 1.84, and
-LiteRT's ADD aborted. Its int16 SUB computes the same multiplier (sub.cc), and TFLite Micro's ADD and SUB do
-(add_common.cc, sub_common.cc): each aborts below the bound.
+more than 2^-14 of the larger input's (int8: 2^-19), on grids 256 times finer. Hugging Face's OpenAI GPT, its
+added attention mask written as a selection (rewriting/int8.py), adds the mask's other values (zeros, calibrated
+on scale 1e-9) to a 0/1 factor's product on scale 3e-5: a multiplier of 1.84, and LiteRT's ADD aborted. Its
+int16 SUB computes the same multiplier (sub.cc), and TFLite Micro's ADD and SUB do (add_common.cc,
+sub_common.cc): each aborts below the bound.
 
 The kernel's result is a whole number of its own units, which the output's
 grid cannot hold more finely than one unit a step: on the finest grid the
