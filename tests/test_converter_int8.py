@@ -521,6 +521,42 @@ def _attention_with_an_added_mask(tmp_path, model, fill=-1e4, mask=None, selecte
     return path, str(tmp_path / "samples.npz")
 
 
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
+@pytest.mark.parametrize("int16", [False, True], ids=["int8", "16x8"])
+def test_what_compares_every_sample_with_every_other_is_calibrated_on_a_batch(tmp_path, rng, int16):
+    """A contrastive model's logits compare every image of a batch with every text (CLIP's): calibrated on samples
+    of one, they held only each sample's own pair. Here each text matches the next sample's image, so a sample's
+    own pair is near 0 and the logit of the matched one, 10, lay outside the range of one sample (and outside the
+    symmetric range of 16x8's). Calibrated on the batch the parity check judges too, every logit keeps its value:
+    against float64."""
+    import tensorflow as tf
+
+    width = 16
+    projections = [tf.constant(rng.normal(size=(width, width)).astype(np.float32) / 4) for _ in range(2)]
+
+    def contrastive(images, texts):
+        embedded = [tf.math.l2_normalize(tf.matmul(x, projection), -1) for x, projection in zip((images, texts),
+                                                                                                 projections)]
+        return {"logits": 10.0 * tf.matmul(*embedded, transpose_b=True)}
+
+    path = conversions.saved_function(tmp_path, "contrastive", contrastive,
+                                      tf.TensorSpec([None, width], tf.float32, name="images"),
+                                      tf.TensorSpec([None, width], tf.float32, name="texts"))
+    images = rng.normal(size=(8, width)).astype(np.float32)
+    # each text the next sample's image, as its projection sees it: that pair's similarity 1, any other near 0
+    texts = np.roll(images @ projections[0].numpy() @ np.linalg.inv(projections[1].numpy()), -1, axis=0)
+    texts = texts.astype(np.float32)
+    np.savez(tmp_path / "samples.npz", images=images, texts=texts)
+    tflite_model, report = converters.convert(path, int8=True, int16=int16, calibration=str(tmp_path / "samples.npz"))
+    embedded = [x.astype(np.float64) @ projection.numpy() for x, projection in zip((images, texts), projections)]
+    embedded = [e / np.linalg.norm(e, axis=-1, keepdims=True) for e in embedded]
+    expected = 10.0 * embedded[0] @ embedded[1].T
+    matched = np.roll(np.eye(8, dtype=bool), -1, axis=1)  # image i with text i - 1
+    assert expected[matched].min() > 9.9 and np.abs(np.diag(expected)).max() < 9, expected
+    logits = verify.run_signature(tflite_model, "serving_default", {"images": images, "texts": texts})["logits"]
+    assert references.cosine(logits, expected) >= 0.999, references.cosine(logits, expected)
+
+
 @pytest.mark.legs("tf_keras")
 def test_a_mask_the_rewrite_does_not_find_keeps_its_selection_unfloored_and_still_masks(tmp_path):
     """A second mask made by an op the rewrite does not know (here a reversal, twice) stays among the terms the
