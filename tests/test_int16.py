@@ -301,6 +301,31 @@ def test_a_branch_no_calibration_sample_took_stays_float_at_16x8_as_at_int8(tmp_
 
 
 @pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
+def test_a_channel_of_zero_weights_keeps_a_grid_at_16x8(tmp_path, rng):
+    """The older quantizer puts a weight channel of zeros on scale 0, and its bias's channel too (keras-hub's
+    FNet: its Fourier transform's sines at frequency 0; Gemma 3n: a gate of zeros before training): no runtime
+    takes a scale of 0, and the .tflite was refused. On the other channels' grid, zeros still: against the
+    float64 product."""
+    import tensorflow as tf
+
+    kernel = rng.normal(size=(8, 4)).astype(np.float32)
+    kernel[:, 0] = 0.0
+    bias = np.array([0.0, 0.5, -0.5, 1.0], np.float32)
+
+    def projected(x):
+        return {"y": tf.nn.relu(tf.matmul(x, tf.constant(kernel)) + tf.constant(bias))}
+
+    path = conversions.saved_function(tmp_path, "projected", projected, tf.TensorSpec([None, 8], tf.float32, name="x"))
+    x = rng.normal(size=(16, 8)).astype(np.float32)
+    np.savez(tmp_path / "samples.npz", x=x)
+    tflite_model, report = converters.convert(path, int16=True, calibration=str(tmp_path / "samples.npz"))
+    assert report.float_ops == {} and "FULLY_CONNECTED" in report.ops, report.op_types
+    expected = np.maximum(x.astype(np.float64) @ kernel + bias, 0.0)
+    (output,) = tflite_helpers.run(tflite_model, x)
+    assert np.all(output[:, 0] == 0.0) and references.cosine(output, expected) >= 0.9999
+
+
+@pytest.mark.legs("tf_keras")  # TensorFlow graphs, any flavour: the leg with time to spare
 def test_a_sum_past_its_inputs_range_keeps_its_value_at_16x8(tmp_path, rng):
     """The older quantizer gives an int16 SUM its input's grid (LiteRT's kernel rescales 8-bit sums only): a mask
     of ones summed to a length, as Hugging Face's Wav2Vec2 counts its frames, saturated at 1, and the length less

@@ -195,6 +195,8 @@ def _as_written(tflite_model, hidden):
                 tensor.quantization.scale = np.array([_finest_beside(subgraph, index)], np.float32)
             elif np.isnan(scale) and (value := _one_value(tensor)):  # another NaN stays, for the validation
                 _on_its_own_grid(model, tensor, value)
+        for operator in subgraph.operators or ():
+            _zero_channels_on_a_grid(model, subgraph, operator)
         subgraph.operators = [made for operator in subgraph.operators or ()
                               for made in _float_where_written(model, subgraph, operator,
                                                                _key(subgraph_index, subgraph, operator)
@@ -202,6 +204,49 @@ def _as_written(tflite_model, hidden):
         _zeros_moved_on_their_grid(subgraph)
     flatbuffer_model.drop_unused_codes(model)
     return flatbuffer_model.as_bytes(model, len(tflite_model))
+
+
+# Where an op reads its weights and its bias (FULLY_CONNECTED, CONV_2D, DEPTHWISE_CONV_2D): {op: (weights, bias)}
+_WEIGHED = {"FULLY_CONNECTED": (1, 2), "CONV_2D": (1, 2), "DEPTHWISE_CONV_2D": (1, 2)}
+
+
+def _zero_channels_on_a_grid(model, subgraph, operator):
+    """Each channel of zeros in an op's weights, which the older quantizer puts on scale 0 (FNet's matrix of the
+    Fourier transform's sines is 0 at frequency 0; Gemma 3n's per-layer input gate is zeros before training), on
+    the largest scale of the other channels (1 where every channel is zeros), and that channel of its bias, zero
+    too, on the input's scale times that one: zeros on any grid. No runtime takes a scale of 0. A bias channel
+    that is not zero keeps its scale of 0, which the .tflite's validation refuses: its value is lost."""
+    positions = _WEIGHED.get(op_name(model, operator))
+    if positions is None or len(operator.inputs) <= positions[0]:
+        return
+    weights = subgraph.tensors[operator.inputs[positions[0]]]
+    scales = _per_channel_scales(weights)
+    if scales is None or np.all(scales > 0) or not flatbuffer_model.is_constant(model, weights):
+        return
+    scales = scales.copy()
+    scales[scales == 0] = np.max(scales) if np.any(scales > 0) else 1.0
+    weights.quantization.scale = scales
+    input_scale = flatbuffer_model.per_tensor_scale(subgraph.tensors[operator.inputs[0]])
+    bias = subgraph.tensors[operator.inputs[positions[1]]] if len(operator.inputs) > positions[1] \
+        and operator.inputs[positions[1]] >= 0 else None
+    bias_scales = None if bias is None else _per_channel_scales(bias)
+    if input_scale is None or bias_scales is None or len(bias_scales) != len(scales) \
+            or not flatbuffer_model.is_constant(model, bias):
+        return
+    values = np.frombuffer(model.buffers[bias.buffer].data.tobytes(), _BIAS_DTYPES[bias.type])
+    zero = (bias_scales == 0) & (values == 0)
+    bias.quantization.scale = np.where(zero, np.float32(input_scale) * scales, bias_scales).astype(np.float32)
+
+
+_BIAS_DTYPES = {schema.TensorType.INT32: np.int32, schema.TensorType.INT64: np.int64}
+
+
+def _per_channel_scales(tensor):
+    """The scales of a tensor quantized per channel, as a float32 array, or None."""
+    quantization = tensor.quantization
+    if quantization is None or quantization.scale is None or len(quantization.scale) < 2:
+        return None
+    return np.asarray(quantization.scale, np.float32)
 
 
 def _zeros_moved_on_their_grid(subgraph):
