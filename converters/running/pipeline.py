@@ -180,12 +180,13 @@ def calibrated(graph_def, source, mode, samples, report=None, int16=False):
     """(the float model with every tensor's calibrated range, which `quantized` makes integer, quantizer.Repairs):
     the ranges recorded with nothing computed in place (`calibration.py`) and repaired where the quantizer could
     not take them, with the ops to keep float for that; `report`, where given, says what was repaired."""
-    samples = _with_the_judged_batch(samples, source.inputs)
     converter = _stock_converter(graph_def, source, mode)
     integer.configure(converter, samples, int8_io=False, int16=int16)
     quantizer.calibrate_only(converter)
     calibrated_model = _run(converter, source, mode)
-    recorded = calibration.recorded_ranges(calibrated_model, samples)
+    # the judged batch in our recording alone: the stock calibrator prepares its model for the first sample's
+    # shapes, and a batch of another size met a CONCATENATION of inputs prepared for two (2 != 16)
+    recorded = calibration.recorded_ranges(calibrated_model, _with_the_judged_batch(samples, source.inputs))
     floors = quantizer.softmax_floors(calibrated_model, recorded, int16)
     calibrated_model, repairs = quantizer.repaired(calibrated_model, recorded.ranges, floors, recorded.read_alone)
     if report is not None and any(repairs):
