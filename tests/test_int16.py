@@ -332,6 +332,8 @@ def test_a_sum_past_its_inputs_range_keeps_its_value_at_16x8(tmp_path, rng):
     10 at 0. Written as the mean times the count, it keeps its value; against the float64 product."""
     import tensorflow as tf
 
+    from keras_gelu.converters.running import verify
+
     def lengths(mask, x):
         return {"y": x * (tf.reduce_sum(mask, axis=-1, keepdims=True) - 10.0)}
 
@@ -343,8 +345,6 @@ def test_a_sum_past_its_inputs_range_keeps_its_value_at_16x8(tmp_path, rng):
     tflite_model, report = converters.convert(path, int16=True, calibration=str(tmp_path / "samples.npz"))
     assert "SUM" not in report.ops and report.float_ops == {}, report.op_types
     expected = x.astype(np.float64) * (mask.sum(axis=-1, keepdims=True) - 10.0)
-    from keras_gelu.converters.running import verify
-
     output = verify.interpreter_class()[0](model_content=tflite_model).get_signature_runner()(mask=mask, x=x)["y"]
     assert references.cosine(output, expected) >= 0.9999, references.cosine(output, expected)
 

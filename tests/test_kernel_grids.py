@@ -266,9 +266,9 @@ def sixteen_bit(request):
 
 def test_a_16x8_sum_or_difference_finer_than_its_kernel_takes_runs_on_the_finest_grid_it_takes(sixteen_bit):
     """TFLite Micro's int16 ADD and SUB abort below their bound, and LiteRT's ADD (its SUB just below the bound
-    too, though not on the stock converter's grid of 1e-43): each is computed on the finest grid its kernel takes, with a shift of
-    15 where int8's is 20, and both runtimes prepare the model; the result within an output step of the float
-    model."""
+    too, though not on the stock converter's grid of 1e-43): each is computed on the finest grid its kernel
+    takes, with a shift of 15 where int8's is 20, and both runtimes prepare the model; the result within an
+    output step of the float model."""
     pytest.importorskip("tflite_micro")
     op, model, samples, stock = sixteen_bit
     assert _tflm_allocates(stock) == -6 and (op != "ADD" or _allocates(stock) == -6)

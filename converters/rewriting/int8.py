@@ -592,12 +592,17 @@ def _selected_fill(name, nodes):
 _SCALINGS = {"Mul": True, "RealDiv": False, "Div": False}
 
 
+def _selected(condition, fill, other, position):
+    """The selection by `condition` of `fill` at `position` (1: where it holds, 2: where it does not) and of
+    `other` at the other."""
+    return tf.where(condition, fill, other) if position == 1 else tf.where(condition, other, fill)
+
+
 def _scaled(condition, scores, factor, fill, position, scaling):
     """The selection by `condition` of `scores` scaled by `factor` as `scaling` (an op of _SCALINGS) scales, and of
     `fill` (already scaled, a constant: what _selected_fill finds) at `position`."""
     scaled = tf.multiply(scores, factor) if scaling == "Mul" else tf.divide(scores, factor)
-    fill = tf.constant(fill, scores.dtype)
-    return [tf.where(condition, fill, scaled) if position == 1 else tf.where(condition, scaled, fill)]
+    return [_selected(condition, tf.constant(fill, scores.dtype), scaled, position)]
 
 
 def scalings_into_selections(graph_def):
@@ -643,9 +648,8 @@ def _split_selection(condition, first, second, position):
     """(the scores a selection of a fill chooses, 0 where it chooses the fill; the fill where it chooses it, 0
     elsewhere): two terms whose sum it is."""
     zero = tf.constant(0, first.dtype)
-    if position == 1:
-        return [tf.where(condition, zero, second), tf.where(condition, first, zero)]
-    return [tf.where(condition, first, zero), tf.where(condition, zero, second)]
+    fill, scores = (first, second) if position == 1 else (second, first)
+    return [_selected(condition, zero, scores, position), _selected(condition, fill, zero, position)]
 
 
 def _terms(total, readers, nodes, library):
@@ -1232,7 +1236,6 @@ _ONE_GRID = ("ConcatV2", "Pack", "Select", "SelectV2", "Maximum", "Minimum")
 # Ops that move values into several outputs, each on their input's scale in TFLite (SPLIT, SPLIT_V, UNPACK), and
 # the position of the values they move among their operands.
 _VALUE_SPLITTING = {"Split": 1, "SplitV": 0, "Unpack": 0}
-# Ops that read a tensor's shape only
 
 
 def _value_readers(readers, tensor):

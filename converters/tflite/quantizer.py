@@ -206,8 +206,9 @@ def _as_written(tflite_model, hidden):
     return flatbuffer_model.as_bytes(model, len(tflite_model))
 
 
-# Where an op reads its weights and its bias (FULLY_CONNECTED, CONV_2D, DEPTHWISE_CONV_2D): {op: (weights, bias)}
-_WEIGHED = {"FULLY_CONNECTED": (1, 2), "CONV_2D": (1, 2), "DEPTHWISE_CONV_2D": (1, 2)}
+# The ops that read weights quantized per channel, and where they read them and their bias
+_WEIGHED = ("FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D")
+_WEIGHTS, _BIAS = 1, 2
 
 
 def _zero_channels_on_a_grid(model, subgraph, operator):
@@ -216,10 +217,9 @@ def _zero_channels_on_a_grid(model, subgraph, operator):
     the largest scale of the other channels (1 where every channel is zeros), and that channel of its bias, zero
     too, on the input's scale times that one: zeros on any grid. No runtime takes a scale of 0. A bias channel
     that is not zero keeps its scale of 0, which the .tflite's validation refuses: its value is lost."""
-    positions = _WEIGHED.get(op_name(model, operator))
-    if positions is None or len(operator.inputs) <= positions[0]:
+    if op_name(model, operator) not in _WEIGHED or len(operator.inputs) <= _WEIGHTS:
         return
-    weights = subgraph.tensors[operator.inputs[positions[0]]]
+    weights = subgraph.tensors[operator.inputs[_WEIGHTS]]
     scales = _per_channel_scales(weights)
     if scales is None or np.all(scales > 0) or not flatbuffer_model.is_constant(model, weights):
         return
@@ -227,8 +227,8 @@ def _zero_channels_on_a_grid(model, subgraph, operator):
     scales[scales == 0] = np.max(scales) if np.any(scales > 0) else 1.0
     weights.quantization.scale = scales
     input_scale = flatbuffer_model.per_tensor_scale(subgraph.tensors[operator.inputs[0]])
-    bias = subgraph.tensors[operator.inputs[positions[1]]] if len(operator.inputs) > positions[1] \
-        and operator.inputs[positions[1]] >= 0 else None
+    bias = subgraph.tensors[operator.inputs[_BIAS]] if len(operator.inputs) > _BIAS and operator.inputs[_BIAS] >= 0 \
+        else None
     bias_scales = None if bias is None else _per_channel_scales(bias)
     if input_scale is None or bias_scales is None or len(bias_scales) != len(scales) \
             or not flatbuffer_model.is_constant(model, bias):
