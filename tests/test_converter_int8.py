@@ -461,7 +461,7 @@ def test_sums_that_are_not_a_masked_softmax_input_are_left_as_they_are():
 @pytest.mark.parametrize("int16", [False, True], ids=["int8", "16x8"])
 @pytest.mark.parametrize("model", ["causal MultiHeadAttention", "padding mask of -1e4", "padding mask of -1e9",
                                    "padding mask of float32's lowest", "causal selection scaled",
-                                   "causal selection scaled, padding mask of -1e9"])
+                                   "causal selection scaled, padding mask of -1e9", "causal selection, sinks"])
 def test_an_attention_with_an_added_mask_keeps_its_scores(tmp_path, model, int16):
     """On the sum's range, down to the fill, every score rounded to one value: int8 kept cosine 0.90 (tf-keras's
     MultiHeadAttention with use_causal_mask) and 0.37 (a BERT's padding mask of -1e4, calibrated on padded
@@ -469,24 +469,30 @@ def test_an_attention_with_an_added_mask_keeps_its_scores(tmp_path, model, int16
     selected and its fill floored, 0.999 holds on every output. A mask's fill is divided out by products with
     constants of 1e-4 or more: TensorFlow's quantizer wrote 1e-9 as 0, and no position was masked. Hugging Face's
     GPT-J selects -1e9 where its causal mask masks, then scales the scores by a constant: the scaling moves into
-    the selection's branches, and its scores' term and its fill's are split before a padding mask's sum."""
+    the selection's branches, and its scores' term and its fill's are split before a padding mask's sum. keras-hub's
+    GPT-OSS selects -1e9 after the scaling, then concatenates a column of attention sinks to the scores: the floor
+    reaches the selection through the concatenation (int8 0.48 and 16x8 0.30 before)."""
     fills = {"-1e4": -1e4, "-1e9": -1e9, "float32's lowest": float(np.finfo(np.float32).min)}
     padded = "padding mask" in model
     path, samples = _attention_with_an_added_mask(tmp_path, model, fill=fills.get(model.split(" of ")[-1]) if padded
-                                                  else None, selected="causal selection" in model)
+                                                  else None, selected="causal selection" in model,
+                                                  sinks="sinks" in model)
     _, report = converters.convert(path, int8=True, int16=int16, calibration=samples)
     # the selected causal mask's first rows weigh one to three positions, on the int8 softmax's steps of 1/256:
     # 0.9989 measured at int8 (0.56 before the scaling moved into the selection; 16x8 0.31, now 0.999 or more)
     bound = 0.998 if "causal selection" in model and not int16 else 0.999
     assert min(comparison["cosine"] for comparison in report.drift) >= bound, report.drift
-    assert any("selection" in name for name in report.ranges_repaired["narrowed"]), report.ranges_repaired
+    floored = "concat" if "sinks" in model else "selection"
+    assert any(floored in name for name in report.ranges_repaired["narrowed"]), report.ranges_repaired
 
 
-def _attention_with_an_added_mask(tmp_path, model, fill=-1e4, mask=None, selected=False):
+def _attention_with_an_added_mask(tmp_path, model, fill=-1e4, mask=None, selected=False, sinks=False):
     """(the SavedModel of an attention whose softmax reads its scores plus a mask, its samples' .npz): `model`
     names it; any but a causal MultiHeadAttention adds a padding mask of `fill` (None: none), and `mask(tf, keep)`
     where given; `selected`: its scores with -1e9 selected where a causal mask masks, before they are scaled, as
-    Hugging Face's GPT-J computes them."""
+    Hugging Face's GPT-J computes them, or after, with a column of attention sinks (a constant per head)
+    concatenated to them and their row's largest subtracted, the sinks' weights dropped after the softmax, where
+    `sinks` (keras-hub's GPT-OSS)."""
     import tensorflow as tf
 
     rng = np.random.default_rng(4)
@@ -500,14 +506,21 @@ def _attention_with_an_added_mask(tmp_path, model, fill=-1e4, mask=None, selecte
         np.savez(tmp_path / "samples.npz", x=x)
         return path, str(tmp_path / "samples.npz")
     projections = [tf.constant(rng.normal(size=(width, width)).astype(np.float32) / 6) for _ in range(3)]
+    sinks_per_head = tf.constant(rng.normal(size=(1, 2, 1, 1)).astype(np.float32))
 
     def padded_attention(x, keep):  # two heads
         queries, keys, values = (tf.transpose(tf.reshape(tf.matmul(x, projection), [-1, steps, 2, width // 2]),
                                               [0, 2, 1, 3]) for projection in projections)
         scores = tf.matmul(queries, keys, transpose_b=True)
-        if selected:
-            scores = tf.where(tf.constant(np.tril(np.ones((steps, steps), bool))), scores, -1e9)
+        causal = tf.constant(np.tril(np.ones((steps, steps), bool)))
+        if selected and not sinks:
+            scores = tf.where(causal, scores, -1e9)
         scores = scores / np.sqrt(width // 2).astype(np.float32)
+        if sinks:
+            column = tf.broadcast_to(sinks_per_head, tf.concat([tf.shape(scores)[:3], [1]], 0))
+            scores = tf.concat([tf.where(causal, scores, -1e9), column], -1)
+            weights = tf.nn.softmax(scores - tf.stop_gradient(tf.reduce_max(scores, -1, keepdims=True)))[..., :-1]
+            return {"y": tf.matmul(weights, values), "weights": weights}
         keep = tf.cast(keep, tf.float32)[:, None, None, :]
         masked = scores if fill is None else scores + (1.0 - keep) * fill
         weights = tf.nn.softmax(masked if mask is None else masked + mask(tf, keep))

@@ -500,3 +500,20 @@ def test_a_model_that_fails_on_random_inputs_says_to_pass_real_samples(tmp_path)
         converters.convert(path)
     np.savez(tmp_path / "boxes.npz", boxes=np.array([[1, 5], [0, 19], [7, 7]], np.int32))
     assert converters.convert(path, inputs=str(tmp_path / "boxes.npz"))[1].verified
+
+
+@pytest.mark.legs("tf_keras")  # a TensorFlow graph, any flavour: one leg
+def test_random_calibration_samples_take_the_dynamic_size_the_parity_inputs_take(tmp_path):
+    """SigLIP leaves its sequence open in its signature and adds a position table of fixed length: `--dynamic-size`
+    at that length makes the parity check's random inputs fit, and `--calibration random:N` must draw its samples
+    at the same size (they took the default size, and the calibration failed in the model's addition)."""
+    positions = np.random.default_rng(11).normal(size=(6, 4)).astype(np.float32)
+
+    def positioned(x):
+        return {"y": tf.nn.gelu(x + positions, approximate=False)}
+
+    path = conversions.saved_function(tmp_path, "positions", positioned,
+                                      tf.TensorSpec([None, None, 4], tf.float32, name="x"))
+    tflite_model, report = converters.convert(path, int8=True, calibration="random:3", dynamic_size=6)
+    assert report.verified, report.not_verified_reason
+    assert report.inputs_used == "the first 3 calibration samples (random:3)"

@@ -1568,10 +1568,11 @@ def marker(build, alpha, x, nodes):
     return fake_quantizer(ranges), ", intermediate int8 ranges exact from its input's 256 values"
 
 
-def calibration_samples(spec, inputs, seed):
+def calibration_samples(spec, inputs, seed, dynamic_size):
     """A list of samples (one array per input, in input order) from --calibration.
 
-    spec: "random:N" (N seeded random batches, as the parity check makes them)
+    spec: "random:N" (N seeded random batches, as the parity check makes them: `dynamic_size` along every open
+    dimension)
     or an .npz path holding one array per input, samples along the first axis
     (each becomes a batch of one).
     """
@@ -1582,7 +1583,7 @@ def calibration_samples(spec, inputs, seed):
         count = int(matched.group(1))
         if count < 1:
             raise errors.BadInputs(f"--calibration {spec}: needs at least one sample")
-        rng_inputs = [verify.make_inputs(inputs, seed + index, option="--calibration") for index in range(count)]
+        rng_inputs = [verify.make_inputs(inputs, seed + index, dynamic_size, option="--calibration") for index in range(count)]
         return [[sample[info.name] for info in inputs] for sample in rng_inputs]
     arrays = verify.load_npz(spec, inputs, option="--calibration", batched=True)
     counts = {len(arrays[info.name]) for info in inputs}

@@ -723,7 +723,7 @@ def _int8_setup(source, options, report):
         flag = "--int16" if options.int16 else "--int8" + (f" (implied by --target {target.name})" if implied else "")
         raise errors.BadInputs(f"{source.path}: a float model needs --calibration file.npz or random:N for "
                                f"{flag} (or train it with keras_gelu.qat.quantize_model)")
-    samples = integer.calibration_samples(options.calibration, source.inputs, options.seed)
+    samples = integer.calibration_samples(options.calibration, source.inputs, options.seed, options.dynamic_size)
     report.int8_ranges = f"post-training, calibrated on {len(samples)} samples ({options.calibration})"
     return samples, options.int8_io, options.int16
 

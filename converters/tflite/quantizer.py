@@ -471,14 +471,15 @@ def softmax_inputs(calibrated_model):
 
 def softmax_floors(calibrated_model, recorded, int16):
     """{tensor index: the smallest value its range needs} for each softmax input of `recorded`
-    (`calibration.Recorded`) that a selection of a constant (a mask's fill) computes, directly or through ops that
-    move values, and for each tensor on that way, where the softmax and those ops alone read them: what lies
-    below computes the softmax's output as the floor does (SOFTMAX_REACH). The selection writes on the floor's
-    grid, and its constant saturates there. An added mask is not floored: LiteRT's optimized int8 ADD carried an
-    operand on a scale hundreds of times its output's wrongly, a masked -1e4 to +7.4, and an int16 model of an
-    added mask so narrowed aborted the process as LiteRT prepared it. `int8.added_masks_as_selections` writes the
-    masks it finds as selections; a selection whose computed operand still reaches _MASK_DEPTH floored spans
-    below the floor (a mask it did not find, added to the scores) keeps its range.
+    (`calibration.Recorded`) that a selection of a constant (a mask's fill) computes, directly, through ops that
+    move values or through concatenations (_floored_way), and for each tensor on that way, where the softmax and
+    those ops alone read them: what lies below computes the softmax's output as the floor does (SOFTMAX_REACH).
+    The selection writes on the floor's grid, and its constant saturates there. An added mask is not floored:
+    LiteRT's optimized int8 ADD carried an operand on a scale hundreds of times its output's wrongly, a masked
+    -1e4 to +7.4, and an int16 model of an added mask so narrowed aborted the process as LiteRT prepared it.
+    `int8.added_masks_as_selections` writes the masks it finds as selections; a selection whose computed operand
+    still reaches _MASK_DEPTH floored spans below the floor (a mask it did not find, added to the scores) keeps
+    its range.
 
     The floor is the smallest largest value of a row over the samples, less as much again as those largest values
     spread apart (a row below any seen), less the softmax's reach."""
@@ -490,21 +491,40 @@ def softmax_floors(calibrated_model, recorded, int16):
     floors = {}
     for index, (smallest, largest) in recorded.row_maxima.items():
         floor = smallest - (largest - smallest) - SOFTMAX_REACH[int16] / recorded.softmax_betas[index]
-        way = [index]
-        while readers[way[-1]] == 1 and way[-1] in producers and \
-                op_name(model, producers[way[-1]]) in _MOVING_VALUES:
-            way.append(producers[way[-1]].inputs[0])
-        selection = producers.get(way[-1])
-        if readers[way[-1]] != 1 or selection is None or op_name(model, selection) not in _SELECTIONS:
-            continue
-        operands = [subgraph.tensors[operand] for operand in selection.inputs[1:]]
-        if not any(flatbuffer_model.is_constant(model, operand) for operand in operands):
-            continue
-        if any(_below_the_floor(recorded.ranges.get(operand), floor) for operand, tensor
-               in zip(selection.inputs[1:], operands) if not flatbuffer_model.is_constant(model, tensor)):
-            continue
-        floors.update(dict.fromkeys(way, floor))
+        way = _floored_way(model, readers, producers, recorded.ranges, index, floor)
+        floors.update(dict.fromkeys(way or (), floor))
     return floors
+
+
+def _floored_way(model, readers, producers, ranges, index, floor):
+    """The tensors from `index`, read by one op alone, up to a selection of a constant whose other operand does
+    not reach far below `floor` (_below_the_floor), through ops that move values, each read by the next alone;
+    or up to a concatenation, with every way from its operands where at least one has one, and every other
+    operand a constant or not far below the floor (GPT-OSS concatenates its masked scores with its attention
+    sinks' column). None where there is no such way."""
+    subgraph = model.subgraphs[0]
+    way = [index]
+    while readers[way[-1]] == 1 and way[-1] in producers and \
+            op_name(model, producers[way[-1]]) in _MOVING_VALUES:
+        way.append(producers[way[-1]].inputs[0])
+    producer = producers.get(way[-1])
+    if readers[way[-1]] != 1 or producer is None:
+        return None
+    kind = op_name(model, producer)
+    if kind in _SELECTIONS:
+        operands = {operand: None for operand in producer.inputs[1:]}
+    elif kind == "CONCATENATION":
+        operands = {operand: _floored_way(model, readers, producers, ranges, operand, floor)
+                    for operand in producer.inputs}
+    else:
+        return None
+    constant = {operand for operand in operands if flatbuffer_model.is_constant(model, subgraph.tensors[operand])}
+    if not (constant if kind in _SELECTIONS else any(operands.values())):
+        return None
+    if any(_below_the_floor(ranges.get(operand), floor) for operand, found in operands.items()
+           if found is None and operand not in constant):
+        return None
+    return way + [tensor for found in operands.values() for tensor in found or ()]
 
 
 # How many spans of a floored range a selection's computed operand may reach below the floor: a score a floor
