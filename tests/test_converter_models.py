@@ -16,6 +16,7 @@ from conftest import rotated
 from keras_gelu import converters
 from keras_gelu.converters import errors
 from keras_gelu.converters.report import Report
+from keras_gelu.converters.running import verify
 
 pytestmark = pytest.mark.legs("keras3", "tf_keras")
 
@@ -112,8 +113,6 @@ def test_functional_multi_input_multi_output_dynamic_batch(tmp_path):
 def test_nested_outputs_convert_one_tensor_per_path(rng):
     """A model whose outputs nest a tuple under a key (keras-hub's D-FINE) converts: a signature takes only
     tensors, so each leaf is an output of its own, named by its path."""
-    from keras_gelu.converters.running import verify
-
     keras.utils.set_random_seed(6)
     x = keras.Input((6,), name="x")
     hidden = keras.layers.Dense(8, activation=keras_gelu.GELU())(x)
@@ -232,8 +231,6 @@ def test_signature_is_kept_by_name(tmp_path, source, int8):
     """The .tflite runs through get_signature_runner() with the source signature's own names."""
     import tensorflow as tf
 
-    from keras_gelu.converters.running import verify
-
     model = _two_named_outputs_model()
     reference = _signature_reference(model, tmp_path)
     model_input = model if source == "live" else _save(model, tmp_path, as_file=source == "file")
@@ -257,8 +254,6 @@ def test_where_keras_moved_its_export_helper_the_model_is_exported_and_converts_
     has moved it, the model is exported to a SavedModel and read back instead: the same signature, by name, and
     the same .tflite outputs."""
     from keras_gelu.converters.reading import loading
-    from keras_gelu.converters.running import verify
-
     model = _two_named_outputs_model()
     arrays = {"features": np.random.default_rng(2).normal(size=(3, 6)).astype(np.float32),
               "mask": np.ones((3, 3), np.float32)}
@@ -309,8 +304,6 @@ def test_reference_graph_computes_layer_normalization_as_written():
     2.5e-4 away from float64 here, the ops as written 5e-8.
     """
     from keras_gelu.converters.reading import loading
-    from keras_gelu.converters.running import verify
-
     keras.utils.set_random_seed(10)
     inputs = keras.Input((16, 32), batch_size=4, name="x")
     dense = keras.layers.Dense(32)
@@ -334,8 +327,6 @@ def test_a_saved_model_s_jit_compiled_functions_run_as_written_and_a_live_model_
     from tensorflow.python.eager import context
 
     from keras_gelu.converters.reading import loading
-    from keras_gelu.converters.running import verify
-
     def marked(function):
         eager = context.context()
         names = [definition.signature.name for definition in function.graph.as_graph_def().library.function]
@@ -517,3 +508,28 @@ def test_random_calibration_samples_take_the_dynamic_size_the_parity_inputs_take
     tflite_model, report = converters.convert(path, int8=True, calibration="random:3", dynamic_size=6)
     assert report.verified, report.not_verified_reason
     assert report.inputs_used == "the first 3 calibration samples (random:3)"
+
+
+@pytest.mark.legs("tf_keras")  # a TensorFlow graph, any flavour: one leg
+def test_a_model_exported_with_a_batch_of_one_is_judged_on_every_sample_one_by_one(tmp_path, rng):
+    """A model exported for a phone often fixes its batch at 1. Parity refused an --inputs of several samples,
+    and an int8 model was judged on one calibration sample alone: keras-hub's SAM 3 has an output of one value per
+    sample (its presence logit), whose cosine on one sample is 1 or -1. Both run sample by sample now, against the
+    original model run the same way, and the float .tflite's outputs match float64's on every sample."""
+    weights = rng.normal(size=(6, 1)).astype(np.float32)
+
+    def scored(x):
+        return {"score": tf.matmul(tf.nn.gelu(x, approximate=False), weights)}
+
+    path = conversions.saved_function(tmp_path, "batch_of_one", scored, tf.TensorSpec([1, 6], tf.float32, name="x"))
+    x = rng.normal(size=(5, 6)).astype(np.float32)
+    np.savez(tmp_path / "samples.npz", x=x)
+    tflite_model, report = converters.convert(path, exact_as="erf", inputs=str(tmp_path / "samples.npz"))
+    assert report.verified and report.inputs_used == f"inputs from {tmp_path / 'samples.npz'}", report.inputs_used
+    gelu = x.astype(np.float64) * 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    scores = [verify.run_signature(tflite_model, "serving_default", {"x": sample[None]})["score"] for sample in x]
+    np.testing.assert_allclose(np.concatenate(scores), gelu @ weights, atol=1e-5)  # float32 sums of six terms
+    np.savez(tmp_path / "calibration.npz", x=rng.normal(size=(16, 6)).astype(np.float32))
+    _, report = converters.convert(path, int8=True, calibration=str(tmp_path / "calibration.npz"))
+    assert report.inputs_used == f"the first 8 calibration samples ({tmp_path / 'calibration.npz'})"
+    assert report.verified and report.budget["passed"], report.budget

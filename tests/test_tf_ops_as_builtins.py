@@ -1,6 +1,7 @@
 """TensorFlow ops TFLite has no builtin for: Roll, new axes (after an ellipsis too) and einsums that sum nothing on
 dynamic shapes, einsums on operands of no rank, int64 Abs and Sign, integer max pooling, comparisons of narrow
-integers, spelled in builtins; any other named in one line."""
+integers, spelled in builtins; orderings of a boolean's cast, which the stock converter folds into an op it has no
+kernel for, as the boolean; any other named in one line."""
 
 import numpy as np
 import pytest
@@ -10,12 +11,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import conversions
+import references
 import tflite_helpers
 from keras_gelu import converters
 from keras_gelu.converters import cli
 from keras_gelu.converters import errors
 from keras_gelu.converters.rewriting import graph
 from keras_gelu.converters.rewriting import tf_ops_as_builtins
+from keras_gelu.converters.running import verify
 from keras_gelu.converters.tflite import operators
 
 pytestmark = pytest.mark.legs("tf_keras")  # TensorFlow graphs rewritten before any converter: one leg (the shorter)
@@ -106,6 +109,26 @@ def test_new_axes_become_expand_dims_after_the_slice_and_compute_numpys_indexing
     np.testing.assert_array_equal(sliced, sliced_in_turn(x))
 
 
+def test_new_axes_making_more_than_five_on_a_static_shape_calibrate_where_the_stock_calibrator_stops(tmp_path):
+    """keras-hub's SAM 3 widens a label to six axes, `x[:, None, None, None, None, None]`, on a static shape: the
+    stock converter writes it as a STRIDED_SLICE of six axes, which its calibrator's interpreter (and TFLite Micro)
+    does not run, and every int8 conversion of the model stopped. Written as the slice and EXPAND_DIMS, it
+    calibrates, and computes what numpy's indexing does."""
+    grid = np.random.default_rng(14).normal(size=(1, 2, 2, 2, 2, 4)).astype(np.float32)
+
+    def widened(x):
+        return {"y": tf.reduce_sum(x[:, 0][:, None, None, None, None, None] + grid, [1, 2, 3, 4]) * x}
+
+    path = conversions.saved_function(tmp_path, "six_axes", widened, tf.TensorSpec([1, 4], tf.float32, name="x"))
+    x = np.random.default_rng(15).normal(size=(8, 4)).astype(np.float32)
+    np.savez(tmp_path / "samples.npz", x=x)
+    tflite_model, report = converters.convert(path, int8=True, calibration=str(tmp_path / "samples.npz"))
+    assert report.verified and report.budget["passed"], report.budget
+    expected = (x[:, :1, None, None, None, None] + grid).sum((1, 2, 3, 4)) * x
+    y = np.concatenate([verify.run_signature(tflite_model, "serving_default", {"x": row[None]})["y"] for row in x])
+    assert references.cosine(y, expected) >= 0.99, references.cosine(y, expected)  # int8's budget, against numpy
+
+
 @pytest.mark.parametrize("mode", ["builtin", "native"])
 def test_an_attention_mask_widened_with_new_axes_converts_where_the_stock_converter_stops(tmp_path, mode):
     """keras-hub's Gemma, CLIP text, PaliGemma and GPT-OSS widen a (batch, length, length) mask with
@@ -120,6 +143,66 @@ def test_an_attention_mask_widened_with_new_axes_converts_where_the_stock_conver
     _, report = converters.convert(path, mode=mode)
     assert report.verified and not report.flex_ops and report.ops.get("EXPAND_DIMS", 0) >= 1, report.ops
     assert all(comparison["passed"] for comparison in report.fidelity + report.drift), report.drift
+
+
+_NUMPY_ORDERINGS = {"Less": np.less, "LessEqual": np.less_equal, "Greater": np.greater,
+                    "GreaterEqual": np.greater_equal}
+
+
+@st.composite
+def orderings_of_booleans(draw):
+    """(an ordering's op, the dtype a boolean is cast to, the constant compared with, whether the cast is first)."""
+    dtype = draw(st.sampled_from([tf.int32, tf.int64, tf.float32]))
+    values = [-1, 0, 1, 2] + ([-0.5, 0.5, 1.5] if dtype.is_floating else [])
+    return (draw(st.sampled_from(sorted(_NUMPY_ORDERINGS))), dtype, draw(st.sampled_from(values)),
+            draw(st.booleans()))
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=orderings_of_booleans())
+def test_an_ordering_of_a_booleans_cast_computes_numpys_ordering_without_it(case):
+    op, dtype, value, cast_first = case
+    condition = np.array([[True, False, True], [False, False, True]])
+
+    def ordered(b):
+        cast, constant = tf.cast(b, dtype), tf.constant(value, dtype)
+        return getattr(tf.raw_ops, op)(**dict(zip("xy", (cast, constant) if cast_first else (constant, cast))))
+
+    function = tf.function(ordered).get_concrete_function(tf.TensorSpec([None, 3], tf.bool))
+    graph_def = function.graph.as_graph_def()
+    assert tf_ops_as_builtins.orderings_of_booleans_as_booleans(graph_def) == 1
+    (result,) = _pruned_and_run(function, graph_def, condition)
+    assert op not in {node.op for node in graph_def.node} and "Cast" not in {node.op for node in graph_def.node}
+    operands = (condition.astype(np.float64), value) if cast_first else (value, condition.astype(np.float64))
+    np.testing.assert_array_equal(result, _NUMPY_ORDERINGS[op](*operands))
+
+
+def test_a_lookup_of_labels_cast_to_a_boolean_and_back_converts_where_the_stock_converter_stops(tmp_path):
+    """keras-hub's SAM 3 casts its box labels to a boolean and back before its Embedding, whose lookup
+    (`keras.ops.take`) compares the ids with 0: the stock converter folds that comparison into a ZEROS_LIKE of
+    the boolean, which TFLite has no kernel for, and stops."""
+    table = np.random.default_rng(12).normal(size=(2, 4)).astype(np.float32)
+
+    def labelled(labels, x):
+        ids = tf.cast(tf.cast(tf.where(labels != 0, 1, 0), tf.bool), tf.int32)
+        return {"y": x + tf.gather(table, tf.where(ids < 0, ids + 2, ids))}
+
+    path = conversions.saved_function(tmp_path, "labels", labelled, tf.TensorSpec([None, 1], tf.int32, name="labels"),
+                                      tf.TensorSpec([None, 1, 4], tf.float32, name="x"))
+    with pytest.raises(Exception, match="'tfl.zeros_like' op operand #0 must be tensor of"):
+        tf.lite.TFLiteConverter.from_saved_model(path).convert()
+    # select mode rewrites nothing, as the stock converter: its line names the op and keeps the converter's words,
+    # where a location of calls within calls took the line's 400 characters before them
+    with pytest.raises(errors.ConverterFailed, match=r"the TFLite converter failed: Less: 'tfl\.zeros_like' op "
+                                                     r"operand #0 must be tensor of .* but got 'tensor<\?x1xi1>'$"):
+        converters.convert(path, mode="select")
+    labels = np.array([[0], [3], [-1]], np.int32)
+    x = np.random.default_rng(13).normal(size=(3, 1, 4)).astype(np.float32)
+    np.savez(tmp_path / "samples.npz", labels=labels, x=x)
+    tflite_model, report = converters.convert(path, inputs=str(tmp_path / "samples.npz"))
+    assert report.verified and all(comparison["passed"] for comparison in report.fidelity), report.fidelity
+    y = verify.run_signature(tflite_model, "serving_default", {"labels": labels, "x": x})["y"]
+    np.testing.assert_array_equal(y, x + table[(labels != 0).astype(int)])  # one float32 addition, as numpy's
 
 
 _RANDOM_INT8 = {"int8": True, "calibration": "random:8"}

@@ -72,6 +72,8 @@ One pass changes what a graph computes, for values a model is never given:
 returns how many ops it rewrote.
 """
 
+import operator
+
 import tensorflow as tf
 
 from . import fourier_as_matmuls
@@ -251,10 +253,15 @@ def _ellipsis_spelled_out(rank, begin, end, strides, masks, ellipsis):
             [spread(begin_mask, True), spread(end_mask, True), spread(shrink_mask, False), spread(new_axis, False)])
 
 
+# The most axes of a STRIDED_SLICE that TensorFlow's own TFLite interpreter (the stock converter's calibrator)
+# and TFLite Micro take; LiteRT's takes more.
+_LARGEST_SLICED_RANK = 5
+
+
 def _new_axes_spelling(node, nodes, shape):
     values = [graph.constant_value(operand, nodes) for operand in graph.data_inputs(node)[1:]]
-    if shape.is_fully_defined() or any(value is None for value in values):
-        return None  # on a static shape the converter takes new axes itself
+    if any(value is None for value in values):
+        return None
     begin, end, strides = (value.reshape(-1).tolist() for value in values)
     masks = [_bits(node.attr[name].i, len(begin)) for name in ("begin_mask", "end_mask", "shrink_axis_mask",
                                                                 "new_axis_mask")]
@@ -266,12 +273,17 @@ def _new_axes_spelling(node, nodes, shape):
         if spelled is None:
             return None
         begin, end, strides, masks = spelled
+    # on a static shape the converter takes new axes itself, into a slice of the rank they make: keras-hub's SAM 3
+    # widens a label to six axes, x[:, None, None, None, None, None], which the stock calibrator could not run
+    if shape.is_fully_defined() and shape.rank + sum(masks[3]) - sum(masks[2]) <= _LARGEST_SLICED_RANK:
+        return None
     return lambda value: _without_new_axes(value, begin, end, strides, *masks)
 
 
 def new_axes_as_expand_dims(graph_def):
     """Rewrite StridedSlice with new axes and constant operands (an ellipsis too, where the input's rank is
-    known) on a tensor of dynamic shape, as the slice without them and EXPAND_DIMS."""
+    known) on a tensor of dynamic shape, or making more axes than _LARGEST_SLICED_RANK, as the slice without
+    them and EXPAND_DIMS."""
     found = [node for node in graph_def.node if node.op == "StridedSlice" and graph.attribute(node, "new_axis_mask", 0)]
     return _spelled_in_builtins(graph_def, found, _new_axes_spelling)
 
@@ -382,6 +394,7 @@ def einsum_operands_given_their_rank(graph_def):
 
 _ORDERINGS = {"Less": tf.math.less, "LessEqual": tf.math.less_equal, "Greater": tf.math.greater,
               "GreaterEqual": tf.math.greater_equal}
+_ORDERED = {"Less": operator.lt, "LessEqual": operator.le, "Greater": operator.gt, "GreaterEqual": operator.ge}
 # The narrow integers TFLite's LESS, GREATER and their like take only as quantized values, and the stock converter
 # refuses as plain integers.
 _NARROW_INTEGERS = frozenset(dtype.as_datatype_enum for dtype in (tf.int8, tf.uint8, tf.int16, tf.uint16))
@@ -400,6 +413,47 @@ def narrow_integer_orderings_in_int32(graph_def):
             [(operand, dtype, None) for operand in graph.data_inputs(node)], node.name + _SCOPE, nodes)
         graph.redirect(graph_def, node.name, compared)
     return len(found)
+
+
+def _cast_boolean(name, nodes):
+    """The boolean tensor that tensor `name` is a Cast of, or None."""
+    node = graph.producer(name, nodes)
+    if node is None or node.op != "Cast" or graph.attribute(node, "SrcT", None) != tf.bool.as_datatype_enum:
+        return None
+    return graph.data_inputs(node)[0]
+
+
+def _boolean_ordering(condition, *, at_false, at_true):
+    """What an ordering of a boolean's cast with a constant gives, `at_false` and `at_true` for each value."""
+    if at_false == at_true:
+        return tf.fill(tf.shape(condition), at_false)
+    return condition if at_true else tf.logical_not(condition)
+
+
+def orderings_of_booleans_as_booleans(graph_def):
+    """Rewrite Less, Greater and their like of a boolean's cast (to a number) and a constant scalar as the
+    boolean, its negation or a constant of its shape, by what the ordering gives for 0 and for 1: exact.
+
+    The stock converter folds `cast(b) < 0` and `cast(b) >= 0` (either operand first) into ZEROS_LIKE of the
+    boolean, which TFLite has no bool kernel for, and refuses the model: keras-hub's SAM 3 casts its box labels
+    to bool and back for its Embedding, whose lookup (`keras.ops.take`) compares the ids with 0."""
+    nodes = graph.nodes_by_name(graph_def)
+    rewritten = 0
+    for node in [node for node in graph_def.node if node.op in _ORDERINGS]:
+        for position, (operand, other) in enumerate(zip(graph.data_inputs(node), graph.data_inputs(node)[::-1])):
+            condition, value = _cast_boolean(operand, nodes), graph.constant_value(other, nodes)
+            if condition is None or value is None or value.shape != ():
+                continue
+            ordered = [_ORDERED[node.op](*((bit, value.item()) if position == 0 else (value.item(), bit)))
+                       for bit in (0, 1)]
+            (replaced,) = graph.splice_many(
+                graph_def, lambda b, outcomes=ordered: [_boolean_ordering(b, at_false=bool(outcomes[0]),
+                                                                          at_true=bool(outcomes[1]))],
+                [(condition, tf.bool, None)], node.name + _SCOPE, nodes)
+            graph.redirect(graph_def, node.name, replaced)
+            rewritten += 1
+            break
+    return rewritten
 
 
 _INT64_SPELLINGS = {
@@ -517,4 +571,5 @@ def input_ids_gathered_directly(graph_def):
 
 TO_BUILTINS = (rolls_as_slices, new_axes_as_expand_dims, products_as_mul, einsum_operands_given_their_rank,
                int64_abs_and_sign_as_min_max, narrow_integer_orderings_in_int32, integer_max_pools_as_maxima,
-               transposes_of_fewer_axes, fourier_as_matmuls.real_transforms_as_matmuls, input_ids_gathered_directly)
+               transposes_of_fewer_axes, fourier_as_matmuls.real_transforms_as_matmuls, input_ids_gathered_directly,
+               orderings_of_booleans_as_booleans)  # after the ids' gather: it reads the ids, dropping their wrap

@@ -4,6 +4,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import functools
 import gc
 import logging
 import os
@@ -200,6 +201,15 @@ def _judged_batch(samples):
     return [np.concatenate([sample[position] for sample in judged]) for position in range(len(judged[0]))]
 
 
+def _batch_of_one(source):
+    """Whether the signature fixes the batch (the first dimension) of every input and output at 1, as a model
+    exported for a phone often is: parity then takes samples (--inputs, --calibration) and runs them one by one,
+    where it refused an --inputs of more than one and judged one calibration sample alone (an output of one value
+    per sample, keras-hub SAM 3's presence logit, had a cosine of 1 or -1)."""
+    return all(info.shape is not None and len(info.shape) and info.shape[0] == 1
+               for info in (*source.inputs, *source.outputs))
+
+
 def _batch_open(inputs):
     """Whether no input fixes the batch (its first dimension), so that samples may run as one batch."""
     return not any(info.shape is not None and len(info.shape) and info.shape[0] is not None for info in inputs)
@@ -263,7 +273,29 @@ def _run(converter, source, mode):
 _NO_KERNEL = re.compile(r"'tf\.(\w+)' op is neither a custom op nor a flex op")
 
 
-_FUSED_LOCATION = re.compile(r'<unknown>:0: error: loc\(fused\[(?:"[^"]*", )*"([^"]*)"\]\):')
+def _located(line):
+    """An MLIR error line, `<unknown>:0: error: loc(...): message`, as `op: message`: the op its location names
+    first (its name's last three parts), so that the message shows whatever the location's length. A location
+    of calls within calls (`loc(fused[callsite(fused["Less:", "model/layer/Less@__inference_..."] at ...)])`)
+    ran past the line's 400 characters before the message began."""
+    start = line.find("error: loc(")
+    if start < 0:
+        return line
+    depth, quoted = 0, False
+    for end in range(start + len("error: "), len(line)):
+        if line[end] == '"':
+            quoted = not quoted
+        elif not quoted and line[end] in "()":
+            depth += 1 if line[end] == "(" else -1
+            if depth == 0:
+                break
+    else:
+        return line
+    names = [name for name in re.findall(r'"([^"]*)"', line[start:end]) if not name.endswith(":")]
+    named = next((name for name in names if "/" in name), names[0] if names else "")
+    op = "/".join(named.split("@")[0].split("/")[-3:])
+    message = line[end + 1:].lstrip(": ")
+    return f"{op}: {message}" if op else message
 
 
 def _converter_failure(failure, mode):
@@ -282,7 +314,7 @@ def _converter_failure(failure, mode):
     summary = next((line for line in lines if line.startswith(("Custom ops:", "Flex ops:"))), None)
     summary = summary or next((line for line in lines if "error:" in line), lines[0] if lines else "")
     # the op's location by the end of its name, so that what follows (a same-scale refusal's two scales) shows
-    summary = _FUSED_LOCATION.sub(lambda match: "/".join(match[1].split("/")[-3:]) + ":", summary)
+    summary = _located(summary)
     return f"the TFLite converter failed: {summary[:400]}"
 
 
@@ -328,6 +360,9 @@ def convert(model, options, kind=None, name=None):
         if (target is not None and target.static_shapes) or options.input_shapes:
             source, parity_inputs, batch_fixed = target_checks.with_static_shapes(source, target,
                                                                                   options.input_shapes)
+        if _batch_of_one(source):  # sample by sample, as where a target's runtime fixes the batch
+            parity_inputs = [dataclasses.replace(info, shape=(None, *info.shape[1:])) for info in parity_inputs]
+            batch_fixed = True
     report = reporting.Report(source.path, source.kind, source.signature, options.mode, options.exact_as,
                               float16_weights=options.float16_weights,
                               retyped_to_float32=list(source.retyped_to_float32), trusted=options.trust_model)
@@ -354,10 +389,11 @@ def convert(model, options, kind=None, name=None):
                 # .tflite may need Flex, which LiteRT cannot run: a model is not run for a check that cannot
                 # happen. The rewritten SavedModel too: one model's weights at a time.
                 if "SELECT_TF_OPS" not in requested.op_sets:
-                    source_outputs = parity.run_source(source, arrays)
+                    source_outputs = _source_outputs(source, arrays, batch_fixed)
                     if kept_graph is not None:
                         _let_go_of_the_source(source)
-                        reference_outputs = parity.reference_runner(reference, source)(arrays)
+                        reference_outputs = _on_batches(parity.reference_runner(reference, source), batch_fixed)(
+                            arrays)
                         _collect_if_large(source)  # the rewritten SavedModel's weights, before converting
         with _timed(stages, "convert"):
             if kept_graph is not None:
@@ -373,7 +409,7 @@ def convert(model, options, kind=None, name=None):
         if _lifts(options, report):
             with _timed(stages, "convert"):
                 if source_outputs is None:
-                    source_outputs = parity.run_source(source, arrays)
+                    source_outputs = _source_outputs(source, arrays, batch_fixed)
                 tflite_model = _lifted(serialized, source, requested, options, int8_setup, target, report, arrays,
                                        source_outputs, explainer)
         if options.verify:
@@ -658,6 +694,11 @@ def _on_batches(run, batch_fixed):
     return (lambda batch: target_checks.per_sample(run, batch)) if batch_fixed else run
 
 
+def _source_outputs(source, arrays, batch_fixed):
+    """The original model's outputs on `arrays` (parity.run_source), sample by sample where the batch is fixed."""
+    return _on_batches(functools.partial(parity.run_source, source), batch_fixed)(arrays)
+
+
 def _without_clamp(build, alpha, x, nodes):
     """The `mark` where the target lacks the guards' ops: the replacement without its -inf clamp, unmarked."""
     return replacements.unmarked, ", without the -inf clamp (the target lacks the guards' ops)"
@@ -807,7 +848,7 @@ def _verify(tflite_model, source, reference, options, report, target, arrays, so
     if graph_outputs is None:
         graph_outputs = _on_batches(parity.reference_runner(reference, source), batch_fixed)(arrays)
     if source_outputs is None:  # not run before converting (see convert)
-        source_outputs = parity.run_source(source, arrays)
+        source_outputs = _source_outputs(source, arrays, batch_fixed)
     report.tolerance = {"atol": options.atol, "rtol": options.rtol, "max_drift": options.max_drift}
     scales = [None] * len(source.outputs)
     if options.int8:
