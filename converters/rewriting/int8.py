@@ -1583,7 +1583,8 @@ def calibration_samples(spec, inputs, seed, dynamic_size):
         count = int(matched.group(1))
         if count < 1:
             raise errors.BadInputs(f"--calibration {spec}: needs at least one sample")
-        rng_inputs = [verify.make_inputs(inputs, seed + index, dynamic_size, option="--calibration") for index in range(count)]
+        rng_inputs = [verify.make_inputs(inputs, seed + index, dynamic_size, option="--calibration")
+                      for index in range(count)]
         return [[sample[info.name] for info in inputs] for sample in rng_inputs]
     arrays = verify.load_npz(spec, inputs, option="--calibration", batched=True)
     counts = {len(arrays[info.name]) for info in inputs}
