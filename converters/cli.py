@@ -81,7 +81,8 @@ def _parser():
     parser.add_argument("--inputs", help=".npz with one array per signature input (default: seeded random)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     parser.add_argument("--dynamic-size", type=int, default=DEFAULT_DYNAMIC_SIZE,
-                        help=f"size given to dynamic dimensions of random inputs (default {DEFAULT_DYNAMIC_SIZE})")
+                        help=f"size given to dynamic dimensions of random inputs and random:N calibration samples "
+                             f"(default {DEFAULT_DYNAMIC_SIZE})")
     parser.add_argument("--atol", type=float, default=DEFAULT_ATOL,
                         help=f"fidelity tolerance, absolute (default {DEFAULT_ATOL})")
     parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL,
