@@ -496,8 +496,9 @@ def test_a_model_that_fails_on_random_inputs_says_to_pass_real_samples(tmp_path)
 @pytest.mark.legs("tf_keras")  # a TensorFlow graph, any flavour: one leg
 def test_random_calibration_samples_take_the_dynamic_size_the_parity_inputs_take(tmp_path):
     """SigLIP leaves its sequence open in its signature and adds a position table of fixed length: `--dynamic-size`
-    at that length makes the parity check's random inputs fit, and `--calibration random:N` must draw its samples
-    at the same size (they took the default size, and the calibration failed in the model's addition)."""
+    at that length makes the parity check's random inputs fit (the refusal without it says so), and `--calibration
+    random:N` must draw its samples at the same size (they took the default size, and the calibration failed in
+    the model's addition)."""
     positions = np.random.default_rng(11).normal(size=(6, 4)).astype(np.float32)
 
     def positioned(x):
@@ -505,6 +506,9 @@ def test_random_calibration_samples_take_the_dynamic_size_the_parity_inputs_take
 
     path = conversions.saved_function(tmp_path, "positions", positioned,
                                       tf.TensorSpec([None, None, 4], tf.float32, name="x"))
+    with pytest.raises(errors.CorruptModel, match=r"pass real samples with --inputs file\.npz, or the length its "
+                                                  r"dynamic dimensions need with --dynamic-size \(they took 2\)$"):
+        converters.convert(path)
     tflite_model, report = converters.convert(path, int8=True, calibration="random:3", dynamic_size=6)
     assert report.verified, report.not_verified_reason
     assert report.inputs_used == "the first 3 calibration samples (random:3)"

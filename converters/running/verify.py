@@ -38,7 +38,9 @@ class Comparison:
 
 
 class RandomInputs(dict):
-    """Seeded random inputs, {name: array}: what the original model fails on is then worth real samples."""
+    """Seeded random inputs, {name: array}: what the original model fails on is then worth real samples, or
+    another size of the dynamic dimensions, where a dimension other than the batch took one (`dynamic_size`)."""
+    dynamic_size = None
 
 
 def make_inputs(inputs, seed=0, dynamic_size=DEFAULT_DYNAMIC_SIZE, npz_path=None, option="--inputs"):
@@ -54,6 +56,8 @@ def make_inputs(inputs, seed=0, dynamic_size=DEFAULT_DYNAMIC_SIZE, npz_path=None
     arrays = RandomInputs()
     for info in inputs:
         shape = [dynamic_size if size is None else size for size in (info.shape or (dynamic_size,))]
+        if info.shape is None or None in info.shape[1:]:
+            arrays.dynamic_size = dynamic_size
         if info.dtype.is_floating:
             arrays[info.name] = (rng.normal(0.0, 2.0, size=shape)).astype(info.dtype.as_numpy_dtype)
         elif info.dtype.is_integer:
@@ -129,6 +133,8 @@ def run_source(source, arrays):
         # in order, whose differences index a table)
         hint = "; on seeded random inputs: pass real samples with --inputs file.npz" \
             if isinstance(arrays, RandomInputs) else ""
+        if getattr(arrays, "dynamic_size", None) is not None:  # SigLIP's sequence: its position table's length
+            hint += f", or the length its dynamic dimensions need with --dynamic-size (they took {arrays.dynamic_size})"
         raise errors.CorruptModel(f"{source.path}: the original model fails when run ({type(error).__name__}: "
                                   f"{message[:250]}){hint}") from error
     return {info.name: np.asarray(outputs[info.name]) for info in source.outputs}
