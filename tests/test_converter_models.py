@@ -254,6 +254,7 @@ def test_where_keras_moved_its_export_helper_the_model_is_exported_and_converts_
     has moved it, the model is exported to a SavedModel and read back instead: the same signature, by name, and
     the same .tflite outputs."""
     from keras_gelu.converters.reading import loading
+
     model = _two_named_outputs_model()
     arrays = {"features": np.random.default_rng(2).normal(size=(3, 6)).astype(np.float32),
               "mask": np.ones((3, 3), np.float32)}
@@ -304,6 +305,7 @@ def test_reference_graph_computes_layer_normalization_as_written():
     2.5e-4 away from float64 here, the ops as written 5e-8.
     """
     from keras_gelu.converters.reading import loading
+
     keras.utils.set_random_seed(10)
     inputs = keras.Input((16, 32), batch_size=4, name="x")
     dense = keras.layers.Dense(32)
@@ -327,6 +329,7 @@ def test_a_saved_model_s_jit_compiled_functions_run_as_written_and_a_live_model_
     from tensorflow.python.eager import context
 
     from keras_gelu.converters.reading import loading
+
     def marked(function):
         eager = context.context()
         names = [definition.signature.name for definition in function.graph.as_graph_def().library.function]
