@@ -540,3 +540,26 @@ def test_a_model_exported_with_a_batch_of_one_is_judged_on_every_sample_one_by_o
     _, report = converters.convert(path, int8=True, calibration=str(tmp_path / "calibration.npz"))
     assert report.inputs_used == f"the first 8 calibration samples ({tmp_path / 'calibration.npz'})"
     assert report.verified and report.budget["passed"], report.budget
+
+
+@pytest.mark.legs("tf_keras")  # a TensorFlow graph, any flavour: one leg
+def test_a_model_exported_with_a_batch_of_four_is_calibrated_on_batches_of_four(tmp_path, rng):
+    """Calibration samples went to the model one by one whatever batch it fixed: a model exported with a batch of
+    4 ended in an internal error ("Cannot feed value of shape (1, 6) for Tensor x:0, which has shape (4, 6)").
+    They go in batches of the batch the model fixes, the rows past the last whole batch left out, and fewer rows
+    than one batch is a user's error in one line."""
+    weights = rng.normal(size=(6, 3)).astype(np.float32)
+
+    def projected(x):
+        return {"y": tf.matmul(tf.nn.gelu(x, approximate=False), weights)}
+
+    path = conversions.saved_function(tmp_path, "batch_of_four", projected, tf.TensorSpec([4, 6], tf.float32, name="x"))
+    np.savez(tmp_path / "ten.npz", x=rng.normal(size=(10, 6)).astype(np.float32))
+    _, report = converters.convert(path, int8=True, calibration=str(tmp_path / "ten.npz"))
+    assert report.int8_ranges == (f"post-training, calibrated on 8 samples in 2 batches of 4, the batch the model "
+                                  f"fixes ({tmp_path / 'ten.npz'})"), report.int8_ranges
+    assert report.inputs_used == f"the first 4 calibration samples ({tmp_path / 'ten.npz'})", report.inputs_used
+    assert report.verified and report.budget["passed"], report.budget
+    np.savez(tmp_path / "three.npz", x=rng.normal(size=(3, 6)).astype(np.float32))
+    with pytest.raises(errors.BadInputs, match=r"three\.npz: 3 samples, fewer than the batch of 4 the model fixes$"):
+        converters.convert(path, int8=True, calibration=str(tmp_path / "three.npz"))

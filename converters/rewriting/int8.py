@@ -1574,7 +1574,8 @@ def calibration_samples(spec, inputs, seed, dynamic_size):
     spec: "random:N" (N seeded random batches, as the parity check makes them: `dynamic_size` along every open
     dimension)
     or an .npz path holding one array per input, samples along the first axis
-    (each becomes a batch of one).
+    (each becomes a batch of one; of the batch the model fixes, where its every input fixes one alike: a
+    model exported with a batch of 4 took batches of one, and the conversion ended in an internal error).
     """
     from ..running import verify
 
@@ -1592,7 +1593,18 @@ def calibration_samples(spec, inputs, seed, dynamic_size):
         raise errors.BadInputs(f"{spec}: every input needs the same, non-zero number of samples along the first "
                                f"axis; found {sorted(counts)}")
     (count,) = counts
-    return [[arrays[info.name][index:index + 1] for info in inputs] for index in range(count)]
+    batch = fixed_batch(inputs)
+    if count < batch:
+        raise errors.BadInputs(f"{spec}: {count} samples, fewer than the batch of {batch} the model fixes")
+    return [[arrays[info.name][index:index + batch] for info in inputs]
+            for index in range(0, count - batch + 1, batch)]
+
+
+def fixed_batch(inputs):
+    """The batch (the first dimension) every input of the signature fixes alike, else 1: calibration samples
+    go in batches of it."""
+    sizes = {info.shape[0] if info.shape else None for info in inputs}
+    return sizes.pop() if len(sizes) == 1 and None not in sizes else 1
 
 
 def configure(converter, samples, int8_io, int16=False):

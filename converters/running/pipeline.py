@@ -452,7 +452,8 @@ def _calibration_as_parity_inputs(options, int8_setup, parity_inputs, batch_fixe
     samples = int8_setup[0][:conversion_options.JUDGED_SAMPLES]
     if not batch_fixed and not _batch_open(parity_inputs):
         samples = samples[:1]  # a batch the model fixes, which no parity run splits: one sample
-    report.inputs_used = f"the first {len(samples)} calibration samples ({options.calibration})"
+    count = len(samples) * integer.fixed_batch(parity_inputs)  # samples in batches of the batch a model fixes
+    report.inputs_used = f"the first {count} calibration samples ({options.calibration})"
     return {info.name: batch for info, batch in zip(parity_inputs, _judged_batch(samples))}
 
 
@@ -765,7 +766,11 @@ def _int8_setup(source, options, report):
         raise errors.BadInputs(f"{source.path}: a float model needs --calibration file.npz or random:N for "
                                f"{flag} (or train it with keras_gelu.qat.quantize_model)")
     samples = integer.calibration_samples(options.calibration, source.inputs, options.seed, options.dynamic_size)
-    report.int8_ranges = f"post-training, calibrated on {len(samples)} samples ({options.calibration})"
+    batch = integer.fixed_batch(source.inputs)
+    batches = f" in {len(samples)} batch{'es' * (len(samples) > 1)} of {batch}, the batch the model fixes" \
+        if batch > 1 else ""
+    report.int8_ranges = (f"post-training, calibrated on {len(samples) * batch} samples{batches} "
+                          f"({options.calibration})")
     return samples, options.int8_io, options.int16
 
 
