@@ -478,17 +478,20 @@ def test_an_integer_input_nothing_reads_takes_zeros_and_one_read_by_arithmetic_a
 
 
 @pytest.mark.legs("tf_keras")  # a TensorFlow graph, any flavour: one leg
-def test_a_model_that_fails_on_random_inputs_says_to_pass_real_samples(tmp_path):
+@pytest.mark.parametrize("batch", [None, 1], ids=["open batch", "a batch of one"])
+def test_a_model_that_fails_on_random_inputs_says_to_pass_real_samples(tmp_path, batch):
     """LayoutLM's boxes index its position tables by their corners and by their sides (a corner less the other):
     random corners below the table break the sides' lookups, and the original model fails when run. The line says
-    the inputs were random and what to pass; with boxes in order, the model converts."""
+    the inputs were random and what to pass; with boxes in order, the model converts. Exported with a batch of
+    one, run sample by sample, the same (the samples had lost what said they were random, and the line its
+    advice)."""
     table = np.random.default_rng(10).normal(size=(20, 4)).astype(np.float32)
 
     def boxed(boxes):
         corners, sides = tf.gather(table, boxes[:, 0]), tf.gather(table, boxes[:, 1] - boxes[:, 0])
         return {"y": tf.nn.gelu(corners + sides, approximate=False)}
 
-    path = conversions.saved_function(tmp_path, "boxes", boxed, tf.TensorSpec([None, 2], tf.int32, name="boxes"))
+    path = conversions.saved_function(tmp_path, "boxes", boxed, tf.TensorSpec([batch, 2], tf.int32, name="boxes"))
     with pytest.raises(errors.CorruptModel, match=r"the original model fails when run \(.*\); on seeded random "
                                                   r"inputs: pass real samples with --inputs file\.npz$"):
         converters.convert(path)

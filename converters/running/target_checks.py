@@ -3,6 +3,7 @@ type of the .tflite before anything is written, then the runs on the target's ow
 the report's section that tells of them."""
 
 import collections
+import copy
 import dataclasses
 
 import numpy as np
@@ -69,9 +70,15 @@ def with_static_shapes(source, target=None, input_shapes=None):
 
 
 def one_by_one(arrays):
-    """[{name: array of one sample}] of a batch {name: array}, in order."""
+    """[{name: array of one sample}] of a batch {name: array}, in order, each a copy of the batch's own kind (seeded
+    random inputs stay so, and the refusal of a model that fails on them still says what to pass instead)."""
     count = len(next(iter(arrays.values())))
-    return [{name: array[index:index + 1] for name, array in arrays.items()} for index in range(count)]
+    samples = []
+    for index in range(count):
+        sample = copy.copy(arrays)
+        sample.update((name, array[index:index + 1]) for name, array in arrays.items())
+        samples.append(sample)
+    return samples
 
 
 def per_sample(run, arrays):
