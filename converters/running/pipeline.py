@@ -800,7 +800,7 @@ def _judge_budget(tflite_model, source, options, report, arrays, explainer):
     worst = min(report.drift, key=lambda c: c["cosine"])
     report.budget = {"min_cosine": options.min_cosine, "cosine": worst["cosine"], "output": worst["output"],
                      "passed": bool(worst["cosine"] >= options.min_cosine)}
-    if options.mixed_precision and report.quantization_aware:  # the search would start here, and lift nothing
+    if options.mixed_precision and not _lifts(options, report):  # the search would start here, and lift nothing
         report.lifted = lifting.Lifting(worst["cosine"], worst["cosine"], [], 0,
                                         "" if report.budget["passed"] else lifting.QUANTIZATION_AWARE).as_dict()
     if report.budget["passed"]:
