@@ -245,8 +245,9 @@ def test_no_verify_says_so(model_dir, capsys, tmp_path):
 
 @pytest.mark.legs("keras3")  # python -m runs the same code on any TensorFlow
 def test_module_entry_point(model_dir, tmp_path, monkeypatch, capsys):
-    """`python -m keras_gelu.converters`, run as python -m runs it (the package's __main__ with its argv), in
-    this process: a new one would only import TensorFlow again."""
+    """`python -m keras_gelu.converters` converting, run as python -m runs it (the package's __main__ with its
+    argv), in this process, whose sandbox has its zygote ready: a new process would start one of its own
+    (its start as a shell runs it: test_python_m_is_the_command_under_any_keras_backend_...)."""
     output = tmp_path / "m.tflite"
     monkeypatch.setattr(sys, "argv", ["python -m keras_gelu.converters", model_dir, "-o", str(output),
                                       "--mode", "native"])
@@ -388,15 +389,16 @@ def test_help_and_version_render_for_the_installed_command():
 
 
 @pytest.mark.legs("keras3")
-def test_python_m_under_another_keras_backend_is_the_command_as_under_tensorflow():
-    """`python -m keras_gelu.converters` where the shell names JAX: the command, as `keras-gelu-convert` is under
-    any backend (it converts on TensorFlow in a process of its own), where the package's import refused JAX with a
-    traceback. In a process of its own, as a shell runs it; under JAX nothing imports TensorFlow, whose start-up
-    lines would show."""
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_python_m_is_the_command_under_any_keras_backend_and_shows_only_its_own_lines(backend):
+    """`python -m keras_gelu.converters`, as a shell runs it, is the command `keras-gelu-convert` is, under any
+    backend (it converts on TensorFlow in a process of its own): where the shell names JAX, the package's import
+    refused JAX with a traceback; under TensorFlow, its help came after TensorFlow's start-up lines (7 of them
+    with TF_CPP_MIN_LOG_LEVEL=0, as a newcomer's shell has it), 5 s of importing what the command never uses."""
 
     def run(argv):
         result = subprocess.run([sys.executable, "-m", "keras_gelu.converters", *argv], capture_output=True,
-                                text=True, timeout=300, env={**os.environ, "KERAS_BACKEND": "jax",
+                                text=True, timeout=300, env={**os.environ, "KERAS_BACKEND": backend,
                                                              "TF_CPP_MIN_LOG_LEVEL": "0"})
         assert result.stderr == "", result.stderr
         return result.returncode, result.stdout, result.stderr
@@ -405,15 +407,25 @@ def test_python_m_under_another_keras_backend_is_the_command_as_under_tensorflow
 
 
 @pytest.mark.legs("keras3")
-def test_help_and_version_render_for_python_m(monkeypatch, capsys):
-    """The same through `python -m keras_gelu.converters`, run as python -m runs it, in this process (a new one
-    would only import TensorFlow again)."""
+@pytest.mark.parametrize("argv, orig_argv, starting", [
+    (["-m", "--help"], ["python", "-m", "keras_gelu.converters", "--help"], True),
+    (["-m"], ["python", "-W", "ignore", "-m", "keras_gelu.converters"], True),
+    (["-m", "m.keras"], ["python", "-Imkeras_gelu.converters", "m.keras"], True),
+    # another module, whose own arguments name the command's
+    (["-m", "keras_gelu.converters"], ["python", "-m", "tool", "keras_gelu.converters"], False),
+    (["-m"], ["python", "-m", "keras_gelu.converters.cli"], False),
+    (["-m"], ["python", "-m", "keras_gelu"], False),
+    (["-c", "keras_gelu.converters"], ["python", "-c", "import keras_gelu", "keras_gelu.converters"], False),
+    (["/bin/keras-gelu-convert"], ["python", "/bin/keras-gelu-convert"], False),
+])
+def test_the_command_is_told_from_any_other_start_by_the_module_python_locates(monkeypatch, argv, orig_argv,
+                                                                                starting):
+    """Python's own argv while it locates a module to run (sys.argv[0] "-m", the module's arguments after it),
+    against the command line as given: only keras_gelu.converters, however the flag holds it, leaves keras_gelu's
+    imports out. (A process that imports keras_gelu and finds it empty would fail far from the cause.)"""
+    from keras_gelu import command_start
 
-    def run(argv):
-        monkeypatch.setattr(sys, "argv", ["keras-gelu-convert", *argv])
-        with pytest.raises(SystemExit) as exit_info:
-            runpy.run_module("keras_gelu.converters", run_name="__main__", alter_sys=True)
-        captured = capsys.readouterr()
-        return exit_info.value.code, captured.out, captured.err
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(sys, "orig_argv", orig_argv)
+    assert command_start.the_command_is_starting() is starting
 
-    _check_help_and_version(*_help_and_version(run))
