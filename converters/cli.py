@@ -107,8 +107,9 @@ def _parser():
                         help=f"int8: the least cosine any output may keep against the float model, on the "
                              f"calibration samples or --inputs (default {DEFAULT_MIN_COSINE:g}; 0: no budget)")
     parser.add_argument("--mixed-precision", action="store_true",
-                        help="int8 below --min-cosine: lift the ops that lose the most to float, one at a time, "
-                             "until it holds; the report lists what was lifted and why")
+                        help="int8 below --min-cosine: lift the ops that lose the most to float, the worst first, "
+                             "until it holds, keeping only the lifts it needs; the report lists what was lifted and "
+                             "why")
     parser.add_argument("--explain", metavar="DIR",
                         help="write DIR/index.html, report.json and model_explorer.json: every tensor's error "
                              "against the float model, the worst first (also when the budget refuses the model)")

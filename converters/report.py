@@ -50,11 +50,15 @@ _SHAPES = {
     "lifted": _Optional({"cosine_before": _NUMBER, "cosine": _NUMBER, "trials": int, "float_ops": [str],
                          "stopped": str,
                          "lifts": [{"tensor": str, "layer": str, "op": str, "lost_db": _NUMBER, "float_ops": [str],
-                                    "layers": [str], "cosine": _NUMBER}]}),
+                                    "layers": [str], "cosine_without": _Optional(_NUMBER)}]}),
     "target": _Optional({"name": str, "runtime": str, "lacks": str, "runtime_check": _Optional(str),
                          "fidelity": [_COMPARISON], "agreement": [_COMPARISON], "notes": [str],
                          "ops": _Optional({"on_target": _COUNTS, "cpu_fallback": _COUNTS})}),
 }
+
+
+# The lifts --mixed-precision's text names, the worst first (-v: every one)
+_LIFTS_SHOWN = 8
 
 
 # What only the side outside the sandbox states, whatever a worker's report says.
@@ -179,16 +183,23 @@ class Report:
     lifted: dict = None  # --mixed-precision: what was lifted to float and why (running/lifting.py's Lifting)
     explained_in: str = ""  # the folder --explain wrote its files in (set outside the sandbox)
 
-    def _lifted_lines(self):
+    def _lifted_lines(self, verbose):
         if self.lifted is None:
             return []
         lifted = self.lifted
         lines = [f"  mixed precision: cosine {lifted['cosine_before']:.6f} in int8, {lifted['cosine']:.6f} with "
-                 f"{_ops(len(lifted['float_ops']))} kept float ({len(lifted['lifts'])} of "
-                 f"{lifted['trials']} lifts tried kept)"]
+                 f"{_ops(len(lifted['float_ops']))} kept float ({len(lifted['lifts'])} lift(s) kept, "
+                 f"{lifted['trials']} quantization(s) tried)"]
+        shown = lifted["lifts"] if verbose else lifted["lifts"][:_LIFTS_SHOWN]
         lines.extend(f"    lifted {lift['layer']} ({lift['op']}, lost {lift['lost_db']:.1f} dB): "
-                     f"{_ops(len(lift['float_ops']))} in float ({', '.join(lift['layers'])}), cosine then "
-                     f"{lift['cosine']:.6f}" for lift in lifted["lifts"])
+                     f"{_ops(len(lift['float_ops']))} in float ({', '.join(lift['layers'])}), "
+                     + ("not tried without" if lift["cosine_without"] is None else
+                        f"cosine {lift['cosine_without']:.6f} without it") for lift in shown)
+        if len(shown) < len(lifted["lifts"]):
+            lines.append(f"    and {len(lifted['lifts']) - len(shown)} more, the less lossy (-v, or --report-json, "
+                         "lists them)")
+        if not lifted["stopped"] and any(lift["cosine_without"] is None for lift in lifted["lifts"]):
+            lines.append("    (the search's limit came before every lift was tried without: some may not be needed)")
         return lines
 
     def note_flex_ops(self):
@@ -317,7 +328,7 @@ class Report:
                 lines.append(f"  budget   {self.budget['output']}: cosine {self.budget['cosine']:.9f} against the "
                              f"float model, --min-cosine {self.budget['min_cosine']:g} "
                              + ("ok" if self.budget["passed"] else "FAIL"))
-            lines.extend(self._lifted_lines())
+            lines.extend(self._lifted_lines(verbose))
             envelope = self.tolerance.get("rounding_envelope")
             if envelope:
                 lines.append(f"  rounding envelope (the rewritten graph with one step on {envelope['fraction']:.0%} "

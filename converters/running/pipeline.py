@@ -814,12 +814,13 @@ def _judge_budget(tflite_model, source, options, report, arrays, explainer):
         "--mixed-precision (the ops that lose it in float), "
     help_ = f"{finer}{lift}keras_gelu.qat (quantization-aware training), calibration on real samples"
     look = "" if options.explain else ", --explain DIR to see every tensor"
-    stopped = {"trials": f"after {lifting.MAX_TRIALS} lifts tried", "time": "at its share of --time-limit",
+    stopped = {"trials": f"after {lifting.MAX_TRIALS} quantizations tried", "time": "at its share of --time-limit",
                lifting.QUANTIZATION_AWARE: "as it lifts none of a quantization-aware model's: keep its layers float "
                                            "in training, keras_gelu.qat.quantize_model's keep_float"}
     lifted = "" if report.lifted is None else (
         f" (--mixed-precision: {len(report.lifted['float_ops'])} op(s) in float, "
-        + stopped.get(report.lifted["stopped"], "and no further lift helped") + ")")
+        + stopped.get(report.lifted["stopped"], f"the closest of its trials, every op that lost "
+                                                f"{lifting.MIN_LOST_DB:g} dB or more lifted among them") + ")")
     raise errors.ParityFailure(report, f"{source.path}: the {'16x8' if options.int16 else 'int8'} model's "
                                f"{worst['output']} reaches cosine {worst['cosine']:.4f}{lifted} against the "
                                f"float model, below --min-cosine "
