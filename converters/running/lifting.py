@@ -112,6 +112,11 @@ class _Trials:
         cosine = self.cosine(float_ops)
         return cosine is not None and cosine >= budget
 
+    def cosine_tried(self, float_ops):
+        """The cosine judged with `float_ops` lifted; -inf where that set was not tried or could not be had."""
+        made = self.made.get(frozenset(float_ops))
+        return -float("inf") if made is None or made[1] is None else made[1]
+
 
 def lifted(model, ops, budget, quantize, judge, explain_model, deadline=None):
     """(the model, a `Lifting`): `model` (what `quantize(set())` makes: the int8 model, as `judge` and
@@ -136,43 +141,20 @@ def lifted(model, ops, budget, quantize, judge, explain_model, deadline=None):
     def lifting(indices):
         return frozenset().union(*(groups[index] for index in indices))
 
-    # the worst 1, 2, 4... rows together, until the budget holds
-    failing, holding, count, closest = 0, None, 1, (before, 0)
-    while rows and not stopped and holding is None:
-        cosine = trials.cosine(lifting(range(count)))
-        if cosine is not None and cosine > closest[0]:
-            closest = (cosine, count)
-        if cosine is not None and cosine >= budget:
-            holding = count
-        elif count == len(rows):
-            stopped = "no lift left helps"
-        else:
-            failing, count = count, min(2 * count, len(rows))
-            stopped = trials.why_not()
-    if not rows and not stopped:
-        stopped = "no lift left helps"
-    kept, without = [], {}
-    if holding is None:  # the closest model tried, and the rows it lifted
-        kept = list(range(closest[1]))
+    without = {}
+    if stopped or not rows:
+        kept, stopped = [], stopped or "no lift left helps"
     else:
-        # the fewest of the worst rows that hold it
-        while holding - failing > 1:
-            middle = (failing + holding) // 2
-            if lifting(range(middle)) not in trials.made and trials.why_not():
-                break
-            failing, holding = (failing, middle) if trials.holds(lifting(range(middle)), budget) else (middle, holding)
-        # each lift the budget holds without undone, the least lossy first
-        kept = list(range(holding))
-        for index in reversed(range(holding)):
-            others = [other for other in kept if other != index]
-            if lifting(others) not in trials.made and trials.why_not():
-                break
-            if trials.holds(lifting(others), budget):
-                kept = others
-        for index in kept:  # what each lift kept is worth, beside the others kept (mostly judged above)
-            others = lifting(other for other in kept if other != index)
-            if others in trials.made or not trials.why_not():
-                without[index] = trials.cosine(others)
+        failing, holding, stopped = _widened(len(rows), lambda count: lifting(range(count)), trials, budget)
+        if holding is None:  # the closest model tried, and the rows it lifted
+            kept = list(range(max(range(failing + 1), key=lambda count: trials.cosine_tried(lifting(range(count))))))
+        else:
+            holding = _narrowed(failing, holding, lambda count: lifting(range(count)), trials, budget)
+            kept = _trimmed(list(range(holding)), lifting, trials, budget)
+            for index in kept:  # what each lift kept is worth, beside the others kept (mostly judged above)
+                others = lifting(other for other in kept if other != index)
+                if others in trials.made or not trials.why_not():
+                    without[index] = trials.cosine(others)
     chosen, cosine = trials.made[lifting(kept)]
     # the layer the explanation matched each op's node to (a model's output is named Identity, not its layer)
     layers = {} if explanation is None else {explain.origin(row["name"]): row["layer"]
@@ -186,3 +168,40 @@ def lifted(model, ops, budget, quantize, judge, explain_model, deadline=None):
                       "layers": sorted({layers.get(explain.origin(name), explain.layer_of(name)) for name in wanted}),
                       "cosine_without": without.get(index)})
     return chosen, Lifting(before, cosine, lifts, trials.count, "" if cosine >= budget else stopped)
+
+
+def _widened(length, prefix, trials, budget):
+    """The worst 1, 2, 4... of `length` rows lifted together (`prefix(count)`: their float ops) until the budget
+    holds: (the largest count tried that missed it (0: none), the count that holds it or None, why it stopped)."""
+    failing, count = 0, 1
+    while True:
+        if trials.holds(prefix(count), budget):
+            return failing, count, ""
+        if count == length:
+            return count, None, "no lift left helps"
+        failing, count = count, min(2 * count, length)
+        if trials.why_not():
+            return failing, None, trials.why_not()
+
+
+def _narrowed(failing, holding, prefix, trials, budget):
+    """The fewest of the worst rows that hold the budget, between a count that misses it and one that holds it,
+    halving the difference while trials may run."""
+    while holding - failing > 1:
+        middle = (failing + holding) // 2
+        if prefix(middle) not in trials.made and trials.why_not():
+            break
+        failing, holding = (failing, middle) if trials.holds(prefix(middle), budget) else (middle, holding)
+    return holding
+
+
+def _trimmed(kept, lifting, trials, budget):
+    """`kept` (row indices, the worst first) without each lift the budget holds without, the least lossy tried
+    first, while trials may run."""
+    for index in reversed(kept[:]):
+        others = [other for other in kept if other != index]
+        if lifting(others) not in trials.made and trials.why_not():
+            break
+        if trials.holds(lifting(others), budget):
+            kept = others
+    return kept
