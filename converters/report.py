@@ -39,7 +39,8 @@ _SHAPES = {
     "kernel_grids": _COUNTS, "op_types": _Mapping(_COUNTS), "flex_ops": [str], "warnings": [str],
     "retyped_to_float32": [str],
     "fidelity": [_PARITY], "drift": [_PARITY], "stage_seconds": _Mapping(_NUMBER),
-    "tolerance": {"rounding_envelope": _Optional({"fraction": _NUMBER, "trials": int, "steps": _Mapping(_NUMBER)})},
+    "tolerance": {"rounding_envelope": _Optional({"fraction": _NUMBER, "trials": int,
+                                                  "steps": _Mapping(_Optional(_NUMBER))})},
     "explanation": _Optional({"tensors": [_TENSOR], "gelus": [_TENSOR], "worst": _Optional(str),
                               "worst_outlier": _Optional(str),
                               "histogram": _Optional({"edges": [_NUMBER], "counts": [int]}), "samples": int,
@@ -333,7 +334,8 @@ class Report:
             if envelope:
                 lines.append(f"  rounding envelope (the rewritten graph with one step on {envelope['fraction']:.0%} "
                              f"of each activation's values, {envelope['trials']} draws): " + ", ".join(
-                                 f"{name} {steps} steps" for name, steps in envelope["steps"].items()))
+                                 f"{name} {steps} steps" if steps is not None else f"{name} (float)"
+                                 for name, steps in envelope["steps"].items()))
             if verbose:
                 lines.append(f"  tolerance: {self.tolerance}")
         else:

@@ -14,7 +14,8 @@ Where one op lost the signal, lifting it alone holds the budget. Where every blo
 what separated it from the budget), lifting them one at a time never gets there: the search lifts the worst 1,
 2, 4... ops together until the budget holds, halves its way back to the fewest of the worst that still hold it,
 then undoes each lift, the least lossy first, that the budget holds without. So it takes about 2·log2(n) trials
-to the budget, and each lift kept is one the budget needs.
+to the budget, and each lift kept is one the budget needs. The ranking goes down to ops that lost nothing, so
+that the search ends short of the budget only where every op lifted at once is short of it too.
 """
 
 import dataclasses
@@ -29,9 +30,6 @@ MAX_TRIALS = 40
 # compute what that graph does not. Where it misses the budget, the layers to keep float are chosen in
 # training (keras_gelu.qat.quantize_model's keep_float), where the other layers learn around them.
 QUANTIZATION_AWARE = "quantization-aware"
-# A tensor that lost less than this against its inputs is not where the signal went (rounding to int8 costs
-# every tensor something; an exact one loses nothing).
-MIN_LOST_DB = 0.5
 
 
 @dataclasses.dataclass
@@ -78,10 +76,10 @@ def float_ops_for(row, ops):
     return names
 
 
-def _candidates(explanation):
-    """The explanation's rows that lost at least MIN_LOST_DB, the worst first."""
-    return sorted((row for row in explanation["tensors"] if row["lost_db"] >= MIN_LOST_DB),
-                  key=lambda row: (-row["lost_db"], row["snr_db"]))
+def _ranked(explanation):
+    """The explanation's rows, the most decibels lost against what they were computed from first (where the signal
+    went), down to those that lost nothing (an exact op; rounding to int8 costs every other something)."""
+    return sorted(explanation["tensors"], key=lambda row: (-row["lost_db"], row["snr_db"]))
 
 
 class _Trials:
@@ -121,8 +119,8 @@ class _Trials:
 def lifted(model, ops, budget, quantize, judge, explain_model, deadline=None):
     """(the model, a `Lifting`): `model` (what `quantize(set())` makes: the int8 model, as `judge` and
     `explain_model` read it) with the ops that lost the most lifted to float until `judge` (the worst output's
-    cosine against the float model) reaches `budget` (see the module's docstring), or lifting every op that lost
-    MIN_LOST_DB or more does not, or MAX_TRIALS were tried, or `time.monotonic()` passes `deadline` (None: none).
+    cosine against the float model) reaches `budget` (see the module's docstring), or lifting every op the
+    explanation names does not, or MAX_TRIALS were tried, or `time.monotonic()` passes `deadline` (None: none).
     Short of the budget, the closest model tried.
 
     ops: the calibrated model's (quantizer.ops); quantize(float op names) -> a model, or None where that
@@ -135,22 +133,27 @@ def lifted(model, ops, budget, quantize, judge, explain_model, deadline=None):
         return model, Lifting(before, before, [], 0)
     stopped = trials.why_not()
     explanation = None if stopped else explain_model(model)
-    rows = [] if explanation is None else [row for row in _candidates(explanation) if float_ops_for(row, ops)]
+    rows = [] if explanation is None else [row for row in _ranked(explanation) if float_ops_for(row, ops)]
     groups = [float_ops_for(row, ops) for row in rows]
 
     def lifting(indices):
         return frozenset().union(*(groups[index] for index in indices))
 
+    order = list(range(len(rows)))  # the ranking, less the rows no set of float ops can have (_widened)
+
+    def prefix(count):
+        return lifting(order[:count])
+
     without = {}
     if stopped or not rows:
         kept, stopped = [], stopped or "no lift left helps"
     else:
-        failing, holding, stopped = _widened(len(rows), lambda count: lifting(range(count)), trials, budget)
+        failing, holding, stopped = _widened(order, prefix, trials, budget)
         if holding is None:  # the closest model tried, and the rows it lifted
-            kept = list(range(max(range(failing + 1), key=lambda count: trials.cosine_tried(lifting(range(count))))))
+            kept = order[:max(range(failing + 1), key=lambda count: trials.cosine_tried(prefix(count)))]
         else:
-            holding = _narrowed(failing, holding, lambda count: lifting(range(count)), trials, budget)
-            kept = _trimmed(list(range(holding)), lifting, trials, budget)
+            holding = _narrowed(failing, holding, prefix, trials, budget)
+            kept = _trimmed(order[:holding], lifting, trials, budget)
             for index in kept:  # what each lift kept is worth, beside the others kept (mostly judged above)
                 others = lifting(other for other in kept if other != index)
                 if others in trials.made or not trials.why_not():
@@ -170,16 +173,37 @@ def lifted(model, ops, budget, quantize, judge, explain_model, deadline=None):
     return chosen, Lifting(before, cosine, lifts, trials.count, "" if cosine >= budget else stopped)
 
 
-def _widened(length, prefix, trials, budget):
-    """The worst 1, 2, 4... of `length` rows lifted together (`prefix(count)`: their float ops) until the budget
-    holds: (the largest count tried that missed it (0: none), the count that holds it or None, why it stopped)."""
+def _widened(order, prefix, trials, budget):
+    """The worst 1, 2, 4... rows of `order` lifted together (`prefix(count)`: their float ops) until the budget
+    holds: (the largest count tried that missed it (0: none), the count that holds it or None, why it stopped).
+    A row the quantizer or the target cannot have in float with the rows before it is found by halving and taken
+    out of `order`, so that it keeps no larger set from being tried."""
     failing, count = 0, 1
     while True:
-        if trials.holds(prefix(count), budget):
+        cosine = trials.cosine(prefix(count))
+        while cosine is None:
+            had, refused = failing, count  # prefix(had) was had, prefix(refused) was not
+            while refused - had > 1:
+                middle = (had + refused) // 2
+                if prefix(middle) not in trials.made and trials.why_not():
+                    return failing, None, trials.why_not()
+                cosine = trials.cosine(prefix(middle))
+                if cosine is None:
+                    refused = middle
+                elif cosine >= budget:
+                    return failing, middle, ""
+                else:
+                    had = failing = middle
+            del order[had]  # the row prefix(had + 1) adds
+            if had == len(order) or trials.why_not():
+                return failing, None, trials.why_not() or "no lift left helps"
+            count = min(count, len(order))
+            cosine = trials.cosine(prefix(count))
+        if cosine >= budget:
             return failing, count, ""
-        if count == length:
+        if count == len(order):
             return count, None, "no lift left helps"
-        failing, count = count, min(2 * count, length)
+        failing, count = count, min(2 * count, len(order))
         if trials.why_not():
             return failing, None, trials.why_not()
 
