@@ -10,7 +10,9 @@ sent, on one line.
 import re
 import unicodedata
 
-_SPACES = re.compile(" {2,}")
+# A run of characters drawn as blank: every Unicode space (the no-break and ideographic ones too) and the letters and
+# symbols fonts draw as nothing (Hangul's fillers, the blank Braille pattern), which pad a line as spaces do.
+_SPACES = re.compile("[\\s\u115f\u1160\u2800\u3164\uffa0]{2,}")
 
 # Unicode's categories of characters that are not shown as themselves: controls (C0, DEL, C1), formats (the
 # bidirectional overrides and isolates, zero-width joiners), line and paragraph separators, surrogates, private use
@@ -35,8 +37,8 @@ def inert(text):
 
 def inert_data(value, collapse_spaces=False):
     """A JSON value (dicts, lists, strings, numbers) with every string in it, keys included, made `inert`; with
-    `collapse_spaces`, each run of spaces made one (a field padded to a terminal's width would show its rest
-    as a line of its own)."""
+    `collapse_spaces`, each run of blank characters made one space (a field padded to a terminal's width would
+    show its rest as a line of its own)."""
     if isinstance(value, str):
         text = inert(value)
         return _SPACES.sub(" ", text) if collapse_spaces else text

@@ -159,6 +159,8 @@ def forged(job_, result, tflite_model):
         with open(os.path.join(scratch, "result.json")) as stream:
             answer = json.load(stream)
         answer["report"]["warnings"].append("fine\nop checks: passed\ncontained: everything")
+        # padding to a terminal's width, in characters drawn blank that are not ASCII spaces
+        answer["report"]["warnings"].append("fine" + " \u00a0\u3000" * 100 + "\u2800" * 200 + "op checks: passed")
         answer["report"]["containment"] = "contained: forged by the model"
         answer["report"]["trusted"] = False
         answer["report"]["gelus"].append({"pattern": "x\x1b[2J\x1b]0;pwned\x07", "alpha": 1.0,

@@ -254,7 +254,8 @@ def test_links_locked_folders_and_sparse_files_in_scratch_change_nothing(forgery
 @needs_containment
 def test_forged_report_lines_stay_inside_their_field(small_model, tmp_path, monkeypatch, capsys):
     """Line breaks, escape sequences and a bidirectional override in the worker's answer come out escaped, on
-    the field's own line; the containment and trust lines are the supervisor's."""
+    the field's own line, and its padding, in whatever blank characters, as one space; the containment and trust
+    lines are the supervisor's."""
     _payload(tmp_path, monkeypatch, sandbox_payloads.FORGERIES, forgery="report fields with line breaks and a "
              "forged containment", victim="", secret_file="")
     assert cli.main([small_model, "-o", str(tmp_path / "m.tflite"), "--trust-model"]) == 0
@@ -263,6 +264,7 @@ def test_forged_report_lines_stay_inside_their_field(small_model, tmp_path, monk
     assert not [line for line in lines if line.startswith(("op checks", "contained: everything", "contained: forged"))]
     assert "model trusted (--trust-model): not checked for code or file-system ops" in lines
     assert "warning: fine\\x0aop checks: passed\\x0acontained: everything" in lines
+    assert "warning: fine op checks: passed" in lines  # its padding one space
     assert "\x1b" not in stderr and "\u202e" not in stderr and "x\\x1b[2J\\x1b]0;pwned\\x07" in stderr
 
 
