@@ -675,8 +675,8 @@ def _lifted(serialized, source, requested, options, int8_setup, target, report, 
         progress.entered("mixed precision: judge a lift")
         run = parity.signature_runner(made_model[0], source.signature)
         outputs = _on_batches(run, explainer.batch_fixed)(arrays)
-        # a cosine is taken over the finite values alone: NaN where the float model is finite (GroupViT with its
-        # group assignment's ArgMax lifted) made a model that verification refuses look closest
+        # a cosine is taken over the finite values alone: a trial giving NaN where the float model is finite
+        # (Hugging Face GroupViT's search met one) looked closest, and verification refused it
         if any(parity.non_finite_where_finite(outputs[info.name], source_outputs[info.name])
                for info in source.outputs):
             return -1.0
