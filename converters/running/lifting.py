@@ -133,8 +133,8 @@ def lifted(model, ops, budget, quantize, judge, explain_model, deadline=None):
         return model, Lifting(before, before, [], 0)
     stopped = trials.why_not()
     explanation = None if stopped else explain_model(model)
-    rows = [] if explanation is None else [row for row in _ranked(explanation) if float_ops_for(row, ops)]
-    groups = [float_ops_for(row, ops) for row in rows]
+    ranked = [] if explanation is None else [(row, float_ops_for(row, ops)) for row in _ranked(explanation)]
+    rows, groups = [row for row, group in ranked if group], [group for _, group in ranked if group]
 
     def lifting(indices):
         return frozenset().union(*(groups[index] for index in indices))
